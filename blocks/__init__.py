@@ -1,0 +1,1 @@
+"""blocks of prefect-launch."""

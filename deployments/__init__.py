@@ -1,0 +1,1 @@
+"""deployments of prefect-launch."""

@@ -1,0 +1,1 @@
+def app(): print("hi")

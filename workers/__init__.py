@@ -1,0 +1,1 @@
+"""workers of prefect-launch."""
