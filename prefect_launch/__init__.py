@@ -6,3 +6,7 @@ launch-process` finds it.
 """
 
 __version__ = "0.1.0"
+
+from prefect_launch.workers.worker import LaunchProcessWorker  # noqa: E402  (registers the worker type)
+
+__all__ = ["LaunchProcessWorker", "__version__"]

@@ -1,1 +1,253 @@
-def app(): print("hi")
+"""The `prefect-launch` command line: queues, jobs, submissions, agents, runs.
+
+Every listing command takes ``--json`` so scripts and tests can read it; errors
+go to stderr with what to do next and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Launch queues, resource-aware agents and run metrics on Prefect 3.",
+                  no_args_is_help=True, add_completion=False)
+queue_app = typer.Typer(help="Launch queues (Prefect work pools with resource presets).", no_args_is_help=True)
+jobs_app = typer.Typer(help="Launch jobs (Prefect deployments).", no_args_is_help=True)
+agent_app = typer.Typer(help="Start an agent (`agent --queue Q`) or list agents (`agent ls`).",
+                        invoke_without_command=True)
+runs_app = typer.Typer(help="Runs on launch queues.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(agent_app, name="agent")
+app.add_typer(runs_app, name="runs")
+
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _client():
+    from prefect import get_client
+
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            _fail("PREFECT_API_URL is not set; start a server (`make demo`) or export PREFECT_API_URL")
+    return get_client(sync_client=True)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------- queues
+@queue_app.command("apply")
+def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
+                as_json: bool = typer.Option(False, "--json", help="Print results as JSON.")) -> None:
+    """Create or update the queues declared in FILE (idempotent)."""
+    from prefect_launch.deployments.queues import apply_queue
+    from prefect_launch.workers.queue_spec import load_queues_file
+    from prefect_launch.workers.resources import LaunchValidationError
+
+    try:
+        spec_file = load_queues_file(file)
+    except LaunchValidationError as exc:
+        _fail(str(exc))
+    results = []
+    with _client() as client:
+        for spec in spec_file.queues:
+            try:
+                results.append(apply_queue(client, spec))
+            except ValueError as exc:
+                _fail(str(exc))
+    if as_json:
+        _print_json([r.model_dump() for r in results])
+    else:
+        for r in results:
+            console.print(f"queue [bold]{r.queue}[/]: {r.action}")
+
+
+@queue_app.command("ls")
+def queue_ls(names: Optional[List[str]] = typer.Argument(None, help="Only these queues."),
+             as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Each queue: presets, online agents, queued / running, free capacity, why runs wait."""
+    from prefect_launch.deployments.queues import list_queue_status
+    from prefect_launch.workers.resources import format_size
+
+    with _client() as client:
+        try:
+            rows = list_queue_status(client, names or None)
+        except LookupError as exc:
+            _fail(str(exc))
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table(title="launch queues")
+    for col in ("queue", "state", "target", "presets", "agents", "queued", "running", "free"):
+        table.add_column(col)
+    for r in rows:
+        free = (f"cpu={r.free.cpu:g} mem={format_size(r.free.memory)} gpu={r.free.gpu}" if r.free else "-")
+        presets = "\n".join(f"{n}{'*' if n == r.default_preset else ''}: {d}" for n, d in r.presets.items())
+        table.add_row(r.name, r.state, r.target, presets, ", ".join(r.agents_online) or "-",
+                      str(r.queued), str(r.running), free)
+    console.print(table)
+    for r in rows:
+        for w in r.waiting:
+            console.print(f"  {r.name}: {w['name']} ({w['run_id'][:8]}) {w['reason']}", highlight=False)
+
+
+# ----------------------------------------------------------------------------- jobs
+@jobs_app.command("ls")
+def jobs_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Jobs (deployments) with their queue and kind."""
+    with _client() as client:
+        deployments = client.read_deployments()
+        flows = {f.id: f.name for f in client.read_flows()}
+    rows = []
+    for d in deployments:
+        kind = "image" if (d.job_variables or {}).get("image") else (
+            "git" if any("git_clone" in json.dumps(s) for s in (d.pull_steps or [])) else "code")
+        rows.append({"job": f"{flows.get(d.flow_id, '?')}/{d.name}", "queue": d.work_pool_name,
+                     "kind": kind, "parameters": sorted((d.parameter_openapi_schema or {}).get("properties", {}))})
+    rows.sort(key=lambda r: r["job"])
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="launch jobs")
+    for col in ("job", "queue", "kind", "parameters"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["job"], r["queue"] or "-", r["kind"], ", ".join(r["parameters"]))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- submit
+@app.command("submit")
+def submit_cmd(
+    job: str = typer.Argument(..., help="Job: DEPLOYMENT or FLOW/DEPLOYMENT"),
+    queue: Optional[str] = typer.Option(None, "--queue", "-q", help="Queue (work pool) the job is deployed to."),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p"),
+    cpu: Optional[float] = typer.Option(None, "--cpu"),
+    memory: Optional[str] = typer.Option(None, "--memory", help="e.g. 4Gi"),
+    gpu: Optional[int] = typer.Option(None, "--gpu"),
+    shm_size: Optional[str] = typer.Option(None, "--shm-size", help="e.g. 1Gi"),
+    priority: Optional[str] = typer.Option(None, "--priority", help="critical, high, medium or low"),
+    param: Optional[List[str]] = typer.Option(None, "--param", help="k=v (JSON values allowed); repeatable"),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=value; repeatable"),
+    name: Optional[str] = typer.Option(None, "--name", help="Run (session) name"),
+    count: int = typer.Option(1, "--count", min=1, max=1000, help="How many identical runs"),
+    agent: Optional[str] = typer.Option(None, "--agent", help="Run only on this agent"),
+    owner: Optional[str] = typer.Option(None, "--owner", help="Owner tag (default: your user name)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the created run ids as JSON."),
+) -> None:
+    """Validate and enqueue run(s) of JOB; nothing is enqueued when anything is wrong."""
+    from prefect_launch.deployments.submit import SubmitRequest, parse_params, submit
+    from prefect_launch.workers.resources import LaunchValidationError
+
+    try:
+        req = SubmitRequest(job=job, queue=queue, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
+                            shm_size=shm_size, priority=priority, params=parse_params(param or []),
+                            env=list(env or []), name=name, count=count, agent=agent, owner=owner)
+        with _client() as client:
+            result = submit(client, req)
+    except LaunchValidationError as exc:
+        _fail(str(exc))
+    if as_json:
+        _print_json(result.model_dump())
+        return
+    console.print(f"submitted {len(result.run_ids)} run(s) of [bold]{result.job}[/] to queue "
+                  f"[bold]{result.queue}[/] ({result.priority}, preset {result.preset}: {result.resources})",
+                  highlight=False)
+    for rid, rname in zip(result.run_ids, result.names):
+        console.print(f"  {rid}  {rname}", highlight=False)
+
+
+# ----------------------------------------------------------------------------- agents
+@agent_app.callback()
+def agent_start(
+    ctx: typer.Context,
+    queue: Optional[List[str]] = typer.Option(None, "--queue", "-q", help="Queue to serve; repeatable"),
+    capacity: Optional[str] = typer.Option(None, "--capacity", help="e.g. cpu=8,memory=32Gi,gpu=2"),
+    name: Optional[str] = typer.Option(None, "--name", help="Agent name (default: host name)"),
+    no_cgroups: bool = typer.Option(False, "--no-cgroups", help="Enforce memory by watching RSS only"),
+) -> None:
+    """Start one agent serving every --queue with one capacity ledger."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not queue:
+        _fail("give at least one --queue (or use `prefect-launch agent ls`)")
+    from prefect_launch.workers.agent_runner import run_agent
+    from prefect_launch.workers.resources import LaunchValidationError
+
+    try:
+        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups)
+    except (LaunchValidationError, LookupError) as exc:
+        _fail(str(exc))
+
+
+@agent_app.command("ls")
+def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Agents: queues, capacity, free resources, what they run."""
+    from prefect_launch.workers.agent_registry import read_agents_sync
+    from prefect_launch.workers.resources import format_size
+
+    with _client() as client:
+        agents = read_agents_sync(client)
+    if as_json:
+        _print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
+        return
+    table = Table(title="launch agents")
+    for col in ("agent", "online", "queues", "capacity", "free", "runs"):
+        table.add_column(col)
+    for a in agents:
+        fmt = lambda r: f"cpu={r.cpu:g} mem={format_size(r.memory)} gpu={r.gpu}"  # noqa: E731
+        table.add_row(a.name, "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity), fmt(a.free),
+                      str(len(a.runs)))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------- runs
+@runs_app.command("ls")
+def runs_ls(
+    queue: Optional[str] = typer.Option(None, "--queue", "-q"),
+    state: Optional[List[str]] = typer.Option(None, "--state", help="e.g. SCHEDULED, RUNNING, COMPLETED"),
+    limit: int = typer.Option(50, "--limit", min=1, max=200),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """Recent runs on launch queues, with resources and why they wait."""
+    from prefect_launch.deployments.runs import list_runs
+
+    with _client() as client:
+        try:
+            rows = list_runs(client, queue=queue, states=state, limit=limit)
+        except (LookupError, ValueError) as exc:
+            _fail(str(exc))
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table(title="launch runs")
+    for col in ("run", "name", "queue", "priority", "state", "preset", "resources", "note"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r.run_id[:8], r.name, r.queue or "-", r.priority or "-", r.state, r.preset or "-",
+                      r.resources or "-", r.note or "")
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

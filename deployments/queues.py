@@ -1,0 +1,147 @@
+"""Queues as Prefect work pools: apply a queues.yaml idempotently, and read queue status."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
+from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec
+from prefect_launch.workers.resources import Resources
+from prefect_launch.workers.template import build_base_job_template
+from prefect_launch.workers.worker import WAIT_LABEL
+
+LAUNCH_POOL_TYPES = ("launch-process", "docker", "kubernetes")
+
+
+class ApplyResult(BaseModel):
+    queue: str
+    action: str  # created | updated | unchanged
+
+
+def apply_queue(client: Any, spec: QueueSpec) -> ApplyResult:
+    """Create or update the work pool and its priority queues (sync client)."""
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    template = build_base_job_template(spec)
+    try:
+        pool = client.read_work_pool(spec.name)
+    except ObjectNotFound:
+        pool = None
+    if pool is None:
+        client.create_work_pool(WorkPoolCreate(
+            name=spec.name, type=spec.pool_type, base_job_template=template,
+            description=spec.description, concurrency_limit=spec.concurrency_limit,
+        ))
+        action = "created"
+    elif pool.type != spec.pool_type:
+        raise ValueError(
+            f"queue {spec.name!r} exists with target type {pool.type!r}, the file says {spec.pool_type!r}; "
+            f"delete it first with `prefect work-pool delete {spec.name}`"
+        )
+    else:
+        changed = (pool.base_job_template != template or pool.description != spec.description
+                   or pool.concurrency_limit != spec.concurrency_limit)
+        if changed:
+            client.update_work_pool(spec.name, WorkPoolUpdate(
+                base_job_template=template, description=spec.description,
+                concurrency_limit=spec.concurrency_limit,
+            ))
+        action = "updated" if changed else "unchanged"
+    _ensure_priority_queues(client, spec)
+    return ApplyResult(queue=spec.name, action=action)
+
+
+def _ensure_priority_queues(client: Any, spec: QueueSpec) -> None:
+    existing = {q.name: q for q in client.read_work_queues(work_pool_name=spec.name)}
+    for rank, name in enumerate(spec.priorities, start=1):
+        q = existing.get(name)
+        if q is None:
+            client.create_work_queue(name=name, work_pool_name=spec.name, priority=rank,
+                                     description=f"{name} priority")
+        elif q.priority != rank:
+            client.update_work_queue(q.id, priority=rank)
+    default = existing.get("default") or {q.name: q for q in client.read_work_queues(work_pool_name=spec.name)}.get("default")
+    if default is not None and default.priority <= len(spec.priorities):
+        client.update_work_queue(default.id, priority=len(spec.priorities) + 1)
+
+
+def queue_spec_of(pool: Any) -> Optional[QueueSpec]:
+    data = ((pool.base_job_template or {}).get("job_configuration") or {}).get("launch")
+    return QueueSpec.model_validate(data) if data else None
+
+
+class QueueStatus(BaseModel):
+    name: str
+    target: str
+    description: Optional[str] = None
+    presets: dict[str, str]
+    default_preset: Optional[str] = None
+    backfill: bool = False
+    agents_online: list[str]
+    queued: int
+    running: int
+    free: Optional[Resources] = None
+    capacity: Optional[Resources] = None
+    state: str  # busy | idle | offline
+    waiting: list[dict[str, str]] = []
+
+
+def queue_status(client: Any, pool: Any, agents: list[AgentState]) -> QueueStatus:
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    spec = queue_spec_of(pool)
+    pf = WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name]))
+
+    def count(types: list[StateType]) -> int:
+        return client.count_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=types))),
+            work_pool_filter=pf,
+        )
+
+    queued = count([StateType.SCHEDULED])
+    running = count([StateType.PENDING, StateType.RUNNING])
+    waiting_runs = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+        work_pool_filter=pf, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=10,
+    ) if queued else []
+    online = [a for a in agents if pool.name in a.queues and a.online()]
+    prefect_online = {w.name for w in client.read_workers_for_work_pool(pool.name) if str(w.status).upper().endswith("ONLINE")}
+    names = sorted({a.name for a in online} | prefect_online)
+    free = cap = None
+    if online:
+        free = Resources(cpu=sum(a.free.cpu for a in online), memory=sum(a.free.memory for a in online),
+                         gpu=sum(a.free.gpu for a in online))
+        cap = Resources(cpu=sum(a.capacity.cpu for a in online), memory=sum(a.capacity.memory for a in online),
+                        gpu=sum(a.capacity.gpu for a in online))
+    state = "offline" if not names else ("busy" if running or queued else "idle")
+    return QueueStatus(
+        name=pool.name, target=spec.target if spec else pool.type, description=pool.description,
+        presets={n: p.to_resources().describe() for n, p in spec.presets.items()} if spec else {},
+        default_preset=spec.default_preset if spec else None, backfill=spec.backfill if spec else False,
+        agents_online=names, queued=queued, running=running, free=free, capacity=cap, state=state,
+        waiting=[{"run_id": str(r.id), "name": r.name,
+                  "reason": (r.labels or {}).get(WAIT_LABEL) or "waiting: no agent has polled it yet"}
+                 for r in waiting_runs],
+    )
+
+
+def list_queue_status(client: Any, names: Optional[list[str]] = None) -> list[QueueStatus]:
+    pools = [p for p in client.read_work_pools() if queue_spec_of(p) is not None or p.type == "launch-process"]
+    if names:
+        known = {p.name for p in pools}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise LookupError(f"unknown queue(s): {', '.join(missing)}; see `prefect-launch queue ls`")
+        pools = [p for p in pools if p.name in names]
+    agents = read_agents_sync(client)
+    return [queue_status(client, p, agents) for p in sorted(pools, key=lambda p: p.name)]
+
+
+__all__ = ["apply_queue", "list_queue_status", "queue_spec_of", "QueueStatus", "PRIORITIES"]

@@ -1,0 +1,72 @@
+"""Listing runs on launch queues, with their resources and wait reasons."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.workers.worker import PLACED_LABEL, WAIT_LABEL
+
+
+class RunRow(BaseModel):
+    run_id: str
+    name: str
+    job: Optional[str] = None
+    queue: Optional[str] = None
+    priority: Optional[str] = None
+    state: str
+    preset: Optional[str] = None
+    resources: Optional[str] = None
+    owner: Optional[str] = None
+    created: Optional[str] = None
+    start_time: Optional[str] = None
+    end_time: Optional[str] = None
+    note: Optional[str] = None
+
+
+def _tag(tags: list[str], key: str) -> Optional[str]:
+    for t in tags or []:
+        if t.startswith(key + ":"):
+            return t.split(":", 1)[1]
+    return None
+
+
+def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[str]] = None,
+              limit: int = 50) -> list[RunRow]:
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags,
+        WorkPoolFilter, WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    state_filter = None
+    if states:
+        try:
+            types = [StateType(s.upper()) for s in states]
+        except ValueError:
+            raise ValueError(f"unknown state in {states}; use one of {', '.join(t.value for t in StateType)}") from None
+        state_filter = FlowRunFilterState(type=FlowRunFilterStateType(any_=types))
+    runs = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=state_filter, tags=FlowRunFilterTags(all_=["launch"])),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])) if queue else None,
+        sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit,
+    )
+    rows = []
+    for r in runs:
+        jv = r.job_variables or {}
+        labels = r.labels or {}
+        res = labels.get("launch.resources") or ",".join(
+            f"{k}={jv[k]}" for k in ("cpu", "memory", "gpu", "shm_size") if jv.get(k) is not None)
+        note = labels.get(WAIT_LABEL) if r.state_type == StateType.SCHEDULED else labels.get(PLACED_LABEL)
+        if r.state and r.state_type in (StateType.FAILED, StateType.CRASHED) and r.state.message:
+            note = r.state.message
+        rows.append(RunRow(
+            run_id=str(r.id), name=r.name, job=labels.get("prefect.deployment.name"), queue=r.work_pool_name, priority=r.work_queue_name,
+            state=r.state_name or "?", preset=_tag(r.tags, "preset") or jv.get("preset"), resources=res or None,
+            owner=_tag(r.tags, "owner"), created=str(r.created) if r.created else None,
+            start_time=str(r.start_time) if r.start_time else None,
+            end_time=str(r.end_time) if r.end_time else None, note=note,
+        ))
+    return rows

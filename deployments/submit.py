@@ -1,0 +1,217 @@
+"""Submitting jobs: validate everything first, then create the run(s) or none.
+
+The Python API (`submit`) and the CLI share this module, so both reject bad
+input with the same message before anything reaches the queue.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, Field
+
+from prefect_launch.deployments.queues import queue_spec_of
+from prefect_launch.workers.agent_registry import read_agents_sync
+from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.resources import LaunchValidationError
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SubmitRequest(BaseModel):
+    job: str
+    queue: Optional[str] = None
+    preset: Optional[str] = None
+    cpu: Optional[float] = None
+    memory: Optional[str] = None
+    gpu: Optional[int] = None
+    shm_size: Optional[str] = None
+    priority: Optional[str] = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    env: Union[dict[str, str], list[str]] = Field(default_factory=dict)
+    name: Optional[str] = None
+    count: int = Field(1, ge=1, le=1000)
+    agent: Optional[str] = None
+    owner: Optional[str] = None
+
+
+class Submitted(BaseModel):
+    run_ids: list[str]
+    names: list[str]
+    job: str
+    queue: str
+    priority: str
+    preset: str
+    resources: str
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``k=v`` pairs; values are JSON where they parse (``3``, ``true``, ``[1,2]``), else strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise LaunchValidationError(f"bad --param {item!r}: expected key=value")
+        k, v = item.split("=", 1)
+        if not k:
+            raise LaunchValidationError(f"bad --param {item!r}: empty name")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def parse_env(items: Union[list[str], dict[str, str]]) -> dict[str, str]:
+    """Validate env names; a name given twice is an error, not a silent override."""
+    pairs: list[tuple[str, str]] = list(items.items()) if isinstance(items, dict) else []
+    if isinstance(items, list):
+        for item in items:
+            if "=" not in item:
+                raise LaunchValidationError(f"bad --env {item!r}: expected NAME=value")
+            pairs.append(tuple(item.split("=", 1)))  # type: ignore[arg-type]
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        if not ENV_NAME_RE.match(k):
+            raise LaunchValidationError(
+                f"invalid environment variable name {k!r}: use letters, digits and '_' and do not start with a digit"
+            )
+        if k in out:
+            raise LaunchValidationError(f"environment variable {k!r} is given twice; keep one")
+        out[k] = str(v)
+    return out
+
+
+def _coerce_to_schema(params: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """``--param tag=123`` for a string parameter means the string "123"."""
+    props = schema.get("properties", {})
+    out = dict(params)
+    for k, v in params.items():
+        t = props.get(k, {}).get("type")
+        if t == "string" and not isinstance(v, str):
+            out[k] = json.dumps(v) if isinstance(v, (list, dict)) else str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def validate_params(params: dict[str, Any], schema: Optional[dict[str, Any]], job: str) -> dict[str, Any]:
+    from prefect.utilities.schema_tools.validation import validate
+
+    if not schema or not schema.get("properties"):
+        if params:
+            raise LaunchValidationError(f"job {job!r} takes no parameters, got {sorted(params)}")
+        return params
+    unknown = sorted(set(params) - set(schema["properties"]))
+    if unknown:
+        raise LaunchValidationError(
+            f"unknown parameter(s) {unknown} for job {job!r}; it takes: {', '.join(sorted(schema['properties']))}"
+        )
+    params = _coerce_to_schema(params, schema)
+    errors = validate(params, schema, raise_on_error=False, ignore_required=True)
+    if errors:
+        msgs = "; ".join(
+            f"{'.'.join(str(p) for p in e.path) or 'parameters'}: {e.message}" for e in errors
+        )
+        raise LaunchValidationError(f"bad parameter value for job {job!r}: {msgs}")
+    return params
+
+
+def find_deployment(client: Any, job: str) -> Any:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.exceptions import ObjectNotFound
+
+    if "/" in job:
+        try:
+            return client.read_deployment_by_name(job)
+        except ObjectNotFound:
+            raise LaunchValidationError(f"unknown job {job!r}; list jobs with `prefect-launch jobs ls`") from None
+    found = client.read_deployments(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[job])))
+    if not found:
+        raise LaunchValidationError(f"unknown job {job!r}; list jobs with `prefect-launch jobs ls`")
+    if len(found) > 1:
+        raise LaunchValidationError(
+            f"job name {job!r} is ambiguous; use FLOW/DEPLOYMENT, e.g. one of "
+            + ", ".join(sorted(f"{client.read_flow(d.flow_id).name}/{d.name}" for d in found))
+        )
+    return found[0]
+
+
+def check_capacity(client: Any, queue: str, resolved: ResolvedRequest) -> None:
+    """Refuse what no agent of the queue could ever hold; pins must name a known agent."""
+    agents = [a for a in read_agents_sync(client) if queue in a.queues]
+    if resolved.agent:
+        pinned = [a for a in agents if a.name == resolved.agent]
+        if not pinned:
+            known = ", ".join(a.name for a in agents) or "none yet"
+            raise LaunchValidationError(
+                f"unknown agent {resolved.agent!r} for queue {queue!r}; agents serving it: {known}"
+            )
+        agents = pinned
+    online = [a for a in agents if a.online()] or agents
+    if online and not any(not resolved.resources.shortfall(a.capacity) for a in online):
+        best = max(online, key=lambda a: (a.capacity.gpu, a.capacity.cpu, a.capacity.memory))
+        need = "; ".join(f"{n}={need} (agent {best.name} has {have} in total)"
+                         for n, need, have in resolved.resources.shortfall(best.capacity))
+        raise LaunchValidationError(
+            f"beyond any agent's total capacity on queue {queue!r}: needs {need}; choose a smaller preset"
+        )
+
+
+def submit(client: Any, req: SubmitRequest) -> Submitted:
+    """Validate ``req`` completely, then create ``req.count`` runs (all or none)."""
+    from prefect.exceptions import ObjectNotFound
+
+    if req.queue:
+        try:
+            client.read_work_pool(req.queue)
+        except ObjectNotFound:
+            raise LaunchValidationError(f"unknown queue {req.queue!r}; list queues with `prefect-launch queue ls`") from None
+    deployment = find_deployment(client, req.job)
+    queue = deployment.work_pool_name
+    if req.queue and req.queue != queue:
+        raise LaunchValidationError(
+            f"job {req.job!r} is deployed to queue {queue!r}, not {req.queue!r}; "
+            f"deploy it to {req.queue!r} (prefect.yaml work_pool) or submit with --queue {queue}"
+        )
+    pool = client.read_work_pool(queue)
+    spec = queue_spec_of(pool)
+    if spec is None:
+        raise LaunchValidationError(
+            f"queue {queue!r} has no launch presets; apply it with `prefect-launch queue apply FILE`"
+        )
+    priority = req.priority or spec.default_priority
+    if priority not in spec.priorities:
+        raise LaunchValidationError(f"unknown priority {priority!r}; queue {queue!r} has {', '.join(spec.priorities)}")
+    run_vars = {k: v for k, v in {"preset": req.preset, "cpu": req.cpu, "memory": req.memory, "gpu": req.gpu,
+                                  "shm_size": req.shm_size, "agent": req.agent}.items() if v is not None}
+    resolved = resolve_request(spec, deployment.job_variables or {}, run_vars)
+    env = parse_env(req.env)
+    params = validate_params(req.params, deployment.parameter_openapi_schema, req.job)
+    check_capacity(client, queue, resolved)
+
+    job_variables = dict(run_vars)
+    if env:
+        job_variables["env"] = env
+    owner = req.owner or getpass.getuser()
+    tags = ["launch", f"owner:{owner}", f"preset:{resolved.preset}"]
+    created = []
+    try:
+        for i in range(req.count):
+            name = req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None)
+            created.append(client.create_flow_run_from_deployment(
+                deployment.id, parameters=params, job_variables=job_variables, work_queue_name=priority,
+                tags=tags, name=name,
+                labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset},
+            ))
+    except Exception:
+        for fr in created:  # all or none: never leave half a submission queued
+            try:
+                client.delete_flow_run(fr.id)
+            except Exception:
+                pass
+        raise
+    return Submitted(
+        run_ids=[str(fr.id) for fr in created], names=[fr.name for fr in created], job=req.job, queue=queue,
+        priority=priority, preset=resolved.preset, resources=resolved.resources.describe(),
+    )

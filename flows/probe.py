@@ -1,0 +1,42 @@
+"""A job that records what it was given: env, CPU affinity, start and end times.
+
+Used by the end-to-end tests (and handy for checking an agent by hand): each run
+writes ``<record_dir>/<flow run id>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+
+@flow(name="probe")
+def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "") -> dict:
+    start = time.time()
+    hog = bytearray(alloc_mb * 1024 * 1024) if alloc_mb else b""
+    for i in range(0, len(hog), 4096):  # touch every page so it is resident
+        hog[i] = 1
+    time.sleep(seconds)
+    record = {
+        "run_id": str(flow_run.id),
+        "tag": tag,
+        "pid": os.getpid(),
+        "start": start,
+        "end": time.time(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "launch_cpu": os.environ.get("LAUNCH_CPU"),
+        "launch_memory": os.environ.get("LAUNCH_MEMORY"),
+        "launch_gpu": os.environ.get("LAUNCH_GPU"),
+        "launch_agent": os.environ.get("LAUNCH_AGENT"),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "env_extra": {k: v for k, v in os.environ.items() if k.startswith("JOB_")},
+    }
+    Path(record_dir).mkdir(parents=True, exist_ok=True)
+    Path(record_dir, f"{flow_run.id}.json").write_text(json.dumps(record))
+    return record

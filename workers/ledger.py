@@ -1,0 +1,88 @@
+"""The agent's capacity ledger: what is allocated to which run, and what is free.
+
+One ledger is shared by every queue an agent serves, so a box polled through
+two queues is never oversubscribed. GPU indices and CPU cores are handed out
+disjointly; release is idempotent because Prefect's worker may report the end
+of a run more than once on error paths.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.workers.resources import Resources
+
+
+class Allocation(BaseModel):
+    run_id: str
+    resources: Resources
+    gpu_indices: list[int] = []
+    cpu_cores: list[int] = []
+    queue: Optional[str] = None
+    preset: Optional[str] = None
+
+
+class Ledger:
+    def __init__(self, capacity: Resources, gpu_indices: Optional[list[int]] = None):
+        self.capacity = capacity
+        self._gpu_ids = list(gpu_indices) if gpu_indices is not None else list(range(capacity.gpu))
+        self._core_ids = list(range(max(1, math.ceil(capacity.cpu))))
+        self._allocs: dict[str, Allocation] = {}
+        self._lock = threading.Lock()
+
+    def free(self) -> Resources:
+        with self._lock:
+            return self._free_locked()
+
+    def _free_locked(self) -> Resources:
+        used_cpu = sum(a.resources.cpu for a in self._allocs.values())
+        used_mem = sum(a.resources.memory for a in self._allocs.values())
+        used_gpu = sum(a.resources.gpu for a in self._allocs.values())
+        return Resources(
+            cpu=max(0.0, round(self.capacity.cpu - used_cpu, 6)),
+            memory=max(0, self.capacity.memory - used_mem),
+            gpu=max(0, self.capacity.gpu - used_gpu),
+        )
+
+    def allocations(self) -> list[Allocation]:
+        with self._lock:
+            return list(self._allocs.values())
+
+    def get(self, run_id: str) -> Optional[Allocation]:
+        with self._lock:
+            return self._allocs.get(str(run_id))
+
+    def try_allocate(self, run_id: str, request: Resources, queue: str | None = None,
+                     preset: str | None = None) -> Optional[Allocation]:
+        """Reserve ``request`` for ``run_id`` if it fits now; None otherwise."""
+        run_id = str(run_id)
+        with self._lock:
+            if run_id in self._allocs:
+                return self._allocs[run_id]
+            if not request.fits(self._free_locked()):
+                return None
+            used_gpus = {i for a in self._allocs.values() for i in a.gpu_indices}
+            gpus = [i for i in self._gpu_ids if i not in used_gpus][: request.gpu]
+            if len(gpus) < request.gpu:
+                return None
+            alloc = Allocation(run_id=run_id, resources=request, gpu_indices=gpus,
+                               cpu_cores=self._pick_cores(request.cpu), queue=queue, preset=preset)
+            self._allocs[run_id] = alloc
+            return alloc
+
+    def _pick_cores(self, cpu: float) -> list[int]:
+        want = max(1, math.ceil(cpu)) if cpu > 0 else 0
+        load = {c: 0.0 for c in self._core_ids}
+        for a in self._allocs.values():
+            share = a.resources.cpu / max(1, len(a.cpu_cores))
+            for c in a.cpu_cores:
+                load[c] = load.get(c, 0.0) + share
+        return sorted(sorted(load, key=lambda c: (load[c], c))[:want])
+
+    def release(self, run_id: str) -> Optional[Allocation]:
+        with self._lock:
+            return self._allocs.pop(str(run_id), None)

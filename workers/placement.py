@@ -1,0 +1,89 @@
+"""Placement decisions: which scheduled runs an agent starts now, and why the rest wait.
+
+Pure: given the runs in queue order and the agent's free/total capacity, return
+one decision per run. Strict FIFO by default (a head run that does not fit
+holds the runs behind it); backfill lets smaller runs pass. Runs this agent can
+never take (pinned to another agent, bigger than this box) do not hold the
+queue, since another agent may take them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.workers.resolve import ResolvedRequest
+from prefect_launch.workers.resources import Resources
+
+Action = Literal["start", "wait", "skip", "reject"]
+
+
+class Candidate(BaseModel):
+    run_id: str
+    name: str = ""
+    priority_rank: int = 0  # Prefect work-queue priority: 1 is highest
+    submitted: Optional[datetime] = None
+    request: Optional[ResolvedRequest] = None
+    error: Optional[str] = None  # a validation error found by the worker
+
+
+class Decision(BaseModel):
+    run_id: str
+    action: Action
+    reason: str = ""
+
+
+def explain(short: list[tuple[str, str, str]], agent_name: str, what: str) -> str:
+    """One line, e.g. ``waiting: needs gpu=2, agent w1 has 1 free``."""
+    return "waiting: " + "; ".join(f"needs {n}={need}, agent {agent_name} has {have} {what}" for n, need, have in short)
+
+
+def order(candidates: list[Candidate]) -> list[Candidate]:
+    """Priority first, then submit time (stable for equal keys)."""
+    far = datetime.max
+    return sorted(
+        candidates,
+        key=lambda c: (c.priority_rank, (c.submitted.replace(tzinfo=None) if c.submitted else far)),
+    )
+
+
+def plan(
+    candidates: list[Candidate],
+    free: Resources,
+    total: Resources,
+    agent_name: str,
+    backfill: bool = False,
+) -> list[Decision]:
+    decisions: list[Decision] = []
+    free = free.model_copy()
+    head: Optional[Candidate] = None
+    for c in order(candidates):
+        if c.error or c.request is None:
+            decisions.append(Decision(run_id=c.run_id, action="reject", reason=c.error or "no resources resolved"))
+            continue
+        req = c.request.resources
+        if c.request.agent and c.request.agent != agent_name:
+            decisions.append(Decision(run_id=c.run_id, action="skip",
+                                      reason=f"waiting: pinned to agent {c.request.agent}"))
+            continue
+        too_big = req.shortfall(total)
+        if too_big:
+            decisions.append(Decision(run_id=c.run_id, action="skip",
+                                      reason=explain(too_big, agent_name, "in total")))
+            continue
+        if head is not None and not backfill:
+            decisions.append(Decision(run_id=c.run_id, action="wait",
+                                      reason=f"waiting: queued behind {head.name or head.run_id} (FIFO)"))
+            continue
+        short = req.shortfall(free)
+        if short:
+            decisions.append(Decision(run_id=c.run_id, action="wait",
+                                      reason=explain(short, agent_name, "free")))
+            if head is None:
+                head = c
+            continue
+        free = Resources(cpu=free.cpu - req.cpu, memory=free.memory - req.memory, gpu=free.gpu - req.gpu)
+        decisions.append(Decision(run_id=c.run_id, action="start", reason=f"starting on agent {agent_name}"))
+    return decisions

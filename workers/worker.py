@@ -1,0 +1,374 @@
+"""The `launch-process` worker: Prefect's process worker made resource-aware.
+
+Start it with ``prefect worker start --pool Q --type launch-process`` or
+``prefect-launch agent --queue Q``. Compared with the stock process worker it
+
+- claims a run only when the run's resolved resources fit the agent's free
+  capacity (one ledger across every queue the agent serves), in priority then
+  submit order, strict FIFO unless the queue allows backfill;
+- pins each run: disjoint ``CUDA_VISIBLE_DEVICES``, CPU affinity,
+  ``OMP_NUM_THREADS``, an enforced memory limit;
+- says why a run waits (flow-run label ``launch.waiting``);
+- wakes on Prefect events for its pool instead of waiting for the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Optional
+from uuid import UUID
+
+import anyio
+from pydantic import Field
+
+from prefect.states import Failed
+from prefect.utilities.engine import propose_state
+from prefect.workers.process import (
+    ProcessJobConfiguration,
+    ProcessVariables,
+    ProcessWorker,
+    ProcessWorkerResult,
+)
+
+from prefect_launch.workers.agent_registry import AgentRun, AgentState, publish
+from prefect_launch.workers.ledger import Allocation, Ledger
+from prefect_launch.workers.limits import RunLimits, run_environment
+from prefect_launch.workers.placement import Candidate, plan
+from prefect_launch.workers.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.resources import LaunchValidationError, Resources, detect_capacity
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.client.schemas.responses import WorkerFlowRunResponse
+
+WAIT_LABEL = "launch.waiting"
+PLACED_LABEL = "launch.placement"
+SIZE_PATTERN = r"^\d+(\.\d+)?\s*([KMGTP]i?|[kmgtp]i?|B|b)?$"
+
+
+class LaunchProcessJobConfiguration(ProcessJobConfiguration):
+    """Process job configuration plus the run's requested resources."""
+
+    preset: Optional[str] = Field(default=None)
+    cpu: Optional[float] = Field(default=None)
+    memory: Optional[str] = Field(default=None)
+    gpu: Optional[int] = Field(default=None)
+    shm_size: Optional[str] = Field(default=None)
+    agent: Optional[str] = Field(default=None)
+    launch: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def json_template(cls) -> dict[str, Any]:
+        template = super().json_template()
+        template.pop("launch", None)  # a literal written by `queue apply`, not a variable
+        return template
+
+
+class LaunchProcessVariables(ProcessVariables):
+    """Variables shown in the Prefect UI's job-variables form for a launch queue."""
+
+    preset: Optional[str] = Field(default=None, description="Resource preset of the queue.")
+    cpu: Optional[float] = Field(default=None, gt=0, description="CPUs; overrides the preset.")
+    memory: Optional[str] = Field(
+        default=None, pattern=SIZE_PATTERN, description="Memory limit, e.g. 4Gi; overrides the preset."
+    )
+    gpu: Optional[int] = Field(default=None, ge=0, description="GPUs; overrides the preset.")
+    shm_size: Optional[str] = Field(
+        default=None, pattern=SIZE_PATTERN, description="Shared memory, e.g. 1Gi; overrides the preset."
+    )
+    agent: Optional[str] = Field(default=None, description="Run only on the agent with this name.")
+
+
+DEFAULT_SPEC = QueueSpec(
+    name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
+)
+
+
+class _PidHook:
+    """Wraps the task status Prefect hands to ``run`` to learn the run's pid first."""
+
+    def __init__(self, inner: Any, on_pid):
+        self._inner = inner
+        self._on_pid = on_pid
+
+    def started(self, value: Any = None) -> None:
+        if isinstance(value, int):
+            self._on_pid(value)
+        self._inner.started(value)
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+
+class LaunchProcessWorker(ProcessWorker):
+    type = "launch-process"
+    job_configuration = LaunchProcessJobConfiguration
+    job_configuration_variables = LaunchProcessVariables
+    _description = (
+        "Resource-aware process worker of prefect-launch: claims runs only when their cpu, "
+        "memory and GPUs fit, pins GPUs and CPUs, and explains why runs wait."
+    )
+    _display_name = "Launch Process"
+    _documentation_url = "https://github.com/prefect-launch/prefect-launch"
+
+    def __init__(self, *args: Any, ledger: Optional[Ledger] = None, capacity: Optional[str] = None,
+                 use_cgroups: bool = True, **kwargs: Any):
+        kwargs.setdefault("name", socket.gethostname())
+        super().__init__(*args, **kwargs)
+        self.ledger = ledger or Ledger(detect_capacity(capacity))
+        self.ledger_queues = getattr(self.ledger, "queues", set())
+        self.ledger.queues = self.ledger_queues  # type: ignore[attr-defined]
+        self.ledger_queues.add(self._work_pool_name)
+        if not hasattr(self.ledger, "listeners"):
+            self.ledger.listeners = []  # type: ignore[attr-defined]
+        self.ledger.listeners.append(self._wake_up)  # type: ignore[attr-defined]
+        self.use_cgroups = use_cgroups
+        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
+        self._wait_reasons: dict[UUID, str] = {}
+        self._limits: dict[UUID, RunLimits] = {}
+        self._kill_reasons: dict[UUID, str] = {}
+        self._priorities: dict[str, int] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._background_started = False
+
+    # ------------------------------------------------------------------ set-up
+    async def _initialize_after_sync(self) -> None:
+        await super()._initialize_after_sync()
+        await self._refresh_priorities()
+        if self._work_pool is not None and not self._background_started:
+            self._background_started = True
+            self._wake = asyncio.Event()
+            for loop in (self._wake_loop, self._event_loop):
+                scope = anyio.CancelScope()
+                self._scheduled_task_scopes.add(scope)
+                self._runs_task_group.start_soon(self._in_scope, scope, loop)
+        await self._publish_state()
+
+    async def _in_scope(self, scope: anyio.CancelScope, fn) -> None:
+        with scope:
+            await fn()
+
+    async def _refresh_priorities(self) -> None:
+        try:
+            queues = await self.client.read_work_queues(work_pool_name=self._work_pool_name)
+            self._priorities = {q.name: q.priority for q in queues}
+        except Exception as exc:  # keep the last known priorities
+            self._logger.debug("could not read work queues: %s", exc)
+
+    def queue_spec(self) -> QueueSpec:
+        """The queue declaration carried by the pool's base job template."""
+        data = ((self._work_pool.base_job_template or {}).get("job_configuration") or {}).get("launch") if self._work_pool else None
+        if not data:
+            return DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
+        return QueueSpec.model_validate(data)
+
+    # ---------------------------------------------------------------- dispatch
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _wake_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.get_and_submit_flow_runs()
+            except Exception:
+                self._logger.exception("event-driven poll failed; polling continues")
+
+    async def _event_loop(self) -> None:
+        """Wake on flow-run events for this pool; the regular poll stays as the fallback."""
+        from prefect.events.clients import get_events_subscriber
+        from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+        pool_id = self._work_pool.id
+        event_filter = EventFilter(
+            event=EventNameFilter(prefix=["prefect.flow-run."]),
+            related=EventRelatedFilter(resources_in_roles=[(f"prefect.work-pool.{pool_id}", "work-pool")]),
+        )
+        while True:
+            try:
+                async with get_events_subscriber(filter=event_filter, reconnect_on_clean_close=True) as sub:
+                    async for event in sub:
+                        if event.event in ("prefect.flow-run.Scheduled", "prefect.flow-run.Pending",
+                                           "prefect.flow-run.Cancelled", "prefect.flow-run.Late"):
+                            self._wake_up()
+            except Exception as exc:
+                self._logger.debug("event subscription dropped (%s); retrying", exc)
+                await asyncio.sleep(2)
+
+    def _plan_lock(self) -> asyncio.Lock:
+        lock = getattr(self.ledger, "plan_lock", None)
+        if lock is None:
+            lock = asyncio.Lock()
+            self.ledger.plan_lock = lock  # type: ignore[attr-defined]
+        return lock
+
+    async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
+        async with self._plan_lock():
+            return await super().get_and_submit_flow_runs()
+
+    async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
+        if deployment_id is None:
+            return {}
+        cached = self._deployments.get(deployment_id)
+        if cached and time.monotonic() - cached[0] < 30:
+            return cached[1]
+        deployment = await self.client.read_deployment(deployment_id)
+        values = dict(deployment.job_variables or {})
+        self._deployments[deployment_id] = (time.monotonic(), values)
+        return values
+
+    async def _submit_scheduled_flow_runs(
+        self, flow_run_response: list["WorkerFlowRunResponse"]
+    ) -> list["FlowRun"]:
+        spec = self.queue_spec()
+        runs = {entry.flow_run.id: entry.flow_run for entry in flow_run_response
+                if entry.flow_run.id not in self._submitting_flow_run_ids}
+        if not runs:
+            return []
+        candidates: list[Candidate] = []
+        requests: dict[str, ResolvedRequest] = {}
+        for fr in runs.values():
+            error = None
+            request = None
+            try:
+                request = resolve_request(spec, await self._deployment_vars(fr.deployment_id), fr.job_variables or {})
+                requests[str(fr.id)] = request
+            except LaunchValidationError as exc:
+                error = str(exc)
+            except Exception as exc:  # deployment gone or unreadable: leave it for Prefect
+                self._logger.debug("skipping run %s: %s", fr.id, exc)
+                continue
+            candidates.append(Candidate(
+                run_id=str(fr.id), name=fr.name, submitted=fr.expected_start_time,
+                priority_rank=self._priorities.get(fr.work_queue_name or "", 99),
+                request=request, error=error,
+            ))
+        decisions = plan(candidates, self.ledger.free(), self.ledger.capacity, self.name, spec.backfill)
+        started: list["FlowRun"] = []
+        for decision in decisions:
+            fr = runs[UUID(decision.run_id)]
+            if decision.action == "start":
+                req = requests[decision.run_id]
+                alloc = self.ledger.try_allocate(decision.run_id, req.resources, queue=self._work_pool_name,
+                                                 preset=req.preset)
+                if alloc is None:  # another queue of this agent took the room meanwhile
+                    await self._note_waiting(fr, "waiting: capacity taken by a run of another queue")
+                    continue
+                self._start(fr)
+                started.append(fr)
+            elif decision.action == "reject":
+                await self._reject(fr, decision.reason)
+            else:
+                await self._note_waiting(fr, decision.reason)
+        if started:
+            await self._publish_state()
+        return started
+
+    def _start(self, flow_run: "FlowRun") -> None:
+        self._wait_reasons.pop(flow_run.id, None)
+        run_logger = self.get_flow_run_logger(flow_run)
+        alloc = self.ledger.get(str(flow_run.id))
+        run_logger.info(f"Agent '{self.name}' starting flow run with {alloc.resources.describe()}"
+                        f" gpus={alloc.gpu_indices} cores={alloc.cpu_cores}")
+        self._submitting_flow_run_ids.add(flow_run.id)
+        if self._cancelling_observer is not None:
+            self._cancelling_observer.add_in_flight_flow_run_id(flow_run.id)
+        self._runs_task_group.start_soon(self._submit_run, flow_run)
+
+    async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
+        """Put the one-line reason on the Prefect run, only when it changes."""
+        known = self._wait_reasons.get(flow_run.id) or (flow_run.labels or {}).get(WAIT_LABEL)
+        if known == reason:
+            self._wait_reasons[flow_run.id] = reason
+            return
+        self._wait_reasons[flow_run.id] = reason
+        try:
+            await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
+        except Exception as exc:
+            self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+
+    async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
+        """A run the queue can never serve as given fails now, with the reason."""
+        message = f"Rejected by agent {self.name}: {reason}"
+        self.get_flow_run_logger(flow_run).error(message)
+        try:
+            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
+        except Exception as exc:
+            self._logger.warning("could not reject run %s: %s", flow_run.id, exc)
+
+    # --------------------------------------------------------------- execution
+    async def run(
+        self,
+        flow_run: "FlowRun",
+        configuration: LaunchProcessJobConfiguration,
+        task_status: Optional[anyio.abc.TaskStatus[int]] = None,
+    ) -> ProcessWorkerResult:
+        alloc = self.ledger.get(str(flow_run.id))
+        if alloc is None:  # e.g. an ad-hoc submission that bypassed placement
+            raise RuntimeError(f"flow run {flow_run.id} has no allocation on agent {self.name}")
+        configuration.env.update(run_environment(alloc, self.name))
+        limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
+        self._limits[flow_run.id] = limits
+
+        def on_pid(pid: int) -> None:
+            limits.apply(pid)
+            self._after_start(flow_run, alloc, pid)
+
+        hooked = _PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
+        try:
+            return await super().run(flow_run, configuration, hooked)
+        finally:
+            reason = limits.finish()
+            if reason:
+                self._kill_reasons[flow_run.id] = reason
+            self._limits.pop(flow_run.id, None)
+            self._after_finish(flow_run, alloc)
+
+    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int) -> None:
+        """Hook for the metrics sampler; called once the run's process exists."""
+
+    def _after_finish(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """Hook for the metrics sampler; called once the run's process has exited."""
+
+    async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
+        reason = self._kill_reasons.pop(flow_run.id, None)
+        await super()._propose_crashed_state(flow_run, reason or message, client)
+
+    def _release_limit_slot(self, flow_run_id: UUID) -> None:
+        super()._release_limit_slot(flow_run_id)
+        if self.ledger.release(str(flow_run_id)) is not None:
+            for listener in list(getattr(self.ledger, "listeners", [])):
+                listener()
+            try:
+                asyncio.get_running_loop().create_task(self._publish_state())
+            except RuntimeError:
+                pass
+
+    # ------------------------------------------------------------- publishing
+    async def sync_with_backend(self) -> None:
+        await super().sync_with_backend()
+        await self._refresh_priorities()
+        await self._publish_state()
+
+    async def _publish_state(self) -> None:
+        if self._client is None:
+            return
+        state = AgentState(
+            name=self.name,
+            queues=sorted(self.ledger_queues),
+            capacity=self.ledger.capacity,
+            free=self.ledger.free(),
+            runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,
+                           gpu_indices=a.gpu_indices) for a in self.ledger.allocations()],
+            heartbeat=datetime.now(timezone.utc),
+        )
+        try:
+            await publish(self.client, state)
+        except Exception as exc:
+            self._logger.debug("could not publish agent state: %s", exc)
