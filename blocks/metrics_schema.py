@@ -1,0 +1,194 @@
+"""SQL schema of the run-metrics store, and its versioned migrations.
+
+The store owns its schema: a one-row ``launch_schema_version`` table holds the
+version, and :func:`ensure_schema` applies every migration above it, in order,
+inside one write transaction (serialised across processes: ``BEGIN IMMEDIATE``
+on SQLite, an advisory lock on PostgreSQL). A fresh database is built by the
+same chain of migrations an old one is upgraded by, so the upgrade path is the
+path every test exercises.
+
+Tables (current version):
+
+``launch_runs``
+    one row per flow run; ``id`` is a compact integer key used by the sample
+    rows, ``flow_run_id`` the Prefect id (text, unique). Queue, job, flow,
+    owner, preset and allocated resources sit beside it so that readers can
+    group without asking Prefect.
+``launch_samples``
+    one row per run per tick, primary key ``(run_id, ts_ms)``; on SQLite a
+    ``WITHOUT ROWID`` table so the key is stored once (about 100 bytes a row).
+``launch_summaries``
+    one row per finished run (written by the sampler at the end).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+log = logging.getLogger("prefect_launch.metrics_store")
+
+SCHEMA_VERSION = 2
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "launch_schema_version",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+runs = sa.Table(
+    "launch_runs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("flow_run_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("flow_run_name", sa.String(255)),
+    sa.Column("queue", sa.String(255)),
+    sa.Column("work_queue", sa.String(255)),
+    sa.Column("job", sa.String(255)),
+    sa.Column("deployment_id", sa.String(64)),
+    sa.Column("flow", sa.String(255)),
+    sa.Column("owner", sa.String(255)),
+    sa.Column("project", sa.String(255)),
+    sa.Column("preset", sa.String(255)),
+    sa.Column("alloc_cpus", sa.Float),
+    sa.Column("alloc_memory_bytes", sa.BigInteger),
+    sa.Column("alloc_gpus", sa.Integer),
+    sa.Column("gpu_indices", sa.String(255)),
+    sa.Column("agent", sa.String(255)),
+    sa.Column("host", sa.String(255)),
+    sa.Column("submitted_ms", sa.BigInteger),
+    sa.Column("started_ms", sa.BigInteger),
+    sa.Column("ended_ms", sa.BigInteger),
+    sa.Column("state", sa.String(64)),
+    sa.Column("created_ms", sa.BigInteger),
+    # v2
+    sa.Column("extra", sa.Text),
+)
+sa.Index("ix_launch_runs_queue_started", runs.c.queue, runs.c.started_ms)
+ix_runs_started = sa.Index("ix_launch_runs_started", runs.c.started_ms)
+
+samples = sa.Table(
+    "launch_samples",
+    metadata,
+    sa.Column("run_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("ts_ms", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("interval_ms", sa.Integer),
+    sa.Column("cpu_pct", sa.Float),
+    sa.Column("cpu_share_pct", sa.Float),
+    sa.Column("rss_bytes", sa.BigInteger),
+    sa.Column("read_bytes", sa.BigInteger),
+    sa.Column("write_bytes", sa.BigInteger),
+    sa.Column("gpu_util_pct", sa.Float),
+    sa.Column("gpu_mem_bytes", sa.BigInteger),
+    # v2
+    sa.Column("net_rx_bytes", sa.BigInteger),
+    sa.Column("net_tx_bytes", sa.BigInteger),
+    sa.Column("num_procs", sa.Integer),
+    sqlite_with_rowid=False,
+)
+
+summaries = sa.Table(
+    "launch_summaries",
+    metadata,
+    sa.Column("run_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("duration_s", sa.Float),
+    sa.Column("queue_s", sa.Float),
+    sa.Column("cpu_seconds", sa.Float),
+    sa.Column("avg_cpu_pct", sa.Float),
+    sa.Column("max_cpu_pct", sa.Float),
+    sa.Column("avg_cpu_share_pct", sa.Float),
+    sa.Column("avg_rss_bytes", sa.BigInteger),
+    sa.Column("peak_rss_bytes", sa.BigInteger),
+    sa.Column("avg_gpu_util_pct", sa.Float),
+    sa.Column("max_gpu_util_pct", sa.Float),
+    sa.Column("peak_gpu_mem_bytes", sa.BigInteger),
+    sa.Column("gpu_mem_total_bytes", sa.BigInteger),
+    sa.Column("read_bytes", sa.BigInteger),
+    sa.Column("write_bytes", sa.BigInteger),
+    sa.Column("net_rx_bytes", sa.BigInteger),
+    sa.Column("net_tx_bytes", sa.BigInteger),
+    sa.Column("samples", sa.Integer),
+    sa.Column("lost_samples", sa.Integer),
+    sa.Column("exit_state", sa.String(64)),
+    sa.Column("wasteful", sa.Boolean),
+    sa.Column("waste_reasons", sa.Text),
+    sa.Column("written_ms", sa.BigInteger),
+)
+
+# ---------------------------------------------------------------- migrations
+# Each migration moves the schema from version k-1 to k. Never edit a released
+# migration; append a new one and bump SCHEMA_VERSION.
+
+
+def _v1_tables() -> list[sa.Table]:
+    """The version-1 schema: runs and samples, without the v2 columns."""
+    md = sa.MetaData()
+    skip = {"launch_runs": {"extra"}, "launch_samples": {"net_rx_bytes", "net_tx_bytes", "num_procs"}}
+    out = []
+    for table in (runs, samples):
+        cols = [c._copy() for c in table.columns if c.name not in skip[table.name]]
+        kw = {"sqlite_with_rowid": False} if table is samples else {}
+        out.append(sa.Table(table.name, md, *cols, **kw))
+    sa.Index("ix_launch_runs_queue_started", out[0].c.queue, out[0].c.started_ms)
+    return out
+
+
+def _migrate_1(conn: Connection) -> None:
+    for table in _v1_tables():
+        table.create(conn, checkfirst=True)
+
+
+def _add_column(conn: Connection, table: sa.Table, name: str) -> None:
+    col = table.c[name]
+    ddl = sa.schema.CreateColumn(col).compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
+
+
+def _migrate_2(conn: Connection) -> None:
+    _add_column(conn, runs, "extra")
+    for name in ("net_rx_bytes", "net_tx_bytes", "num_procs"):
+        _add_column(conn, samples, name)
+    summaries.create(conn, checkfirst=True)
+    ix_runs_started.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+
+def current_version(conn: Connection) -> int:
+    if not sa.inspect(conn).has_table(schema_version.name):
+        return 0
+    v = conn.execute(sa.select(schema_version.c.version).where(schema_version.c.id == 1)).scalar()
+    return int(v or 0)
+
+
+def ensure_schema(conn: Connection, target: int = SCHEMA_VERSION) -> int:
+    """Bring the schema to ``target`` inside the caller's (write) transaction.
+
+    Returns the version found before migrating.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7446512093)")
+    schema_version.create(conn, checkfirst=True)
+    found = current_version(conn)
+    if found > SCHEMA_VERSION:
+        log.warning(
+            "metrics store schema is version %s, newer than this code's %s; continuing", found, SCHEMA_VERSION
+        )
+        return found
+    for v in range(found + 1, target + 1):
+        log.info("metrics store: migrating schema to version %s", v)
+        MIGRATIONS[v](conn)
+    if target > found:
+        if found == 0:
+            conn.execute(schema_version.insert().values(id=1, version=target))
+        else:
+            conn.execute(schema_version.update().where(schema_version.c.id == 1).values(version=target))
+    return found
