@@ -1,0 +1,301 @@
+"""Benchmark the queue monitor's data layer against the naive way of reading runs.
+
+    python bench/dashboard.py                 # 10k runs over 7 days
+    python bench/dashboard.py --runs 100000   # the target size
+
+It starts its own Prefect server (SQLite, throw-away PREFECT_HOME), creates pools,
+queues, a flow and deployments through the API, then stops the server and bulk-inserts
+N flow runs (with their current state rows) straight into the server's own tables
+through Prefect's ORM table definitions - thousands of times faster than creating them
+through the API - and starts the server again. Metrics are written to the run metrics
+store when `prefect_launch.blocks.metrics_store` is importable.
+
+Timed, each several times (medians printed):
+- cold load: the dashboard's data layer for the default view (all queues, last 7 days)
+  with empty caches;
+- filter change: the same view with an owner filter and another grouping (empty caches
+  too: every filter change asks the server again, nothing is served from memory);
+- naive: page through every flow run in the range with the Prefect client (200 per
+  request, the API's cap) - what a dashboard without server-side aggregation does.
+
+The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speedup_cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+POOLS = [("gpu-a100", "launch-process"), ("cpu-batch", "launch-process"), ("k8s-gpu", "kubernetes")]
+PRIORITIES = ["critical", "high", "medium", "low"]
+JOBS = ["train-resnet", "train-llm", "evaluate", "preprocess", "sweep-hparams", "notebook"]
+OWNERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+PRESETS = {
+    "small": dict(cpu=2, memory="4Gi", gpu=0),
+    "medium": dict(cpu=4, memory="16Gi", gpu=0),
+    "gpu-1": dict(cpu=8, memory="32Gi", gpu=1),
+    "gpu-2": dict(cpu=16, memory="64Gi", gpu=2),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(home: Path, port: int) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        PREFECT_SERVER_UI_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+    )
+    log = open(home / "server.log", "a")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}; see {home/'server.log'}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("prefect server did not become healthy")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def create_objects(api_url: str) -> dict:
+    """Pools with priority queues, one flow, one deployment per (job, pool)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkQueueCreate
+
+    out: dict = {"pools": {}, "deployments": {}}
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("launch-job")
+        out["flow_id"] = str(flow_id)
+        for pool, ptype in POOLS:
+            wp = client.create_work_pool(WorkPoolCreate(name=pool, type=ptype, concurrency_limit=8))
+            queues = {}
+            for prio, q in enumerate(PRIORITIES, start=1):
+                wq = client.create_work_queue(name=q, work_pool_name=pool, priority=prio)
+                queues[q] = str(wq.id)
+            out["pools"][pool] = {"id": str(wp.id), "queues": queues}
+            for job in JOBS:
+                dep_id = client.create_deployment(flow_id=flow_id, name=job, work_pool_name=pool, work_queue_name="medium")
+                out["deployments"][(job, pool)] = str(dep_id)
+    return out
+
+
+def _load_shape(t: dt.datetime) -> float:
+    """Relative submission rate: busy on weekday working hours, a nightly sweep burst."""
+    hour, wd = t.hour, t.weekday()
+    base = 0.25
+    if wd < 5 and 9 <= hour < 18:
+        base = 1.0
+    if hour in (1, 2):
+        base = 1.4  # nightly sweeps
+    return base
+
+
+def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, seed: int = 7) -> list[dict]:
+    """Insert n flow runs with one current-state row each into the server's SQLite DB."""
+    import sqlalchemy as sa
+    from prefect.server.database import orm_models
+    from prefect.server.schemas.states import StateType
+
+    rng = random.Random(seed)
+    start = now - dt.timedelta(days=7)
+    span = (now - start).total_seconds()
+    runs, states, summary = [], [], []
+    while len(runs) < n:
+        exp = start + dt.timedelta(seconds=rng.random() * span)
+        if rng.random() > _load_shape(exp) / 1.4:
+            continue
+        pool = rng.choice(POOLS)[0]
+        job = rng.choice(JOBS)
+        owner = rng.choice(OWNERS)
+        preset = rng.choice(list(PRESETS))
+        prio = rng.choice(PRIORITIES)
+        queued = rng.expovariate(1 / 90.0)
+        duration = rng.lognormvariate(6.0, 1.0)
+        st_start = exp + dt.timedelta(seconds=queued)
+        st_end = st_start + dt.timedelta(seconds=duration)
+        roll = rng.random()
+        message = None
+        if st_start > now:
+            stype, sname, st_start, st_end = StateType.SCHEDULED, "Scheduled", None, None
+        elif st_end > now:
+            stype, sname, st_end = StateType.RUNNING, "Running", None
+        elif roll < 0.07:
+            stype, sname, message = StateType.FAILED, "Failed", f"Flow run encountered an exception: RuntimeError('{job} diverged: loss is NaN')"
+        elif roll < 0.09:
+            stype, sname, message = StateType.CRASHED, "Crashed", "Flow run infrastructure exited with non-zero status code 137 (OOM killed)"
+        elif roll < 0.11:
+            stype, sname, message = StateType.CANCELLED, "Cancelled", "Cancelled by user"
+        else:
+            stype, sname = StateType.COMPLETED, "Completed"
+        rid, sid = uuid.uuid4(), uuid.uuid4()
+        ts = st_end or st_start or exp
+        total = dt.timedelta(seconds=duration) if st_end else dt.timedelta(0)
+        jv = {"preset": preset, **PRESETS[preset]}
+        runs.append(
+            dict(
+                id=rid, created=exp, updated=ts, name=f"{job}-{rid.hex[:8]}", flow_id=uuid.UUID(objects["flow_id"]),
+                deployment_id=uuid.UUID(objects["deployments"][(job, pool)]), work_queue_name=prio,
+                work_queue_id=uuid.UUID(objects["pools"][pool]["queues"][prio]), state_type=stype, state_name=sname,
+                state_timestamp=ts, state_id=sid, expected_start_time=exp, start_time=st_start, end_time=st_end,
+                total_run_time=total, run_count=1 if st_start else 0,
+                tags=["launch", f"owner:{owner}", f"preset:{preset}"], job_variables=jv, labels={},
+            )
+        )
+        states.append(dict(id=sid, flow_run_id=rid, type=stype, name=sname, timestamp=ts, message=message, created=ts, updated=ts))
+        summary.append(dict(id=str(rid), pool=pool, job=job, owner=owner, preset=preset, start=st_start, end=st_end, duration=duration))
+    engine = sa.create_engine(f"sqlite:///{db_path}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        for i in range(0, n, 5000):
+            conn.execute(sa.insert(orm_models.FlowRun.__table__), runs[i : i + 5000])
+            conn.execute(sa.insert(orm_models.FlowRunState.__table__), states[i : i + 5000])
+    engine.dispose()
+    return summary
+
+
+def seed_metrics(summary: list[dict]) -> bool:
+    """Write per-run metric summaries to the metrics store, when it exists."""
+    try:
+        from prefect_launch.dashboard import data  # noqa: F401
+        from prefect_launch.blocks.metrics_store import RunMetricsStore  # noqa: F401
+    except Exception:
+        return False
+    from prefect_launch.dashboard.data import seed_metrics_for_bench
+
+    return seed_metrics_for_bench(summary)
+
+
+def naive_read(api_url: str, since: dt.datetime, until: dt.datetime) -> int:
+    """Page through every run in the range with the client, 200 at a time."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterExpectedStartTime
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    n, offset = 0, 0
+    flt = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since, before_=until))
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_flow_runs(flow_run_filter=flt, sort=FlowRunSort.ID_DESC, limit=200, offset=offset)
+            n += len(page)
+            offset += 200
+            if len(page) < 200:
+                return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--naive-repeat", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the server's PREFECT_HOME")
+    args = ap.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    now = dt.datetime.now(dt.timezone.utc)
+
+    t0 = time.perf_counter()
+    proc = start_server(home, port)
+    try:
+        objects = create_objects(api_url)
+    finally:
+        stop_server(proc)
+    summary = bulk_insert_runs(home / "prefect.db", objects, args.runs, now)
+    t_seed = time.perf_counter() - t0
+    print(f"seeded {args.runs} runs over 7 days in {t_seed:.1f} s (bulk insert through Prefect's ORM tables)")
+    proc = start_server(home, port)
+    try:
+        has_metrics = seed_metrics(summary)
+        print(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
+        from prefect_launch.dashboard import data
+
+        since, until = now - dt.timedelta(days=7), now + dt.timedelta(minutes=1)
+        base = data.ViewSpec(since=since, until=until, grouping="job")
+        changed = data.ViewSpec(since=since, until=until, grouping="preset", owners=("alice",))
+
+        def timed(fn) -> float:
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+
+        colds, filters, naives = [], [], []
+        for _ in range(args.repeat):
+            colds.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=False)))
+            filters.append(timed(lambda: data.load_view(changed, api_url=api_url, use_cache=False)))
+        counted = 0
+        for _ in range(args.naive_repeat):
+            t = time.perf_counter()
+            counted = naive_read(api_url, since, until)
+            naives.append(time.perf_counter() - t)
+        view = data.load_view(base, api_url=api_url, use_cache=False)
+        cold, filt, naive = statistics.median(colds), statistics.median(filters), statistics.median(naives)
+        print(f"runs in range: {counted} (naive read), {int(view.totals['runs'])} (aggregates)")
+        print(f"cold load      median {cold:.3f} s  ({', '.join(f'{x:.3f}' for x in colds)})")
+        print(f"filter change  median {filt:.3f} s  ({', '.join(f'{x:.3f}' for x in filters)})")
+        print(f"naive paging   median {naive:.3f} s  ({counted / naive:.0f} runs/s)")
+        print(f"speedup: cold {naive / cold:.1f}x, filter change {naive / filt:.1f}x")
+        print(
+            json.dumps(
+                dict(runs=args.runs, cold_s=round(cold, 3), filter_s=round(filt, 3), naive_s=round(naive, 3),
+                     speedup_cold=round(naive / cold, 1))
+            )
+        )
+    finally:
+        stop_server(proc)
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"kept {home} (api {api_url} is stopped)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

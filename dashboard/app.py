@@ -1,0 +1,288 @@
+"""prefect-launch queue monitor (Streamlit).
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api streamlit run dashboard/app.py
+
+Sidebar: queues, time range, grouping and filters drive every panel. Data comes from
+Prefect's API (server-side aggregation + bounded, incrementally refreshed run reads,
+see :mod:`prefect_launch.dashboard.data`) and the run metrics store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+
+import pandas as pd
+import streamlit as st
+
+from prefect_launch.dashboard import charts
+from prefect_launch.dashboard import data as D
+
+CACHE_TTL_S = 30
+
+st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _options() -> dict:
+    return D.options()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner="Reading queues…", max_entries=32)
+def _view(spec: D.ViewSpec) -> D.View:
+    return D.load_view(spec)
+
+
+def _links_block():
+    from prefect_launch.blocks.queue_links import QueueLinks
+
+    return QueueLinks
+
+
+def sidebar(opts: dict) -> D.ViewSpec:
+    sb = st.sidebar
+    sb.header("Queue monitor")
+    queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
+    choice = sb.radio("Time range", [*D.RANGES, "Custom"], index=2, key="range")
+    now = dt.datetime.now(D.UTC).replace(microsecond=0)
+    now = now - dt.timedelta(seconds=now.second % 10)  # 10 s steps so reruns hit the cache
+    custom = None
+    if choice == "Custom":
+        today = now.date()
+        picked = sb.date_input("From / to (UTC)", (today - dt.timedelta(days=3), today), key="custom_range")
+        custom = tuple(picked) if isinstance(picked, (tuple, list)) and len(picked) == 2 else (picked[0], picked[0]) if isinstance(picked, (tuple, list)) else (picked, picked)
+    since, until = D.time_window(choice, now, custom)
+    grouping = sb.selectbox("Grouping", D.GROUPINGS, index=1, key="grouping")
+    sb.subheader("Filters")
+    jobs = sb.multiselect("Job", opts["jobs"], key="f_jobs")
+    owners = sb.multiselect("Owner", opts["owners"], key="f_owners")
+    statuses = sb.multiselect("Status", list(D.STATUSES), key="f_statuses")
+    presets = sb.multiselect("Preset", opts["presets"], key="f_presets")
+    with sb.expander("Advanced"):
+        limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, 1000, step=100, key="detail_limit")
+        if st.button("Refresh now", key="refresh"):
+            _view.clear()
+            _options.clear()
+    return D.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
+                      jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
+
+
+def panel_summary(v: D.View) -> None:
+    with st.container(key="panel-summary", border=True):
+        st.subheader("Queue summary")
+        pools = v.pools[v.pools["queue"].isin(v.spec.queues)] if v.spec.queues else v.pools
+        counts = v.now_counts.set_index("queue") if not v.now_counts.empty else pd.DataFrame(columns=["queued", "pending", "running"])
+        online = v.workers[v.workers["status"] == "ONLINE"].groupby("queue")["worker"].count() if not v.workers.empty else pd.Series(dtype=int)
+        rows = []
+        for _, p in pools.iterrows():
+            q = p["queue"]
+            c = counts.loc[q] if q in counts.index else {"queued": 0, "pending": 0, "running": 0}
+            ag = v.agents[(v.agents["queue"] == q) & v.agents["online"]] if not v.agents.empty else v.agents
+            busy = int(c["running"]) + int(c["pending"]) > 0
+            rows.append(dict(
+                queue=q, type=p["type"], now="busy" if busy else "idle", queued=int(c["queued"]), pending=int(c["pending"]),
+                running=int(c["running"]), agents_online=int(online.get(q, 0)) + (0 if ag.empty else 0),
+                free_cpu=None if ag.empty else float(ag["free_cpu"].sum()), free_gpu=None if ag.empty else int(ag["free_gpu"].sum()),
+                free_memory_gib=None if ag.empty else round(float(ag["free_memory_gib"].sum()), 1),
+                concurrency_limit=p["concurrency_limit"], status=p["status"],
+            ))
+        summary = pd.DataFrame(rows)
+        load = D.busy_load(v.hist, v.interval_s, *D.aligned_range(v.spec.since, v.spec.until, v.interval_s))
+        limits = pools["concurrency_limit"].dropna()
+        capacity = float(limits.sum()) if len(limits) == len(pools) and len(pools) else None
+        share = D.capacity_share(load, capacity)
+        idle = D.idle_periods(load, v.interval_s)
+        c1, c2, c3, c4, c5 = st.columns(5)
+        c1.metric("Busy now", f"{int((summary['now'] == 'busy').sum()) if not summary.empty else 0} / {len(summary)} queues")
+        c2.metric("Queued now", int(summary["queued"].sum()) if not summary.empty else 0)
+        c3.metric("Running now", int(summary["running"].sum()) if not summary.empty else 0)
+        c4.metric("Runs in range", f"{v.totals['runs']:,}")
+        c5.metric("Capacity used", f"{share:.0f}%" if share is not None else "n/a",
+                  help="run-seconds / (sum of queue concurrency limits x range); n/a when a queue has no limit")
+        st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
+        if not v.agents.empty:
+            st.caption("Agents (capacity published by launch workers)")
+            st.dataframe(v.agents, hide_index=True, width="stretch")
+        left, right = st.columns([3, 2])
+        with left:
+            st.caption("Load: average busy runs per interval (red: capacity). Idle stretches on a fixed-capacity queue are room for low-priority work.")
+            st.altair_chart(charts.load_chart(load, capacity), width="stretch")
+            st.caption(f"Idle periods (no run submitted or running in the interval): {len(idle)}, "
+                       f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total")
+            if not idle.empty:
+                st.dataframe(idle.head(10), hide_index=True, width="stretch")
+        with right:
+            st.caption("Load by hour of day and weekday: periodic bursts are where scheduled cloud capacity pays.")
+            hm = D.load_heatmap(v.hist_hourly)
+            if hm.empty:
+                st.info("Heatmap needs hourly (or finer) buckets: choose a range up to 20 days.")
+            else:
+                st.altair_chart(charts.heatmap_chart(hm), width="stretch")
+
+
+def panel_status(v: D.View) -> None:
+    with st.container(key="panel-status", border=True):
+        st.subheader("Job status")
+        st.caption("Runs per interval by their current status (queued, pending, running, completed, failed, crashed, cancelled), "
+                   "bucketed by expected start; aggregated by the Prefect server.")
+        counts = D.status_counts(v.hist if v.spec.grouping != "status" else v.hist)
+        if counts.empty:
+            st.info("No runs in this range.")
+        else:
+            st.altair_chart(charts.status_chart(counts, v.interval_s), width="stretch")
+
+
+def panel_queued(v: D.View) -> None:
+    with st.container(key="panel-queued", border=True):
+        st.subheader("Queued time")
+        st.caption(f"Sum of seconds runs waited (expected start → start) per interval, by {v.spec.grouping}. "
+                   f"Total: {v.totals['queued_s']:,.0f} s.")
+        qt = D.queued_time(v.hist)
+        if qt.empty:
+            st.info("No queued time in this range.")
+        else:
+            st.altair_chart(charts.queued_chart(qt, v.spec.grouping), width="stretch")
+
+
+def panel_runs(v: D.View) -> None:
+    with st.container(key="panel-runs", border=True):
+        st.subheader("Job runs")
+        g = D.gantt_frame(v.runs, v.now)
+        note = f"{len(g)} runs that started"
+        if v.truncated:
+            note += f" (the newest {len(v.runs):,} of {v.runs_total:,} in range; narrow the range or filters to see older ones)"
+        st.caption(note + ". Drag across the chart to select a span; the table lists the runs in it.")
+        if g.empty:
+            st.info("No run started in this range.")
+            return
+        col = D.group_column(v.spec.grouping)
+        event = st.altair_chart(charts.gantt_chart(g, col), width="stretch", on_select="rerun", key="gantt")
+        sel = g
+        brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None
+        if brush:
+            rng = next(iter(brush.values()))
+            lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
+            sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
+            st.caption(f"Selected {lo:%Y-%m-%d %H:%M} – {hi:%Y-%m-%d %H:%M}: {len(sel)} runs")
+        table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
+            ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
+        st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
+                     column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
+                                    "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
+                                    "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+
+
+METRICS = [
+    ("gpu_util_pct", "GPU use by job", "avg GPU utilisation %"),
+    ("cpu_pct", "CPU use by job", "avg CPU % (100 = one core)"),
+    ("gpu_mem_gib", "GPU memory by job", "peak GPU memory (GiB)"),
+    ("rss_gib", "System memory by job", "peak RSS (GiB)"),
+]
+
+
+def panel_metrics(v: D.View) -> None:
+    m = v.metrics
+    col = D.group_column(v.spec.grouping)
+    for i in range(0, len(METRICS), 2):
+        cols = st.columns(2)
+        for c, (y, title, ytitle) in zip(cols, METRICS[i : i + 2]):
+            with c, st.container(key=f"panel-{y}", border=True):
+                st.subheader(title)
+                d = m[m[y].notna()] if not m.empty else m
+                if d.empty:
+                    st.info("No measured runs in this range" + ("" if v.metrics_available else " (metrics store not reachable)") + ".")
+                else:
+                    st.altair_chart(charts.metric_chart(d, y, ytitle, col), width="stretch")
+    with st.container(key="panel-waste", border=True):
+        st.subheader("Runs that waste hardware")
+        w = D.waste_frame(m) if not m.empty else pd.DataFrame()
+        if w.empty:
+            st.success("No run flagged as waste in this range.")
+        else:
+            st.dataframe(w.assign(link=[D.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
+                         column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
+
+
+def panel_errors(v: D.View) -> None:
+    with st.container(key="panel-errors", border=True):
+        st.subheader("Errors")
+        e = v.errors
+        if e.empty:
+            st.success("No failed or crashed run in this range.")
+            return
+        st.caption(f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)")
+        st.dataframe(e.assign(link=[D.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), hide_index=True,
+                     width="stretch", key="errors_table",
+                     column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
+
+
+def panel_links(v: D.View, opts: dict) -> None:
+    QueueLinks = _links_block()
+    with st.container(key="panel-links", border=True):
+        st.subheader("External Links")
+        queues = list(v.spec.queues) or opts["queues"]
+        shown = 0
+        for q in queues:
+            blk = QueueLinks.for_queue(q)
+            if blk.links:
+                shown += 1
+                st.markdown(f"**{html.escape(q)}**: {blk.html()}", unsafe_allow_html=True)
+        if not shown:
+            st.caption("No links yet: add Grafana, Datadog, a cloud console… with Manage Links.")
+        with st.expander("Manage Links", expanded=bool(st.session_state.get("links_open"))):
+            if not opts["queues"]:
+                st.info("No queue exists yet.")
+                return
+            q = st.selectbox("Queue", opts["queues"], key="links_queue")
+            blk = QueueLinks.for_queue(q)
+            labels = [x.label for x in blk.links]
+            with st.form("link_form", clear_on_submit=False):
+                target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")
+                label = st.text_input("Label", key="link_label")
+                url = st.text_input("URL (http:// or https://)", key="link_url")
+                c1, c2 = st.columns(2)
+                save = c1.form_submit_button("Save link")
+                remove = c2.form_submit_button("Remove link")
+            if save or remove:
+                st.session_state["links_open"] = True
+            if save:
+                try:
+                    blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
+                    blk.store()
+                    st.success(f"Saved link {label.strip()!r} for {q}.")
+                except ValueError as exc:
+                    msg = str(exc).splitlines()
+                    st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
+            if remove:
+                if target == "(new link)":
+                    st.error("Pick the link to remove.")
+                elif blk.remove(target):
+                    blk.store()
+                    st.success(f"Removed link {target!r} from {q}.")
+
+
+def main() -> None:
+    st.title("Queue monitor")
+    try:
+        opts = _options()
+    except Exception as exc:  # server down or misconfigured: say so plainly
+        st.error(f"Cannot reach the Prefect API: {exc}")
+        st.stop()
+    spec = sidebar(opts)
+    v = _view(spec)
+    st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
+               f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"
+               + (" (incremental)" if v.incremental else ""))
+    panel_summary(v)
+    c1, c2 = st.columns(2)
+    with c1:
+        panel_status(v)
+    with c2:
+        panel_queued(v)
+    panel_runs(v)
+    panel_metrics(v)
+    panel_errors(v)
+    panel_links(v, opts)
+
+
+main()

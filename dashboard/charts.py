@@ -1,0 +1,118 @@
+"""Altair charts of the queue monitor (frames from :mod:`prefect_launch.dashboard.data` in)."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from prefect_launch.dashboard.data import STATUS_COLORS, STATUSES
+
+alt.data_transformers.disable_max_rows()
+HEIGHT = 260
+
+
+def _status_scale() -> alt.Scale:
+    return alt.Scale(domain=list(STATUSES), range=[STATUS_COLORS[s] for s in STATUSES])
+
+
+def status_chart(counts: pd.DataFrame, interval_s: int) -> alt.Chart:
+    """Stacked bars: runs per interval by status (runs bucketed by expected start)."""
+    return (
+        alt.Chart(counts)
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title="interval (expected start)"),
+            y=alt.Y("sum(count):Q", title="runs"),
+            color=alt.Color("status:N", scale=_status_scale(), legend=alt.Legend(title="status", orient="right")),
+            order=alt.Order("status:N"),
+            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M"), "status:N", alt.Tooltip("sum(count):Q", title="runs")],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
+def queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
+    """Stacked bars: seconds spent queued per interval, coloured by the grouping."""
+    return (
+        alt.Chart(qt)
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title="interval (expected start)"),
+            y=alt.Y("sum(queued_s):Q", title="seconds queued"),
+            color=alt.Color("group:N", title=grouping),
+            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M"), alt.Tooltip("group:N", title=grouping),
+                     alt.Tooltip("sum(queued_s):Q", title="seconds queued", format=",.0f")],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
+def load_chart(load: pd.DataFrame, capacity: float | None) -> alt.Chart:
+    """Average busy runs per interval (run-seconds / interval) with the capacity as a rule."""
+    base = alt.Chart(load).mark_area(opacity=0.6, interpolate="step-after").encode(
+        x=alt.X("bucket:T", title=None),
+        y=alt.Y("busy:Q", title="avg busy runs"),
+        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("busy:Q", format=".2f"), "runs:Q"],
+    )
+    if capacity:
+        rule = alt.Chart(pd.DataFrame({"capacity": [capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
+        return (base + rule).properties(height=140)
+    return base.properties(height=140)
+
+
+def heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
+    days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+    return (
+        alt.Chart(hm)
+        .mark_rect()
+        .encode(
+            x=alt.X("hour:O", title="hour of day (UTC)"),
+            y=alt.Y("weekday:O", sort=days, title=None),
+            color=alt.Color("busy:Q", title="avg busy runs", scale=alt.Scale(scheme="blues")),
+            tooltip=["weekday:O", "hour:O", alt.Tooltip("runs:Q", title="runs submitted / h", format=".1f"),
+                     alt.Tooltip("busy:Q", title="avg busy runs", format=".2f")],
+        )
+        .properties(height=200)
+    )
+
+
+def gantt_chart(g: pd.DataFrame, grouping_col: str) -> alt.Chart:
+    """One bar per run from start to end (a colour per run); brush on x selects a span."""
+    brush = alt.selection_interval(encodings=["x"], name="brush")
+    n = max(len(g), 1)
+    return (
+        alt.Chart(g)
+        .mark_bar(height={"band": 0.8} if n < 400 else 1)
+        .encode(
+            x=alt.X("start:T", title="time"),
+            x2="bar_end:T",
+            y=alt.Y("name:N", sort=alt.EncodingSortField("start", order="descending"), axis=alt.Axis(labels=n <= 60, ticks=False), title="run"),
+            color=alt.Color("id:N", legend=None, scale=alt.Scale(scheme="tableau20")),
+            tooltip=["name:N", "id:N", "job:N", "owner:N", "queue:N", "preset:N", "state_name:N",
+                     alt.Tooltip("start:T", format="%Y-%m-%d %H:%M:%S"), alt.Tooltip("bar_end:T", title="end", format="%Y-%m-%d %H:%M:%S"),
+                     alt.Tooltip("duration_s:Q", format=",.0f"), alt.Tooltip("queued_s:Q", format=",.0f")],
+        )
+        .add_params(brush)
+        .properties(height=min(max(14 * n, 200), 520))
+    )
+
+
+def metric_chart(m: pd.DataFrame, y: str, title: str, grouping_col: str) -> alt.Chart:
+    """x = run duration (s), y = the metric; waste flagged runs drawn as red crosses."""
+    d = m[m[y].notna() & m["duration_s"].notna()].copy()
+    d["flag"] = d["wasteful"].map({True: "waste", False: "ok"})
+    return (
+        alt.Chart(d)
+        .mark_point(filled=True, size=50, opacity=0.75)
+        .encode(
+            x=alt.X("duration_s:Q", title="run duration (s)", scale=alt.Scale(type="symlog")),
+            y=alt.Y(f"{y}:Q", title=title),
+            color=alt.Color(f"{grouping_col}:N", title=grouping_col),
+            shape=alt.Shape("flag:N", scale=alt.Scale(domain=["ok", "waste"], range=["circle", "cross"]), title="verdict"),
+            stroke=alt.condition("datum.flag == 'waste'", alt.value("red"), alt.value(None)),
+            strokeWidth=alt.condition("datum.flag == 'waste'", alt.value(2), alt.value(0)),
+            tooltip=[alt.Tooltip("id:N", title="run id"), "run:N", "flow:N", "job:N", "queue:N", "owner:N",
+                     alt.Tooltip("duration_s:Q", format=",.0f"), alt.Tooltip(f"{y}:Q", format=".2f"), "waste_reasons:N"],
+        )
+        .properties(height=HEIGHT)
+    )
