@@ -24,7 +24,7 @@ from uuid import UUID
 import anyio
 from pydantic import Field
 
-from prefect.states import Failed
+from prefect.states import Crashed, Failed
 from prefect.utilities.engine import propose_state
 from prefect.workers.process import (
     ProcessJobConfiguration,
@@ -325,10 +325,19 @@ class LaunchProcessWorker(ProcessWorker):
             return await super().run(flow_run, configuration, hooked)
         finally:
             reason = limits.finish()
+            self._limits.pop(flow_run.id, None)
             if reason:
                 self._kill_reasons[flow_run.id] = reason
-            self._limits.pop(flow_run.id, None)
+                await self._mark_stopped(flow_run, reason)
             self._after_finish(flow_run, alloc)
+
+    async def _mark_stopped(self, flow_run: "FlowRun", reason: str) -> None:
+        """The run's executor already reported a bare SIGKILL; record the agent's reason instead."""
+        self.get_flow_run_logger(flow_run).error(reason)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Crashed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not record why run %s was stopped: %s", flow_run.id, exc)
 
     def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int) -> None:
         """Hook for the metrics sampler; called once the run's process exists."""

@@ -1,0 +1,106 @@
+"""Helpers for end-to-end tests: CLI calls, queues, the probe job, agents, waiting."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "prefect_launch.cli"]
+
+
+def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"prefect-launch {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def cli_json(*args: str):
+    return json.loads(cli(*args, "--json").stdout)
+
+
+def apply_queue(tmp_path: Path, spec: dict) -> str:
+    path = tmp_path / f"queues-{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump({"queues": [spec]}))
+    cli("queue", "apply", str(path))
+    return spec["name"]
+
+
+def deploy_probe(queue: str, name: str, job_variables: Optional[dict] = None) -> str:
+    """Deploy flows/probe.py to ``queue``; returns the job reference probe/<name>."""
+    code = (
+        "from prefect import flow\n"
+        f"flow.from_source(source={str(ROOT / 'flows')!r}, entrypoint='probe.py:probe').deploy("
+        f"name={name!r}, work_pool_name={queue!r}, work_queue_name='medium', build=False, push=False,"
+        f" print_next_steps=False, job_variables={job_variables or {}!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=os.environ.copy(), timeout=120)
+    return f"probe/{name}"
+
+
+@contextlib.contextmanager
+def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    args = [*CLI, "agent", "--name", name, "--capacity", capacity, *extra]
+    for q in queues:
+        args += ["--queue", q]
+    log = open(log_dir / f"agent-{name}.log", "w")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True)
+    try:
+        wait_agent_online(name, queues)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def wait_agent_online(name: str, queues: list[str], timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        agents = {a["name"]: a for a in cli_json("agent", "ls")}
+        a = agents.get(name)
+        if a and a["online"] and set(queues) <= set(a["queues"]):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"agent {name} did not come online for {queues}")
+
+
+def read_runs(run_ids: list[str]):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        out = []
+        for i in range(0, len(run_ids), 100):
+            out += client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=run_ids[i:i + 100])))
+        return out
+
+
+def wait_final(run_ids: list[str], timeout: float = 240) -> list:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = read_runs(run_ids)
+        if len(runs) == len(run_ids) and all(r.state and r.state.is_final() for r in runs):
+            return runs
+        time.sleep(1)
+    states = {str(r.id)[:8]: r.state_name for r in read_runs(run_ids)}
+    raise AssertionError(f"runs did not finish in {timeout}s: {states}")
+
+
+def records(record_dir: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in record_dir.glob("*.json")}

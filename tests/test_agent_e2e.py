@@ -1,0 +1,178 @@
+"""End to end through the CLI: a real server, real agents, real job processes.
+
+Assertions come from the jobs' own records (env, affinity, times) and from
+Prefect's state histories, never from what the agent says about itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import agent, apply_queue, cli, cli_json, deploy_probe, read_runs, records, wait_final
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+GPU_PRESETS = {
+    "cpu1": {"cpu": 1, "memory": "512Mi", "gpu": 0},
+    "gpu1": {"cpu": 0.5, "memory": "512Mi", "gpu": 1},
+    "gpu2": {"cpu": 1, "memory": "512Mi", "gpu": 2},
+}
+
+
+def _claim_times(run_ids: list[str]) -> dict[str, float]:
+    """When Prefect accepted each run's Pending claim, from its own state history."""
+    from prefect import get_client
+
+    out = {}
+    with get_client(sync_client=True) as client:
+        for rid in run_ids:
+            states = client.read_flow_run_states(rid)
+            # the claim is the Pending state; the worker's later "Submitting" is also of type PENDING
+            pend = [s.timestamp for s in states if s.type.value == "PENDING" and s.name == "Pending"]
+            assert len(pend) == 1, f"run {rid} was claimed {len(pend)} times"
+            out[rid] = pend[0].timestamp()
+    return out
+
+
+def test_mixed_presets_respect_capacity_priority_and_fifo(tmp_path: Path, unique_name: str):
+    q = apply_queue(tmp_path, {"name": f"mix-{unique_name}", "presets": GPU_PRESETS, "default_preset": "cpu1"})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    rec = tmp_path / "records"
+    plan = [  # (tag, preset, priority, seconds): submitted in this order before the agent starts
+        ("blocker", "gpu2", "medium", 2),
+        ("low-a", "gpu1", "low", 2),
+        ("low-b", "gpu1", "low", 2),
+        ("med-c", "cpu1", "medium", 2),
+        ("med-d", "gpu1", "medium", 2),
+        ("high-e", "gpu2", "high", 2),
+    ]
+    ids: dict[str, str] = {}
+    for tag, preset, prio, secs in plan:
+        out = cli_json("submit", job, "--queue", q, "--preset", preset, "--priority", prio,
+                       "--param", f"record_dir={rec}", "--param", f"seconds={secs}", "--param", f"tag={tag}")
+        ids[tag] = out["run_ids"][0]
+
+    # While no agent runs, every run is queued and `queue ls` counts them.
+    status = cli_json("queue", "ls", q)[0]
+    assert status["queued"] == len(plan) and status["running"] == 0
+
+    with agent([q], f"mix-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
+        runs = wait_final(list(ids.values()))
+    assert all(r.state.is_completed() for r in runs), {r.name: r.state_name for r in runs}
+
+    recs = {r["tag"]: r for r in records(rec).values()}
+    assert set(recs) == {p[0] for p in plan}
+    # GPU sets of runs that overlap in time are disjoint; totals never exceed capacity.
+    for a, b in itertools.combinations(recs.values(), 2):
+        if a["start"] < b["end"] and b["start"] < a["end"]:
+            ga = set(filter(None, a["cuda_visible_devices"].split(",")))
+            gb = set(filter(None, b["cuda_visible_devices"].split(",")))
+            assert not (ga & gb), f"{a['tag']} and {b['tag']} shared GPUs {ga & gb}"
+    for r in recs.values():
+        t = r["start"]
+        active = [x for x in recs.values() if x["start"] <= t < x["end"]]
+        assert sum(int(x["launch_gpu"]) for x in active) <= 2
+        assert sum(float(x["launch_cpu"]) for x in active) <= 2
+        want = GPU_PRESETS[next(p[1] for p in plan if p[0] == r["tag"])]
+        assert len(list(filter(None, r["cuda_visible_devices"].split(",")))) == want["gpu"]
+        assert r["omp_num_threads"] == str(max(1, int(want["cpu"])))
+        assert len(r["affinity"]) >= 1 and len(r["affinity"]) <= max(1, int(want["cpu"] + 0.99))
+
+    # Order: priority first, then submit time; strict FIFO means nothing passes a waiting head.
+    claims = _claim_times(list(ids.values()))
+    rank = {"high": 0, "medium": 1, "low": 2}
+    key = {tag: (rank[prio], i) for i, (tag, _, prio, _) in enumerate(plan)}
+    expected = sorted(key, key=key.get)
+    assert expected[0] == "high-e"
+    for earlier, later in itertools.combinations(expected, 2):
+        # runs claimed in one placement round may reach Pending a few ms apart
+        assert claims[ids[earlier]] <= claims[ids[later]] + 0.5, f"{later} was claimed before {earlier}"
+    # the blocker (gpu2) held the queue: low runs were claimed only after it finished
+    assert claims[ids["low-a"]] >= recs["blocker"]["end"] - 0.5
+
+
+def test_two_agents_one_queue_run_each_run_once(tmp_path: Path, unique_name: str):
+    q = apply_queue(tmp_path, {"name": f"pair-{unique_name}", "presets": {"tiny": {"cpu": 0.5, "memory": "256Mi"}},
+                               "default_preset": "tiny"})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    rec = tmp_path / "records"
+    with agent([q], f"a1-{unique_name}", "cpu=2,memory=4Gi", tmp_path), \
+            agent([q], f"a2-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
+        out = cli_json("submit", job, "--queue", q, "--count", "20",
+                       "--param", f"record_dir={rec}", "--param", "seconds=0.2")
+        ids = out["run_ids"]
+        assert len(set(ids)) == 20
+        runs = wait_final(ids, timeout=300)
+    assert all(r.state.is_completed() for r in runs)
+    got = records(rec)
+    assert sorted(got) == sorted(ids), "every run recorded exactly once"
+    assert all(r.run_count == 1 for r in runs)
+    _claim_times(ids)  # asserts exactly one Pending claim per run
+    assert {r["launch_agent"] for r in got.values()} <= {f"a1-{unique_name}", f"a2-{unique_name}"}
+
+
+def test_killed_job_releases_capacity_and_memory_limit_is_enforced(tmp_path: Path, unique_name: str):
+    q = apply_queue(tmp_path, {"name": f"kill-{unique_name}", "default_preset": "g",
+                               "presets": {"g": {"cpu": 1, "memory": "1Gi", "gpu": 1},
+                                           "small-mem": {"cpu": 1, "memory": "400Mi", "gpu": 1}}})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    rec = tmp_path / "records"
+    name = f"k-{unique_name}"
+    with agent([q], name, "cpu=2,memory=4Gi,gpu=1", tmp_path):
+        long_id = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
+                           "--param", "seconds=300")["run_ids"][0]
+        next_id = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
+                           "--param", "seconds=0.1", "--param", "tag=after-kill")["run_ids"][0]
+        # the second run waits for the only GPU and says so
+        deadline = time.time() + 120
+        pid = None
+        while time.time() < deadline and pid is None:
+            run = read_runs([long_id])[0]
+            if run.state_name == "Running" and run.infrastructure_pid:
+                pid = int(run.infrastructure_pid.split(":")[-1])
+            time.sleep(0.5)
+        assert pid, "long run never started"
+        waiting = [r for r in cli_json("runs", "ls", "--queue", q) if r["run_id"] == next_id][0]
+        assert waiting["state"] == "Scheduled"
+        assert f"needs gpu=1, agent {name} has 0 free" in (waiting["note"] or "")
+        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the job dies under the agent
+        runs = {str(r.id): r for r in wait_final([long_id, next_id])}
+        assert runs[long_id].state.is_crashed()
+        assert runs[next_id].state.is_completed(), "capacity came back after the kill"
+
+        # over its memory limit a run is stopped and marked with why; a run within it completes
+        hog = cli_json("submit", job, "--queue", q, "--preset", "small-mem", "--param", f"record_dir={rec}",
+                       "--param", "alloc_mb=700", "--param", "seconds=5")["run_ids"][0]
+        ok = cli_json("submit", job, "--queue", q, "--preset", "small-mem", "--param", f"record_dir={rec}",
+                      "--param", "alloc_mb=20", "--param", "seconds=0.1")["run_ids"][0]
+        runs = {str(r.id): r for r in wait_final([hog, ok])}
+        assert runs[hog].state.is_crashed()
+        assert "memory limit exceeded" in runs[hog].state.message
+        assert runs[ok].state.is_completed()
+        agents = {a["name"]: a for a in cli_json("agent", "ls")}
+        assert agents[name]["free"]["gpu"] == 1 and agents[name]["runs"] == []
+
+
+def test_prefect_worker_start_finds_launch_process_type(tmp_path: Path, unique_name: str):
+    q = apply_queue(tmp_path, {"name": f"plain-{unique_name}", "presets": {"one": {"cpu": 1, "memory": "512Mi", "gpu": 1}},
+                               "default_preset": "one"})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    rec = tmp_path / "records"
+    rid = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", "seconds=0.1")["run_ids"][0]
+    env = dict(os.environ, LAUNCH_WORKER_CAPACITY="cpu=1,memory=2Gi,gpu=1")
+    proc = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", q, "--type", "launch-process",
+                           "--name", f"pw-{unique_name}", "--run-once"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = wait_final([rid], timeout=60)[0]
+    assert run.state.is_completed()
+    r = records(rec)[rid]
+    assert r["cuda_visible_devices"] == "0" and r["launch_agent"] == f"pw-{unique_name}"
