@@ -126,7 +126,7 @@ class Api:
     def __init__(self, api_url: Optional[str] = None, timeout: float = 30.0):
         from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
 
-        self.api_url = (api_url or PREFECT_API_URL.value() or "").rstrip("/")
+        self.api_url = (api_url or os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value() or "").rstrip("/")
         if not self.api_url:
             raise RuntimeError("PREFECT_API_URL is not set: point it at your Prefect server's /api")
         headers = {}
@@ -165,7 +165,7 @@ _APIS_LOCK = threading.Lock()
 
 
 def get_api(api_url: Optional[str] = None) -> Api:
-    key = api_url or ""
+    key = api_url or os.environ.get("PREFECT_API_URL") or ""
     with _APIS_LOCK:
         if key not in _APIS:
             _APIS[key] = Api(api_url)
