@@ -1,0 +1,128 @@
+"""Pure functions: sizes, preset resolution, placement, the ledger, templates. No server."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from prefect_launch.workers.ledger import Ledger
+from prefect_launch.workers.placement import Candidate, plan
+from prefect_launch.workers.queue_spec import QueueSpec
+from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.resources import LaunchValidationError, Resources, format_size, parse_capacity, parse_size
+from prefect_launch.workers.template import build_base_job_template
+
+GI = 1024**3
+
+SPEC = QueueSpec.model_validate({
+    "name": "q",
+    "presets": {"small": {"cpu": 1, "memory": "1Gi"}, "gpu": {"cpu": 2, "memory": "4Gi", "gpu": 1, "shm_size": "1Gi"}},
+    "default_preset": "small",
+    "bounds": {"cpu": {"min": 0.5, "max": 8}, "gpu": {"max": 2}, "memory": {"max": "16Gi"}},
+})
+
+
+@pytest.mark.parametrize("text,expected", [("512Mi", 512 * 1024**2), ("4Gi", 4 * GI), ("1G", 10**9), ("1500", 1500),
+                                           ("1.5Gi", int(1.5 * GI))])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_parse_size_rejects_garbage_and_format_roundtrip():
+    with pytest.raises(LaunchValidationError, match="malformed"):
+        parse_size("four gigs")
+    assert format_size(4 * GI) == "4Gi" and format_size(1536 * 1024**2) == "1.5Gi"
+
+
+def test_capacity_parsing():
+    assert parse_capacity("cpu=8,memory=32Gi,gpu=2") == {"cpu": 8.0, "memory": 32 * GI, "gpu": 2}
+    with pytest.raises(LaunchValidationError, match="unknown capacity key"):
+        parse_capacity("tpu=1")
+
+
+def test_resolution_layers_run_over_deployment_over_queue():
+    assert resolve_request(SPEC).resources == Resources(cpu=1, memory=GI, gpu=0)
+    r = resolve_request(SPEC, {"preset": "gpu", "cpu": 4}, {})
+    assert (r.preset, r.resources.cpu, r.resources.gpu) == ("gpu", 4, 1)
+    # a run-level preset replaces the deployment's choice, explicit run values overlay it
+    r = resolve_request(SPEC, {"preset": "gpu", "cpu": 4}, {"preset": "small", "memory": "2Gi"})
+    assert (r.preset, r.resources.cpu, r.resources.memory, r.resources.gpu) == ("small", 1, 2 * GI, 0)
+    assert resolve_request(SPEC, {}, {"agent": "w2"}).agent == "w2"
+
+
+def test_resolution_errors_say_what_to_change():
+    with pytest.raises(LaunchValidationError, match="choose one of: gpu, small"):
+        resolve_request(SPEC, {}, {"preset": "nope"})
+    with pytest.raises(LaunchValidationError, match="gpu=3 is above the queue maximum 2"):
+        resolve_request(SPEC, {}, {"gpu": 3})
+    with pytest.raises(LaunchValidationError, match="shm_size"):
+        resolve_request(SPEC, {}, {"shm_size": "2Gi"})
+
+
+def test_queue_spec_rejects_preset_outside_bounds():
+    with pytest.raises(ValueError, match="preset 'big' is out of bounds"):
+        QueueSpec.model_validate({"name": "x", "presets": {"big": {"cpu": 64}}, "default_preset": "big",
+                                  "bounds": {"cpu": {"max": 8}}})
+
+
+def _cand(i: int, gpu: int, prio: int = 3, agent: str | None = None) -> Candidate:
+    t0 = datetime(2026, 1, 1)
+    return Candidate(run_id=f"r{i}", name=f"r{i}", priority_rank=prio, submitted=t0 + timedelta(seconds=i),
+                     request=ResolvedRequest(preset="p", resources=Resources(cpu=1, memory=GI, gpu=gpu), agent=agent))
+
+
+TOTAL = Resources(cpu=4, memory=8 * GI, gpu=2)
+
+
+def test_strict_fifo_head_blocks_and_explains():
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    d = {x.run_id: x for x in plan([_cand(1, 2), _cand(2, 1)], free, TOTAL, "w1")}
+    assert d["r1"].action == "wait" and d["r1"].reason == "waiting: needs gpu=2, agent w1 has 1 free"
+    assert d["r2"].action == "wait" and "queued behind r1" in d["r2"].reason
+
+
+def test_backfill_lets_smaller_runs_pass():
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    d = {x.run_id: x.action for x in plan([_cand(1, 2), _cand(2, 1), _cand(3, 1)], free, TOTAL, "w1", backfill=True)}
+    assert d == {"r1": "wait", "r2": "start", "r3": "wait"}
+
+
+def test_priority_then_submit_time():
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    d = {x.run_id: x.action for x in plan([_cand(1, 1, prio=3), _cand(2, 1, prio=1)], free, TOTAL, "w1")}
+    assert d == {"r2": "start", "r1": "wait"}
+
+
+def test_runs_this_agent_can_never_take_do_not_block():
+    d = {x.run_id: x for x in plan([_cand(1, 4), _cand(2, 1, agent="w9"), _cand(3, 1)], TOTAL, TOTAL, "w1")}
+    assert d["r1"].action == "skip" and "gpu=4, agent w1 has 2 in total" in d["r1"].reason
+    assert d["r2"].action == "skip" and "pinned to agent w9" in d["r2"].reason
+    assert d["r3"].action == "start"
+
+
+def test_placement_never_oversubscribes_within_a_round():
+    d = [x.action for x in plan([_cand(i, 1) for i in range(5)], TOTAL, TOTAL, "w1", backfill=True)]
+    assert d.count("start") == 2
+
+
+def test_ledger_gives_disjoint_gpus_and_releases_idempotently():
+    ledger = Ledger(TOTAL)
+    a = ledger.try_allocate("a", Resources(cpu=1, memory=GI, gpu=1))
+    b = ledger.try_allocate("b", Resources(cpu=1, memory=GI, gpu=1))
+    assert a and b and set(a.gpu_indices).isdisjoint(b.gpu_indices)
+    assert ledger.try_allocate("c", Resources(cpu=1, memory=GI, gpu=1)) is None
+    assert ledger.release("a") is not None and ledger.release("a") is None
+    c = ledger.try_allocate("c", Resources(cpu=1, memory=GI, gpu=1))
+    assert c.gpu_indices == a.gpu_indices
+    assert ledger.free() == Resources(cpu=2, memory=6 * GI, gpu=0)
+    assert set(b.cpu_cores).isdisjoint(c.cpu_cores)
+
+
+def test_template_carries_presets_bounds_and_spec():
+    t = build_base_job_template(SPEC)
+    props = t["variables"]["properties"]
+    assert props["preset"]["enum"] == ["gpu", "small"] and props["preset"]["default"] == "small"
+    assert props["gpu"]["maximum"] == 2 and props["cpu"]["maximum"] == 8
+    assert t["job_configuration"]["gpu"] == "{{ gpu }}"
+    assert QueueSpec.model_validate(t["job_configuration"]["launch"]) == SPEC
