@@ -45,7 +45,7 @@ def sidebar(opts: dict) -> D.ViewSpec:
     queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
     choice = sb.radio("Time range", [*D.RANGES, "Custom"], index=2, key="range")
     now = dt.datetime.now(D.UTC).replace(microsecond=0)
-    now = now - dt.timedelta(seconds=now.second % 10)  # 10 s steps so reruns hit the cache
+    now = now + dt.timedelta(seconds=10 - now.second % 10)  # up to the next 10 s step: reruns hit the cache
     custom = None
     if choice == "Custom":
         today = now.date()

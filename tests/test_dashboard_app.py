@@ -1,0 +1,116 @@
+"""Page logic of the queue monitor with Streamlit's AppTest, against a real Prefect server."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from fixtures_dashboard import seed_runs
+from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
+          "GPU memory by job", "System memory by job", "Runs that waste hardware", "Errors", "External Links"]
+
+
+@pytest.fixture(scope="module")
+def seeded(prefect_server):
+    return seed_runs(uuid.uuid4().hex[:6])
+
+
+def _app() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=120)
+
+
+def _table(at: AppTest, *cols: str):
+    """The first dataframe on the page that has these columns."""
+    for d in at.dataframe:
+        if all(c in d.value.columns for c in cols):
+            return d.value
+    raise AssertionError(f"no table with columns {cols}")
+
+
+def _captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
+    at = _app().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [s.value for s in at.subheader if s.value in PANELS] == PANELS
+    assert "grouping job" in _captions(at)
+
+    at.sidebar.multiselect(key="queues").set_value([seeded.pool]).run()
+    at.sidebar.selectbox(key="grouping").set_value("owner").run()
+    at.sidebar.radio(key="range").set_value("Last 1 hour").run()
+    assert not at.exception, [e.value for e in at.exception]
+    caps = _captions(at)
+    assert "grouping owner" in caps and "interval 1 min" in caps
+    runs_table = _table(at, "priority", "link")
+    assert set(runs_table["queue"]) == {seeded.pool}
+    assert set(runs_table["owner"]) == set(seeded.owners)
+    assert all(link.endswith(f"/runs/flow-run/{i}") for link, i in zip(runs_table["link"], runs_table["link"].str.rsplit("/", n=1).str[-1]))
+    errors = _table(at, "message", "link")
+    assert len(errors) == len(seeded.failed_ids)
+
+    # a filter narrows the panels
+    at.sidebar.multiselect(key="f_owners").set_value(["alice"]).run()
+    at.sidebar.multiselect(key="f_statuses").set_value(["failed"]).run()
+    assert not at.exception
+    runs_table = _table(at, "priority", "link")
+    assert set(runs_table["owner"]) == {"alice"} and set(runs_table["state_name"]) == {"Failed"}
+    assert set(_table(at, "message", "link")["owner"]) == {"alice"}
+
+    # custom range shows the date picker and still renders
+    at.sidebar.radio(key="range").set_value("Custom").run()
+    assert not at.exception and at.sidebar.date_input(key="custom_range") is not None
+
+
+def _submit(at: AppTest, queue: str, label: str, url: str, target: str = "(new link)", button: int = 0) -> AppTest:
+    at.selectbox(key="links_queue").set_value(queue)
+    at.run()
+    at.selectbox(key="link_target").set_value(target)
+    at.text_input(key="link_label").input(label)
+    at.text_input(key="link_url").input(url)
+    at.button[[b.label for b in at.button].index("Save link" if button == 0 else "Remove link")].click()
+    return at.run()
+
+
+def test_manage_links_validates_and_persists(seeded):
+    at = _app().run()
+    for bad in ("javascript:alert(1)", "ftp://example.com/x", "example.com", "https://", "http://exa mple.com"):
+        at = _submit(at, seeded.pool, "Bad", bad)
+        assert at.error and "not saved" in at.error[0].value, bad
+    assert QueueLinks.for_queue(seeded.pool).links == []
+
+    at = _submit(at, seeded.pool, "Grafana <b>", "https://grafana.example.com/d/gpu?var=a&b=1")
+    assert not at.error and at.success
+    links = QueueLinks.for_queue(seeded.pool).links
+    assert [(x.label, x.url) for x in links] == [("Grafana <b>", "https://grafana.example.com/d/gpu?var=a&b=1")]
+    shown = "\n".join(m.value for m in at.markdown)
+    at = _app().run()  # shown in External Links, escaped
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "Grafana &lt;b&gt;" in shown and 'href="https://grafana.example.com/d/gpu?var=a&amp;b=1"' in shown
+
+    # edit: same entry, new label and URL
+    at = _submit(at, seeded.pool, "Grafana", "http://grafana.internal:3000/", target="Grafana <b>")
+    assert [(x.label, x.url) for x in QueueLinks.for_queue(seeded.pool).links] == [("Grafana", "http://grafana.internal:3000/")]
+    # remove
+    at.selectbox(key="links_queue").set_value(seeded.pool)
+    at.run()
+    at.selectbox(key="link_target").set_value("Grafana")
+    at.button[[b.label for b in at.button].index("Remove link")].click()
+    at.run()
+    assert QueueLinks.for_queue(seeded.pool).links == []
+
+
+def test_queue_link_validation_unit():
+    assert validate_url(" https://a.example/x ") == "https://a.example/x"
+    for bad in ("javascript:alert(1)", "data:text/html,x", "//a.example", "http:///x", "https://a b"):
+        with pytest.raises(ValueError):
+            validate_url(bad)
+    html = QueueLink(label='<img src=x onerror="1">', url='https://a.example/"onmouseover="x').html()
+    assert "<img" not in html and '"onmouseover' not in html
