@@ -60,6 +60,20 @@ def _db_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
+def _table_bytes(path: Path) -> int | None:
+    """Bytes the store's tables and indexes occupy (dbstat), None if SQLite lacks dbstat."""
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(
+            "SELECT SUM(pgsize - unused) FROM dbstat WHERE name LIKE 'launch_%' OR name LIKE 'sqlite_autoindex_launch_%' "
+            "OR name LIKE 'ix_launch_%'"
+        ).fetchone()[0]
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
 def _self_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -75,6 +89,7 @@ def phase_overhead(args, tmp: Path) -> dict:
         children.append(subprocess.Popen([sys.executable, "-c", code]))
     time.sleep(0.5)  # let the interpreters start
     size0 = _db_bytes(db)
+    used0 = _table_bytes(db)
     cpu0, wall0 = _self_cpu(), time.monotonic()
     samplers = []
     for i, p in enumerate(children):
@@ -92,6 +107,7 @@ def phase_overhead(args, tmp: Path) -> dict:
         p.kill()
         p.wait()
     size1 = _db_bytes(db)
+    used1 = _table_bytes(db)
     run_hours = args.runs * wall / 3600.0
     thread_cpu = [s.self_cpu_s for s in samplers]
     samples = [s.samples_taken for s in samplers]
@@ -105,15 +121,24 @@ def phase_overhead(args, tmp: Path) -> dict:
         "samples_per_run_median": statistics.median(samples),
         "lost_samples": sum(s.lost_samples for s in samplers),
         "db_growth_bytes": size1 - size0,
-        "bytes_per_run_hour": (size1 - size0) / run_hours,
+        # the file grows by whole pages: on short runs the tables' own bytes (dbstat) are the finer measure
+        "bytes_per_run_hour": max(size1 - size0, (used1 - used0) if used0 is not None and used1 is not None else 0)
+        / run_hours,
         "bytes_per_sample": (size1 - size0) / max(1, sum(samples)),
+        "table_bytes_growth": (used1 - used0) if used0 is not None and used1 is not None else None,
         "busy_children_avg_cpu_pct_median": statistics.median(busy) if busy else None,
     }
 
 
 def phase_burn(args, tmp: Path) -> dict:
     store = RunMetricsStore(url=f"sqlite:///{tmp / 'burn.db'}")
-    p = subprocess.Popen([sys.executable, "-c", BURN.format(secs=args.burn_seconds)])
+    def _prio() -> None:  # so that it really gets one core on a shared machine (root only; best effort)
+        try:
+            os.nice(-10)
+        except OSError:
+            pass
+
+    p = subprocess.Popen([sys.executable, "-c", BURN.format(secs=args.burn_seconds)], preexec_fn=_prio)
     t0 = time.monotonic()
     s = RunSampler(store, RunRecord(flow_run_id=str(uuid4()), queue="bench", job="burn"), p.pid, [],
                    allocated_cpus=1, allocated_memory_bytes=None, interval_s=args.interval).start()
@@ -151,8 +176,12 @@ def main() -> None:
               f"-> {o['cpu_pct_per_job']:.3f}% of one core per job "
               f"(sampler threads alone, median per job: {o['thread_cpu_pct_per_job_median']:.3f}%)")
         print(f"samples per run (median): {o['samples_per_run_median']}, lost: {o['lost_samples']}")
-        print(f"store growth: {o['db_growth_bytes']} bytes = {o['bytes_per_sample']:.0f} B/sample "
-              f"-> {o['bytes_per_run_hour'] / 1e6:.3f} MB per run-hour")
+        print(f"store file growth: {o['db_growth_bytes']} bytes = {o['bytes_per_sample']:.0f} B/sample; "
+              f"reported (max of file and table growth): {o['bytes_per_run_hour'] / 1e6:.3f} MB per run-hour")
+        if o["table_bytes_growth"] is not None:
+            tb = o["table_bytes_growth"]
+            print(f"  (bytes in use by the tables, dbstat: {tb} = {tb / max(1, o['samples_per_run_median'] * args.runs):.0f} B/sample "
+                  f"-> {tb / (args.runs * o['wall_s'] / 3600) / 1e6:.3f} MB per run-hour)")
         print(f"busy children (20% duty cycle) read {o['busy_children_avg_cpu_pct_median']:.1f}% CPU (median)")
         b = phase_burn(args, tmp)
         print(f"one-core burner: sampled avg {b['burn_one_core_avg_pct']:.1f}% over {b['burn_samples']} samples "

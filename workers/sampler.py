@@ -53,6 +53,33 @@ except Exception:  # pragma: no cover - other psutil builds
 
 _DEFAULT_LOG = logging.getLogger("prefect_launch.sampler")
 
+# One scan of the process table serves every sampler that ticks within
+# _SCAN_MAX_AGE_S of it (ticks are aligned to a common grid, so N runs cost one scan).
+_SCAN_MAX_AGE_S = 0.1
+_scan_lock = threading.Lock()
+_scan_cache: tuple[float, dict[int, list[int]]] = (-1e9, {})
+
+
+def _children_map() -> dict[int, list[int]]:
+    """parent pid -> child pids, from a scan at most _SCAN_MAX_AGE_S old."""
+    global _scan_cache
+    with _scan_lock:
+        t, m = _scan_cache
+        now = time.monotonic()
+        if now - t <= _SCAN_MAX_AGE_S:
+            return m
+        children: dict[int, list[int]] = {}
+        for child, parent in _ppid_map().items():
+            children.setdefault(parent, []).append(child)
+        _scan_cache = (time.monotonic(), children)
+        return children
+
+
+def _next_grid(now: float, interval: float) -> float:
+    """The next multiple of ``interval`` at least interval/2 after ``now``."""
+    k = int((now + interval / 2) // interval) + 1
+    return k * interval
+
 
 def _net_ns(pid: int | str) -> Optional[str]:
     try:
@@ -284,13 +311,11 @@ class RunSampler:
             theirs = _net_ns(self.pid)
             self._own_netns = bool(own and theirs and own != theirs)
             self._tick()  # prime the baselines
-            next_t = time.monotonic() + self.interval_s
+            next_t = _next_grid(time.monotonic(), self.interval_s)
             while not self._stop_sampling.wait(max(0.0, next_t - time.monotonic())):
                 self._tick()
-                next_t += self.interval_s
-                now = time.monotonic()
-                if next_t < now:  # fell behind (suspended, overloaded): skip, do not burst
-                    next_t = now + self.interval_s
+                # fell behind (suspended, overloaded): skip ticks, do not burst
+                next_t = max(next_t + self.interval_s, _next_grid(time.monotonic(), self.interval_s))
             self._tick()  # final sample
         except Exception:  # pragma: no cover - never let a bug kill the worker
             self.log.exception("sampler for run %s stopped on an error", self.record.flow_run_id)
@@ -302,9 +327,7 @@ class RunSampler:
         roots = set(self._procs) or {self.pid}
         try:
             if _ppid_map is not None:
-                children: dict[int, list[int]] = {}
-                for child, parent in _ppid_map().items():
-                    children.setdefault(parent, []).append(child)
+                children = _children_map()
                 todo = list(roots)
                 seen = set(todo)
                 while todo:
