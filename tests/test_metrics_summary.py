@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from prefect_launch.blocks.metrics_store import MetricSample, RunRecord, RunSummary
 from prefect_launch.workers import nvml as nv
-from prefect_launch.workers.run_report import render_run_report, sparkline, summary_artifact_rows
+from prefect_launch.workers.run_report import render_run_report, report_dict, sparkline, summary_artifact_rows
 from prefect_launch.workers.run_summary import SummaryAccumulator, WasteThresholds, summarize, waste_reasons
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -197,3 +198,8 @@ def test_report_and_artifact_rows():
     assert "(no samples)" in render_run_report({"flow_run_id": "x"}, None, [])
     d = dict(s.model_dump(), cpu=4, memory_bytes=16 * GiB, gpu=1)
     assert summary_artifact_rows(d) == rows
+    # --json shape
+    doc = json.loads(json.dumps(report_dict(rec, s, series)))
+    assert doc["run"]["queue"] == "gpu-a" and doc["summary"]["wasteful"] is True
+    assert len(doc["series"]) == 120 and doc["series"][0]["ts"] == T0.isoformat()
+    assert report_dict(None, None, [])["summary"] is None

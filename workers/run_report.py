@@ -174,7 +174,7 @@ def summary_artifact_rows(summary: Any, record: Any = None) -> list[dict[str, st
         {
             "metric": "samples",
             "allocated": "",
-            "used": f"{_get(summary, 'samples', 0) or 0} stored, {_get(summary, 'lost_samples', 0) or 0} lost",
+            "used": f"{_get(summary, 'samples', 0) or 0} taken, {_get(summary, 'lost_samples', 0) or 0} lost",
         }
     )
     rows.append(
@@ -254,3 +254,25 @@ def render_run_report(record: Any, summary: Any, series: Sequence[Any], width: i
         hi = 100.0 if key == "gpu_util_pct" else None
         lines.append(f"  {label:<10} {sparkline(vals, width=width, hi=hi)}  {stats}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "model_dump"):
+        return _jsonable(v.model_dump())
+    return v
+
+
+def report_dict(record: Any, summary: Any, series: Sequence[Any]) -> dict[str, Any]:
+    """JSON-ready ``{"run": ..., "summary": ... | None, "series": [...]}`` for ``runs show --json``
+    (datetimes as ISO strings; ``json.dumps`` works on the result)."""
+    return {
+        "run": _jsonable(record) if record is not None else None,
+        "summary": _jsonable(summary) if summary is not None else None,
+        "series": _jsonable(list(series or [])),
+    }

@@ -324,7 +324,11 @@ class RunSampler:
 
     def _discover(self) -> None:
         """Add every descendant of the tracked processes (one /proc scan)."""
-        roots = set(self._procs) or {self.pid}
+        # before priming the root is the only known process; afterwards only the processes
+        # we track (never a bare pid again: it may have been reused by another process)
+        roots = set(self._procs) if self._primed else {self.pid}
+        if not roots:
+            return
         try:
             if _ppid_map is not None:
                 children = _children_map()
@@ -346,8 +350,6 @@ class RunSampler:
                         pass
         except Exception:
             found = set(roots)
-        if not self._primed:
-            found.add(self.pid)
         for pid in found:
             if pid not in self._procs:
                 try:
