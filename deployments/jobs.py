@@ -40,15 +40,23 @@ def declared_jobs(prefect_file: str | os.PathLike = "prefect.yaml") -> list[str]
     return [d["name"] for d in deployments if isinstance(d, dict) and d.get("name")]
 
 
+_NO_SERVER = "start a Prefect server and export PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)"
+
+
 def _hint(output: str) -> str:
+    if "Starting temporary server" in output:
+        return f"no Prefect server is configured ({_NO_SERVER})"
     if "which does not exist" in output and "work pool" in output:
         return ("create the queues first: `prefect-launch queue apply deployments/queues.yaml` "
                 "(or deploy to an existing queue)")
-    if "PREFECT_API_URL" in output or "Connect" in output or "connection" in output.lower():
-        return "start a Prefect server and export PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)"
-    if "run_shell_script" in output or "git" in output:
-        return ("a build/push step failed: check LAUNCH_CODE_STORAGE (writable), LAUNCH_GIT_REPO and "
-                "LAUNCH_GIT_REF (an existing branch, tag or commit)")
+    if "cannot resolve git ref" in output or "not a git repository" in output:
+        return ("the git-based job could not be pinned: set LAUNCH_GIT_REPO to a git repository and "
+                "LAUNCH_GIT_REF to an existing branch, tag or commit")
+    if "run_shell_script" in output:
+        return ("a build/push step failed: check that LAUNCH_CODE_STORAGE is writable and that "
+                "LAUNCH_GIT_REPO / LAUNCH_GIT_REF name an existing repository and ref")
+    if "PREFECT_API_URL" in output or "ConnectError" in output or "Connection refused" in output:
+        return _NO_SERVER
     return "read the output above; run the same command by hand from the project root to reproduce"
 
 
@@ -99,6 +107,9 @@ def deploy_jobs(
             raise JobDeployError(f"`{' '.join(cmd[1:])}` did not finish in {timeout:g}s; is the Prefect server up?") from None
         output = (proc.stdout or "") + (proc.stderr or "")
         created = _CREATED.findall(" ".join(output.split()))
+        if "Starting temporary server" in output:
+            # registered on a throw-away server that is gone again: nothing a worker could ever see
+            raise JobDeployError(f"`prefect deploy` found no Prefect server and used a temporary one; {_NO_SERVER}")
         if proc.returncode != 0:
             raise JobDeployError(
                 f"`prefect deploy` exited with {proc.returncode} (registered so far: {deployed + created or 'none'}); "
