@@ -167,7 +167,8 @@ def test_prefect_worker_start_finds_launch_process_type(tmp_path: Path, unique_n
     job = deploy_probe(q, f"probe-{unique_name}")
     rec = tmp_path / "records"
     rid = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", "seconds=0.1")["run_ids"][0]
-    env = dict(os.environ, LAUNCH_WORKER_CAPACITY="cpu=1,memory=2Gi,gpu=1")
+    # also covers the cold-start path (no pre-imported engine)
+    env = dict(os.environ, LAUNCH_WORKER_CAPACITY="cpu=1,memory=2Gi,gpu=1", LAUNCH_WARM_ENGINES="0")
     proc = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", q, "--type", "launch-process",
                            "--name", f"pw-{unique_name}", "--run-once"],
                           env=env, capture_output=True, text=True, timeout=180)

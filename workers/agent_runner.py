@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 from typing import Optional
 
@@ -34,9 +35,19 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                             use_cgroups=use_cgroups)
         for q in queues
     ]
+    async def stop_on_signal(scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                print(f"agent {name!r}: stopping ({signal.Signals(signum).name}); running jobs are left to finish "
+                      "under Prefect's crash detection", flush=True)
+                scope.cancel()
+                return
+
     async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_on_signal, tg.cancel_scope)
         for w in workers:
             tg.start_soon(w.start)
+    print(f"agent {name!r}: stopped", flush=True)
 
 
 def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[str] = None,

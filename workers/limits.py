@@ -125,7 +125,10 @@ def tree_rss(pid: int) -> int:
 def kill_tree(pid: int) -> None:
     """SIGKILL the run's process group (Prefect starts runs in their own session)."""
     try:
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        pgid = os.getpgid(pid)
+        if pgid == os.getpgid(0):  # never signal the agent's own group
+            raise PermissionError("run shares the agent's process group")
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         try:
             for p in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):

@@ -15,8 +15,12 @@ Start it with ``prefect worker start --pool Q --type launch-process`` or
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
+import tempfile
 import time
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
@@ -116,7 +120,7 @@ class LaunchProcessWorker(ProcessWorker):
     _documentation_url = "https://github.com/prefect-launch/prefect-launch"
 
     def __init__(self, *args: Any, ledger: Optional[Ledger] = None, capacity: Optional[str] = None,
-                 use_cgroups: bool = True, **kwargs: Any):
+                 use_cgroups: bool = True, warm: Optional[int] = None, **kwargs: Any):
         kwargs.setdefault("name", socket.gethostname())
         super().__init__(*args, **kwargs)
         self.ledger = ledger or Ledger(detect_capacity(capacity))
@@ -127,6 +131,14 @@ class LaunchProcessWorker(ProcessWorker):
             self.ledger.listeners = []  # type: ignore[attr-defined]
         self.ledger.listeners.append(self._wake_up)  # type: ignore[attr-defined]
         self.use_cgroups = use_cgroups
+        if warm is None:
+            warm = int(os.environ.get("LAUNCH_WARM_ENGINES", "1"))
+        # one pool per ledger: every queue of an agent draws from the same warm engines
+        if warm > 0 and getattr(self.ledger, "warm_pool", None) is None:
+            from prefect_launch.workers.warm_start import WarmPool
+
+            self.ledger.warm_pool = WarmPool(warm)  # type: ignore[attr-defined]
+        self.warm_pool = getattr(self.ledger, "warm_pool", None) if warm > 0 else None
         self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
         self._wait_reasons: dict[UUID, str] = {}
         self._limits: dict[UUID, RunLimits] = {}
@@ -142,6 +154,7 @@ class LaunchProcessWorker(ProcessWorker):
         if self._work_pool is not None and not self._background_started:
             self._background_started = True
             self._wake = asyncio.Event()
+            self._refill_warm_pool()
             for loop in (self._wake_loop, self._event_loop):
                 scope = anyio.CancelScope()
                 self._scheduled_task_scopes.add(scope)
@@ -322,6 +335,8 @@ class LaunchProcessWorker(ProcessWorker):
 
         hooked = _PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
         try:
+            if self.warm_pool is not None and not configuration._command_configured:
+                return await self._run_warm(flow_run, configuration, hooked)
             return await super().run(flow_run, configuration, hooked)
         finally:
             reason = limits.finish()
@@ -338,6 +353,52 @@ class LaunchProcessWorker(ProcessWorker):
             await self.client.set_flow_run_state(flow_run.id, Crashed(message=reason), force=True)
         except Exception as exc:
             self._logger.warning("could not record why run %s was stopped: %s", flow_run.id, exc)
+
+    async def _run_warm(self, flow_run: "FlowRun", configuration: LaunchProcessJobConfiguration,
+                        task_status: Any) -> ProcessWorkerResult:
+        """Prefect's process-worker run, with the engine process taken from the warm pool.
+
+        The engine runs the deployment's pull steps itself (`load_flow_from_flow_run`),
+        so code-, git- and storage-based jobs behave as with a cold start.
+        """
+        from prefect.flows import load_flow_from_flow_run
+        from prefect.runner._flow_run_executor import FlowRunExecutorContext
+        from prefect.utilities.processutils import command_to_string, get_sys_executable
+
+        from prefect_launch.workers.warm_start import WarmEngineStarter
+
+        working_dir_ctx = (
+            tempfile.TemporaryDirectory(suffix="prefect") if not configuration.working_dir
+            else contextlib.nullcontext(configuration.working_dir)
+        )
+        execution = None
+        with working_dir_ctx as working_dir:
+            async with FlowRunExecutorContext() as ctx:
+                starter = WarmEngineStarter(
+                    pool=self.warm_pool, refill=self._refill_warm_pool,
+                    command=command_to_string([get_sys_executable(), "-m", "prefect.engine"]),
+                    cwd=Path(working_dir).resolve(), env=configuration.env,
+                    stream_output=configuration.stream_output, control_channel=ctx.control_channel,
+                )
+                executor = ctx.create_executor(flow_run, starter, resolve_flow=load_flow_from_flow_run,
+                                               propose_submitting=False)
+
+                async def execute(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+                    nonlocal execution
+                    execution = await executor.submit(task_status=task_status)
+
+                async with anyio.create_task_group() as tg:
+                    handle = await tg.start(execute)
+                    if handle.pid is None:
+                        raise RuntimeError("Flow run process has no PID")
+                    task_status.started(handle.pid)
+        if execution is None or execution.status_code is None:
+            raise RuntimeError("Failed to start flow run process.")
+        return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))
+
+    def _refill_warm_pool(self) -> None:
+        if self.warm_pool is not None and self._runs_task_group is not None:
+            self._runs_task_group.start_soon(self.warm_pool.fill)
 
     def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int) -> None:
         """Hook for the metrics sampler; called once the run's process exists."""
@@ -358,6 +419,11 @@ class LaunchProcessWorker(ProcessWorker):
                 asyncio.get_running_loop().create_task(self._publish_state())
             except RuntimeError:
                 pass
+
+    async def teardown(self, *exc_info: Any) -> None:
+        if self.warm_pool is not None:
+            await self.warm_pool.close()
+        await super().teardown(*exc_info)
 
     # ------------------------------------------------------------- publishing
     async def sync_with_backend(self) -> None:

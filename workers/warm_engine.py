@@ -1,0 +1,49 @@
+"""A pre-imported Prefect engine process waiting for its flow run.
+
+The agent keeps one of these ready. It pays Prefect's import cost (about a
+second, more on a busy box) before any run exists; when a run is placed the
+agent writes one JSON line to its stdin - the run's environment and working
+directory - and it becomes ``python -m prefect.engine`` for that run. Nothing
+is forked: it is a real child of the agent, in its own session, so pinning,
+memory limits, output streaming and cancellation work as for a cold start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+
+
+PRELOAD = ("prefect.engine", "prefect.flow_engine", "prefect.flows", "prefect.deployments.steps",
+           "prefect._internal.control_listener", "prefect.client.orchestration")
+
+
+def main() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    line = sys.stdin.readline()
+    if not line:  # the agent went away before using us
+        return
+    order = json.loads(line)
+    os.environ.clear()
+    os.environ.update({k: v for k, v in order["env"].items() if v is not None})
+    os.chdir(order["cwd"])
+    # Settings were read at import time from the agent's environment; re-read them from the run's.
+    from prefect.context import SettingsContext
+    from prefect.settings import Settings
+
+    ctx = SettingsContext.get()
+    SettingsContext(profile=ctx.profile if ctx else None, settings=Settings()).__enter__()
+    sys.argv = ["prefect.engine"]
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

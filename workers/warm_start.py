@@ -1,0 +1,127 @@
+"""Warm starts: hand a placed run to a pre-imported engine process.
+
+`WarmPool` keeps ``size`` engine processes (workers/warm_engine.py) spawned and
+waiting; `WarmEngineStarter` is a Prefect `EngineCommandStarter` that, instead
+of spawning ``python -m prefect.engine``, takes one from the pool, writes it the
+run's environment and working directory, then streams its output and waits for
+it exactly as Prefect's own starter does. The pool refills in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import anyio
+import anyio.abc
+from prefect.runner._process_manager import ProcessHandle, create_isolated_termination_scope
+from prefect.runner._starter_engine import EngineCommandStarter
+from prefect.settings import get_current_settings
+from prefect.utilities.processutils import consume_process_output, sanitize_subprocess_env
+
+logger = logging.getLogger("prefect_launch.warm_start")
+
+
+class WarmPool:
+    def __init__(self, size: int = 1):
+        self.size = size
+        self._ready: list[anyio.abc.Process] = []
+        self._spawning = 0
+
+    async def _spawn(self) -> None:
+        self._spawning += 1
+        try:
+            env = dict(os.environ)
+            env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+            proc = await anyio.open_process(
+                [sys.executable, "-m", "prefect_launch.workers.warm_engine"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=sanitize_subprocess_env(env), start_new_session=True,
+            )
+            self._ready.append(proc)
+        except Exception as exc:
+            logger.warning("could not pre-start an engine process: %s", exc)
+        finally:
+            self._spawning -= 1
+
+    async def fill(self) -> None:
+        while len(self._ready) + self._spawning < self.size:
+            await self._spawn()
+
+    def take(self) -> Optional[anyio.abc.Process]:
+        while self._ready:
+            proc = self._ready.pop(0)
+            if proc.returncode is None:
+                return proc
+        return None
+
+    async def close(self) -> None:
+        """Kill the idle engines and reap them while the event loop still runs."""
+        procs, self._ready = self._ready, []
+        for proc in procs:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+        with anyio.move_on_after(5, shield=True):
+            for proc in procs:
+                await proc.wait()
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        try:
+                            await stream.aclose()
+                        except Exception:
+                            pass
+
+
+class WarmEngineStarter(EngineCommandStarter):
+    """Prefect's engine starter, with the process taken from a `WarmPool` when one is ready."""
+
+    def __init__(self, *, pool: WarmPool, refill, **kwargs):
+        kwargs["isolate_process_group"] = True  # cold fallback also gets its own session
+        super().__init__(**kwargs)
+        self._pool = pool
+        self._refill = refill
+
+    async def start(self, flow_run, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        proc = self._pool.take()
+        self._refill()
+        if proc is None:  # none ready yet: a cold start, exactly as Prefect does it
+            await super().start(flow_run, task_status=task_status)
+            return
+        control_env: dict[str, str] = {}
+        registered = False
+        if self._control_channel is not None:
+            try:
+                port, token = self._control_channel.register(flow_run.id)
+                control_env = {"PREFECT__CONTROL_PORT": str(port), "PREFECT__CONTROL_TOKEN": token}
+                registered = True
+            except RuntimeError:
+                pass
+        env: dict[str, Optional[str]] = dict(os.environ)
+        env.update(self._env)
+        env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+        env.update({
+            "PREFECT__FLOW_RUN_ID": str(flow_run.id),
+            "PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS": "false",
+            "PREFECT__DEPLOYMENT_NAME": self._deployment_name or self._env.get("PREFECT__DEPLOYMENT_NAME"),
+            **control_env,
+        })
+        order = {"env": sanitize_subprocess_env(env), "cwd": str(self._cwd or os.getcwd())}
+        try:
+            await proc.stdin.send((json.dumps(order) + "\n").encode())
+            await proc.stdin.aclose()
+        except Exception:
+            if registered:
+                self._control_channel.unregister(flow_run.id)
+            proc.kill()
+            await super().start(flow_run, task_status=task_status)
+            return
+        async with proc:
+            task_status.started(ProcessHandle(proc, termination_scope=create_isolated_termination_scope(proc.pid)))
+            await consume_process_output(proc, stdout_sink=sys.stdout, stderr_sink=sys.stderr)
+            await proc.wait()
