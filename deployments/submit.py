@@ -191,8 +191,8 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     check_capacity(client, queue, resolved)
 
     job_variables = dict(run_vars)
-    if env:
-        job_variables["env"] = env
+    if env:  # per-run env overlays the deployment's env, key by key
+        job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
     owner = req.owner or getpass.getuser()
     tags = ["launch", f"owner:{owner}", f"preset:{resolved.preset}"]
     created = []

@@ -70,6 +70,10 @@ def prefect_server(tmp_path_factory) -> str:
         os.environ["PREFECT_HOME"] = str(home)
         os.environ["PREFECT_API_URL"] = api_url
         os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+        # Prefect fixes its settings at import; modules collected earlier may have imported it.
+        import prefect.context
+
+        prefect.context.refresh_global_settings_context()
         yield api_url
     finally:
         proc.terminate()
