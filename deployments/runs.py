@@ -70,3 +70,19 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
             end_time=str(r.end_time) if r.end_time else None, note=note,
         ))
     return rows
+
+
+def resolve_run_id(client: Any, text: str) -> str:
+    """A full flow run id, or a unique prefix (8+ characters) of a recent launch run."""
+    from uuid import UUID
+
+    try:
+        return str(UUID(text))
+    except ValueError:
+        pass
+    if len(text) < 8:
+        raise LookupError(f"run {text!r}: give the full id or at least 8 characters of it")
+    matches = [r.run_id for r in list_runs(client, limit=200) if r.run_id.startswith(text)]
+    if len(matches) != 1:
+        raise LookupError(f"run {text!r} matches {len(matches)} recent runs; give the full id")
+    return matches[0]

@@ -245,6 +245,71 @@ def runs_ls(
     console.print(table)
 
 
+@runs_app.command("show")
+def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique prefix of 8+ characters)"),
+              as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """A run's measured resources: summary, allocated vs used, waste flag, sparklines."""
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
+    from prefect_launch.deployments.runs import resolve_run_id
+    from prefect_launch.workers.run_report import render_run_report, report_dict
+
+    with _client() as client:
+        try:
+            run_id = resolve_run_id(client, run)
+        except LookupError as exc:
+            _fail(str(exc))
+        try:
+            store = RunMetricsStore.load(os.environ.get("LAUNCH_METRICS_BLOCK", "default"))
+        except Exception:
+            store = RunMetricsStore()
+    record = store.get_run(run_id)
+    if record is None:
+        _fail(f"no metrics recorded for run {run_id}: it has not started on a launch agent yet, "
+              "or the agent writes to another store (LAUNCH_METRICS_BLOCK)")
+    summary = store.get_summary(run_id)
+    series = store.series(run_id, max_points=120)
+    if as_json:
+        _print_json(report_dict(record, summary, series))
+    else:
+        console.print(render_run_report(record, summary, series), highlight=False, markup=False)
+
+
+@app.command("setup")
+def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
+                                                     help="SQLAlchemy URL of the metrics store (default: SQLite "
+                                                          "beside the Prefect database)"),
+          as_json: bool = typer.Option(False, "--json", help="Print what was registered as JSON.")) -> None:
+    """Register prefect-launch's block types and the default metrics store (idempotent)."""
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
+    from prefect_launch.blocks.queue_links import QueueLinks
+
+    with _client() as client:  # fail early, with a hint, when no server answers
+        try:
+            client.hello()
+        except Exception as exc:
+            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+    for block in (RunMetricsStore, QueueLinks):
+        block.register_type_and_schema()
+    name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
+    try:
+        store = RunMetricsStore.load(name)
+        action = "kept"
+        if metrics_url and store.url != metrics_url:
+            store = RunMetricsStore(url=metrics_url)
+            store.save(name, overwrite=True)
+            action = "updated"
+    except ValueError:
+        store = RunMetricsStore(url=metrics_url)
+        store.save(name)
+        action = "created"
+    version = store.schema_version()
+    url = store.url or "(SQLite beside the Prefect database)"
+    if as_json:
+        _print_json({"metrics_block": name, "action": action, "url": url, "schema_version": version})
+    else:
+        console.print(f"metrics store block [bold]{name}[/]: {action}; {url}; schema v{version}", highlight=False)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

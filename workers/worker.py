@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
 
 import anyio
+import anyio.to_thread
 from pydantic import Field
 
 from prefect.states import Crashed, Failed
@@ -145,12 +146,18 @@ class LaunchProcessWorker(ProcessWorker):
         self._kill_reasons: dict[UUID, str] = {}
         self._priorities: dict[str, int] = {}
         self._wake: Optional[asyncio.Event] = None
+        self._samplers: dict[UUID, Any] = {}
+        self._metrics_store: Any = None
         self._background_started = False
 
     # ------------------------------------------------------------------ set-up
     async def _initialize_after_sync(self) -> None:
         await super()._initialize_after_sync()
         await self._refresh_priorities()
+        if self._metrics_store is None:
+            from prefect_launch.workers.run_metrics import load_store
+
+            self._metrics_store = await load_store()
         if self._work_pool is not None and not self._background_started:
             self._background_started = True
             self._wake = asyncio.Event()
@@ -334,17 +341,22 @@ class LaunchProcessWorker(ProcessWorker):
             self._after_start(flow_run, alloc, pid)
 
         hooked = _PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
+        status_code: Optional[int] = None
         try:
             if self.warm_pool is not None and not configuration._command_configured:
-                return await self._run_warm(flow_run, configuration, hooked)
-            return await super().run(flow_run, configuration, hooked)
+                result = await self._run_warm(flow_run, configuration, hooked)
+            else:
+                result = await super().run(flow_run, configuration, hooked)
+            status_code = result.status_code
+            return result
         finally:
             reason = limits.finish()
             self._limits.pop(flow_run.id, None)
             if reason:
                 self._kill_reasons[flow_run.id] = reason
                 await self._mark_stopped(flow_run, reason)
-            self._after_finish(flow_run, alloc)
+            with anyio.CancelScope(shield=True):
+                await self._after_finish(flow_run, status_code)
 
     async def _mark_stopped(self, flow_run: "FlowRun", reason: str) -> None:
         """The run's executor already reported a bare SIGKILL; record the agent's reason instead."""
@@ -401,10 +413,33 @@ class LaunchProcessWorker(ProcessWorker):
             self._runs_task_group.start_soon(self.warm_pool.fill)
 
     def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int) -> None:
-        """Hook for the metrics sampler; called once the run's process exists."""
+        """Start sampling the run's process tree from outside (no change to the job)."""
+        from prefect_launch.workers.run_metrics import start_sampler
 
-    def _after_finish(self, flow_run: "FlowRun", alloc: Allocation) -> None:
-        """Hook for the metrics sampler; called once the run's process has exited."""
+        sampler = start_sampler(self._metrics_store, flow_run, alloc, self.name, self._work_pool_name, pid,
+                                self._logger)
+        if sampler is not None:
+            self._samplers[flow_run.id] = sampler
+
+    async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
+        """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
+        sampler = self._samplers.pop(flow_run.id, None)
+        if sampler is None:
+            return
+        from prefect_launch.workers.run_metrics import publish_summary_artifact
+
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+            exit_state = state.type.value if state else "UNKNOWN"
+            if state is None or not state.is_final():  # the worker marks crashes after this point
+                exit_state = "CRASHED" if status_code not in (0, None) else exit_state
+        except Exception:
+            exit_state = "CRASHED" if status_code not in (0, None) else "UNKNOWN"
+        summary = await anyio.to_thread.run_sync(sampler.stop, exit_state)
+        try:
+            await publish_summary_artifact(self.client, flow_run.id, summary, sampler.record)
+        except Exception as exc:
+            self._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
 
     async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
         reason = self._kill_reasons.pop(flow_run.id, None)

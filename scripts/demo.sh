@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# `make demo`: a local Prefect server (SQLite), the metrics store, the example queues and jobs,
+# one launch agent with two declared GPUs, the queue monitor, and a mix of submitted jobs.
+# Ctrl-C stops everything this script started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+BIN="$ROOT/.venv/bin"
+STATE="$ROOT/.launch"
+mkdir -p "$STATE/logs"
+
+PORT="${LAUNCH_PREFECT_PORT:-4200}"
+DASH_PORT="${LAUNCH_DASHBOARD_PORT:-8501}"
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if port_busy "$PORT"; then echo "port $PORT is in use; set LAUNCH_PREFECT_PORT=<free port> and retry" >&2; exit 1; fi
+if port_busy "$DASH_PORT"; then echo "port $DASH_PORT is in use; set LAUNCH_DASHBOARD_PORT=<free port> and retry" >&2; exit 1; fi
+
+export PREFECT_HOME="$STATE/prefect"
+export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_UI_API_URL="$PREFECT_API_URL"
+export LAUNCH_CODE_STORAGE="$STATE/storage"
+mkdir -p "$PREFECT_HOME"
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo; echo "stopping the demo ..."
+  for pid in "${pids[@]}"; do kill -INT -- "-$pid" 2>/dev/null || kill -INT "$pid" 2>/dev/null || true; done
+  sleep 3
+  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  echo "stopped. State is kept in $STATE (delete it for a fresh start)."
+}
+trap cleanup INT TERM EXIT
+start() {  # start NAME CMD...: in its own process group, logging to .launch/logs/NAME.log
+  local name="$1"; shift
+  setsid "$@" >"$STATE/logs/$name.log" 2>&1 &
+  pids+=("$!")
+}
+
+echo "==> Prefect server on 127.0.0.1:$PORT (SQLite under $PREFECT_HOME)"
+start server "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT"
+for i in $(seq 1 120); do
+  curl -fsS "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
+  sleep 0.5
+  [ "$i" = 120 ] && { echo "server did not start; see $STATE/logs/server.log" >&2; exit 1; }
+done
+
+echo "==> metrics store and block types"
+"$BIN/prefect-launch" setup
+
+echo "==> queues (work pools) from deployments/queues.yaml"
+"$BIN/prefect-launch" queue apply deployments/queues.yaml
+
+echo "==> jobs (deployments) from prefect.yaml"
+"$BIN/prefect" --no-prompt deploy --all --prefect-file prefect.yaml >"$STATE/logs/deploy.log" 2>&1 \
+  || { echo "deploy failed; see $STATE/logs/deploy.log" >&2; exit 1; }
+"$BIN/prefect-launch" jobs ls
+
+echo "==> one launch agent serving gpu-box and cpu-pool (declared capacity: 2 GPUs)"
+start agent "$BIN/prefect-launch" agent --queue gpu-box --queue cpu-pool \
+  --capacity "cpu=2,memory=8Gi,gpu=2" --name demo-agent
+for i in $(seq 1 60); do
+  "$BIN/prefect-launch" agent ls --json 2>/dev/null | grep -q '"online": true' && break
+  sleep 1
+done
+
+echo "==> queue monitor on 127.0.0.1:$DASH_PORT"
+start dashboard "$BIN/streamlit" run dashboard/app.py --server.address 127.0.0.1 --server.port "$DASH_PORT" \
+  --server.headless true --browser.gatherUsageStats false
+
+echo "==> submitting a mix of jobs"
+S="$BIN/prefect-launch submit"
+$S train/train-code --queue gpu-box --preset gpu-2 --param epochs=300 --param hold_seconds=20 --name big-train
+$S train/train-code --queue gpu-box --preset gpu-1 --param hold_seconds=10 --count 2 --name small-train
+$S train/train-code --queue gpu-box --preset gpu-1 --priority high --param hold_seconds=5 --name urgent-train
+$S evaluate/evaluate-code --queue cpu-pool --count 3 --name eval
+$S evaluate/evaluate-code --queue cpu-pool --preset large --name eval-large
+$S versioned/versioned-git --queue cpu-pool --name git-job || true
+
+cat <<MSG
+
+prefect-launch demo is running.
+  Prefect UI          http://127.0.0.1:$PORT
+  Queue monitor       http://127.0.0.1:$DASH_PORT
+  Queues              PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect-launch queue ls
+  Runs                PREFECT_API_URL=$PREFECT_API_URL .venv/bin/prefect-launch runs ls
+  Logs                $STATE/logs/
+Press Ctrl-C to stop everything.
+MSG
+while true; do sleep 3600; done
