@@ -501,11 +501,14 @@ def agents_frame(agents: Sequence[dict], now: Optional[dt.datetime] = None, onli
 
 
 def metrics_store():
-    """The run metrics store block: ``LAUNCH_METRICS_BLOCK`` (default "default"), else the default URL."""
+    """The run metrics store: ``LAUNCH_METRICS_URL`` (an SQLAlchemy URL) if set, else the block
+    named ``LAUNCH_METRICS_BLOCK`` (default "default"), else the store's default URL."""
     try:
         from prefect_launch.blocks.metrics_store import RunMetricsStore
     except Exception:
         return None
+    if os.environ.get("LAUNCH_METRICS_URL"):
+        return RunMetricsStore(url=os.environ["LAUNCH_METRICS_URL"])
     name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
     try:
         return RunMetricsStore.load(name)

@@ -9,8 +9,11 @@ with their own server-side timestamps. Metrics summaries go to the run metrics s
 from __future__ import annotations
 
 import datetime as dt
+import os
+import tempfile
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -79,7 +82,10 @@ def seed_runs(tag: str | None = None, n_done: int = 8, n_failed: int = 2, n_runn
 def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:
     from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord, RunSummary
 
-    store = RunMetricsStore()
+    # one explicit store for the test process and the dashboards it starts (they inherit the env)
+    home = Path(os.environ.get("PREFECT_HOME") or tempfile.gettempdir())
+    url = os.environ.setdefault("LAUNCH_METRICS_URL", f"sqlite:///{home / 'launch-metrics-dashboard.db'}")
+    store = RunMetricsStore(url=url)
     runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in seeded.run_ids])))
     for k, r in enumerate(runs):
         if r.start_time is None:
