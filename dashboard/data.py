@@ -150,10 +150,8 @@ class Api:
         return r.json()
 
     def ui_url(self) -> str:
-        """Base URL of the Prefect UI: PREFECT_UI_URL, else the API URL minus ``/api``."""
-        from prefect.settings import PREFECT_UI_URL
-
-        ui = os.environ.get("PREFECT_UI_URL") or PREFECT_UI_URL.value()
+        """Base URL of the Prefect UI: PREFECT_UI_URL if set, else this API URL minus ``/api``."""
+        ui = os.environ.get("PREFECT_UI_URL")
         if ui:
             return str(ui).rstrip("/")
         base = self.api_url
