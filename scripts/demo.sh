@@ -31,6 +31,7 @@ cleanup() {
   for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   echo "stopped. State is kept in $STATE (delete it for a fresh start)."
+  exit 0
 }
 trap cleanup INT TERM EXIT
 start() {  # start NAME CMD...: in its own process group, logging to .launch/logs/NAME.log
@@ -89,4 +90,15 @@ prefect-launch demo is running.
   Logs                $STATE/logs/
 Press Ctrl-C to stop everything.
 MSG
-while true; do sleep 3600; done
+# Keep traffic coming so the queues and the monitor have something to show: every 45 s a wave of
+# jobs of mixed sizes, some of which must wait for GPUs held by others.
+wave=0
+while true; do
+  sleep 45
+  wave=$((wave + 1))
+  {
+    $S train/train-code --queue gpu-box --preset gpu-2 --param hold_seconds=30 --name "wave$wave-big"
+    $S train/train-code --queue gpu-box --preset gpu-1 --param hold_seconds=15 --count 2 --name "wave$wave-small"
+    $S evaluate/evaluate-code --queue cpu-pool --count 2 --name "wave$wave-eval"
+  } >>"$STATE/logs/traffic.log" 2>&1 || echo "a demo submission failed; see $STATE/logs/traffic.log"
+done
