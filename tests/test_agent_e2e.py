@@ -177,3 +177,48 @@ def test_prefect_worker_start_finds_launch_process_type(tmp_path: Path, unique_n
     assert run.state.is_completed()
     r = records(rec)[rid]
     assert r["cuda_visible_devices"] == "0" and r["launch_agent"] == f"pw-{unique_name}"
+
+
+def test_cancel_and_failure_release_capacity_and_metrics_are_recorded(tmp_path: Path, unique_name: str):
+    from prefect import get_client
+    from prefect.states import Cancelling
+
+    q = apply_queue(tmp_path, {"name": f"cx-{unique_name}", "presets": {"g": {"cpu": 1, "memory": "1Gi", "gpu": 1}},
+                               "default_preset": "g"})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    rec = tmp_path / "records"
+    name = f"cx-{unique_name}"
+    with agent([q], name, "cpu=2,memory=4Gi,gpu=1", tmp_path):
+        long_id = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
+                           "--param", "seconds=300")["run_ids"][0]
+        deadline = time.time() + 120
+        while time.time() < deadline and read_runs([long_id])[0].state_name != "Running":
+            time.sleep(0.5)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(long_id, Cancelling(), force=True)
+        # a run that fails (bad record_dir: a file, not a folder) also gives its GPU back
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("x")
+        failing = cli_json("submit", job, "--queue", q, "--param", f"record_dir={blocker}",
+                           "--param", "seconds=0.1")["run_ids"][0]
+        ok = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", "alloc_mb=150",
+                      "--param", "seconds=3")["run_ids"][0]
+        runs = {str(r.id): r for r in wait_final([long_id, failing, ok])}
+        assert runs[long_id].state.is_cancelled(), runs[long_id].state
+        assert runs[failing].state.is_failed(), runs[failing].state
+        assert runs[ok].state.is_completed()
+        agents = {a["name"]: a for a in cli_json("agent", "ls")}
+        assert agents[name]["free"]["gpu"] == 1
+
+    # measured from outside the job: no instrumentation in flows/probe.py
+    report = cli_json("runs", "show", ok)
+    s = report["summary"]
+    assert s["exit_state"] == "COMPLETED" and s["samples"] >= 2
+    assert s["peak_rss_bytes"] >= 150 * 1024 * 1024
+    assert s["allocated_gpus"] == 1 and s["allocated_memory_bytes"] == 1024**3
+    assert len(report["series"]) >= 2
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[ok])))
+    assert any(a.type == "table" and "memory" in str(a.data) for a in arts)
