@@ -222,3 +222,22 @@ def test_cancel_and_failure_release_capacity_and_metrics_are_recorded(tmp_path: 
 
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[ok])))
     assert any(a.type == "table" and "memory" in str(a.data) for a in arts)
+
+
+def test_one_agent_two_queues_share_one_ledger(tmp_path: Path, unique_name: str):
+    presets = {"g": {"cpu": 0.5, "memory": "512Mi", "gpu": 1}}
+    qa = apply_queue(tmp_path, {"name": f"qa-{unique_name}", "presets": presets, "default_preset": "g"})
+    qb = apply_queue(tmp_path, {"name": f"qb-{unique_name}", "presets": presets, "default_preset": "g"})
+    ja, jb = deploy_probe(qa, f"pa-{unique_name}"), deploy_probe(qb, f"pb-{unique_name}")
+    rec = tmp_path / "records"
+    ids = []
+    for job, q in ((ja, qa), (jb, qb)):
+        ids += cli_json("submit", job, "--queue", q, "--count", "2", "--param", f"record_dir={rec}",
+                        "--param", "seconds=1.5")["run_ids"]
+    with agent([qa, qb], f"two-{unique_name}", "cpu=2,memory=4Gi,gpu=1", tmp_path):
+        runs = wait_final(ids)
+    assert all(r.state.is_completed() for r in runs)
+    recs = list(records(rec).values())
+    assert len(recs) == 4 and all(r["cuda_visible_devices"] == "0" for r in recs)
+    for a, b in itertools.combinations(recs, 2):  # one GPU: no two runs of either queue overlap
+        assert a["end"] <= b["start"] or b["end"] <= a["start"], "the GPU was given twice"

@@ -8,7 +8,7 @@ from typing import Optional
 
 import anyio
 
-from prefect_launch.workers.ledger import Ledger
+from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.resources import detect_capacity
 
 
@@ -28,10 +28,10 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 raise LookupError(
                     f"queue {q!r} has target type {pool.type!r}; a process agent serves 'launch-process' queues"
                 )
-    ledger = Ledger(detect_capacity(capacity))
-    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {ledger.capacity.describe()}", flush=True)
+    agent = AgentContext.detect(capacity)
+    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}", flush=True)
     workers = [
-        LaunchProcessWorker(work_pool_name=q, name=name, ledger=ledger, create_pool_if_not_found=False,
+        LaunchProcessWorker(work_pool_name=q, name=name, agent=agent, create_pool_if_not_found=False,
                             use_cgroups=use_cgroups)
         for q in queues
     ]

@@ -38,13 +38,14 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
+from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.agent_registry import AgentRun, AgentState, publish
-from prefect_launch.workers.ledger import Allocation, Ledger
+from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.limits import RunLimits, run_environment
 from prefect_launch.workers.placement import Candidate, plan
 from prefect_launch.workers.queue_spec import Preset, QueueSpec
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
-from prefect_launch.workers.resources import LaunchValidationError, Resources, detect_capacity
+from prefect_launch.workers.resources import LaunchValidationError
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -120,26 +121,16 @@ class LaunchProcessWorker(ProcessWorker):
     _display_name = "Launch Process"
     _documentation_url = "https://github.com/prefect-launch/prefect-launch"
 
-    def __init__(self, *args: Any, ledger: Optional[Ledger] = None, capacity: Optional[str] = None,
-                 use_cgroups: bool = True, warm: Optional[int] = None, **kwargs: Any):
+    def __init__(self, *args: Any, agent: Optional[AgentContext] = None, capacity: Optional[str] = None,
+                 use_cgroups: bool = True, **kwargs: Any):
         kwargs.setdefault("name", socket.gethostname())
         super().__init__(*args, **kwargs)
-        self.ledger = ledger or Ledger(detect_capacity(capacity))
-        self.ledger_queues = getattr(self.ledger, "queues", set())
-        self.ledger.queues = self.ledger_queues  # type: ignore[attr-defined]
-        self.ledger_queues.add(self._work_pool_name)
-        if not hasattr(self.ledger, "listeners"):
-            self.ledger.listeners = []  # type: ignore[attr-defined]
-        self.ledger.listeners.append(self._wake_up)  # type: ignore[attr-defined]
+        self.agent = agent or AgentContext.detect(capacity)
+        self.ledger = self.agent.ledger
+        self.warm_pool = self.agent.warm_pool
+        self.agent.queues.add(self._work_pool_name)
+        self.agent.on_release(self._wake_up)
         self.use_cgroups = use_cgroups
-        if warm is None:
-            warm = int(os.environ.get("LAUNCH_WARM_ENGINES", "1"))
-        # one pool per ledger: every queue of an agent draws from the same warm engines
-        if warm > 0 and getattr(self.ledger, "warm_pool", None) is None:
-            from prefect_launch.workers.warm_start import WarmPool
-
-            self.ledger.warm_pool = WarmPool(warm)  # type: ignore[attr-defined]
-        self.warm_pool = getattr(self.ledger, "warm_pool", None) if warm > 0 else None
         self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
         self._wait_reasons: dict[UUID, str] = {}
         self._limits: dict[UUID, RunLimits] = {}
@@ -221,15 +212,8 @@ class LaunchProcessWorker(ProcessWorker):
                 self._logger.debug("event subscription dropped (%s); retrying", exc)
                 await asyncio.sleep(2)
 
-    def _plan_lock(self) -> asyncio.Lock:
-        lock = getattr(self.ledger, "plan_lock", None)
-        if lock is None:
-            lock = asyncio.Lock()
-            self.ledger.plan_lock = lock  # type: ignore[attr-defined]
-        return lock
-
     async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
-        async with self._plan_lock():
+        async with self.agent.plan_lock:
             return await super().get_and_submit_flow_runs()
 
     async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
@@ -448,8 +432,7 @@ class LaunchProcessWorker(ProcessWorker):
     def _release_limit_slot(self, flow_run_id: UUID) -> None:
         super()._release_limit_slot(flow_run_id)
         if self.ledger.release(str(flow_run_id)) is not None:
-            for listener in list(getattr(self.ledger, "listeners", [])):
-                listener()
+            self.agent.released()
             try:
                 asyncio.get_running_loop().create_task(self._publish_state())
             except RuntimeError:
@@ -471,7 +454,7 @@ class LaunchProcessWorker(ProcessWorker):
             return
         state = AgentState(
             name=self.name,
-            queues=sorted(self.ledger_queues),
+            queues=sorted(self.agent.queues),
             capacity=self.ledger.capacity,
             free=self.ledger.free(),
             runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,

@@ -1,0 +1,46 @@
+"""What the workers of one agent share: one ledger, one warm-engine pool, one planning lock.
+
+`prefect-launch agent --queue A --queue B` runs a worker per queue in one
+process; they place runs against the same capacity, one at a time, and wake
+each other when a run ends and capacity comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Callable, Optional
+
+from prefect_launch.workers.ledger import Ledger
+from prefect_launch.workers.resources import detect_capacity
+
+
+class AgentContext:
+    def __init__(self, ledger: Ledger, warm_engines: Optional[int] = None):
+        from prefect_launch.workers.warm_start import WarmPool
+
+        self.ledger = ledger
+        self.queues: set[str] = set()
+        self._listeners: list[Callable[[], None]] = []
+        self._plan_lock: Optional[asyncio.Lock] = None
+        if warm_engines is None:
+            warm_engines = int(os.environ.get("LAUNCH_WARM_ENGINES", "1"))
+        self.warm_pool: Optional[WarmPool] = WarmPool(warm_engines) if warm_engines > 0 else None
+
+    @classmethod
+    def detect(cls, capacity: Optional[str] = None, warm_engines: Optional[int] = None) -> "AgentContext":
+        return cls(Ledger(detect_capacity(capacity)), warm_engines)
+
+    @property
+    def plan_lock(self) -> asyncio.Lock:
+        """Serialises placement across the agent's queues (created in the running loop)."""
+        if self._plan_lock is None:
+            self._plan_lock = asyncio.Lock()
+        return self._plan_lock
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        self._listeners.append(callback)
+
+    def released(self) -> None:
+        for callback in list(self._listeners):
+            callback()
