@@ -140,8 +140,10 @@ def test_killed_job_releases_capacity_and_memory_limit_is_enforced(tmp_path: Pat
                 pid = int(run.infrastructure_pid.split(":")[-1])
             time.sleep(0.5)
         assert pid, "long run never started"
-        waiting = [r for r in cli_json("runs", "ls", "--queue", q) if r["run_id"] == next_id][0]
+        listed = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
+        waiting = listed[next_id]
         assert waiting["state"] == "Scheduled"
+        assert f"agent {name}" in (listed[long_id]["note"] or "") and "gpus 0" in listed[long_id]["note"]
         assert f"needs gpu=1, agent {name} has 0 free" in (waiting["note"] or "")
         os.killpg(os.getpgid(pid), signal.SIGKILL)  # the job dies under the agent
         runs = {str(r.id): r for r in wait_final([long_id, next_id])}

@@ -404,6 +404,17 @@ class LaunchProcessWorker(ProcessWorker):
                                 self._logger)
         if sampler is not None:
             self._samplers[flow_run.id] = sampler
+        if self._runs_task_group is not None:  # off the start path: the run is already running
+            self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
+
+    async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """Show on the Prefect run where it runs, and clear its old waiting reason."""
+        placed = (f"agent {self.name}: {alloc.resources.describe()}; gpus "
+                  f"{','.join(map(str, alloc.gpu_indices)) or 'none'}; cores {','.join(map(str, alloc.cpu_cores))}")
+        try:
+            await self.client.update_flow_run_labels(flow_run.id, {PLACED_LABEL: placed, WAIT_LABEL: ""})
+        except Exception as exc:
+            self._logger.debug("could not label run %s: %s", flow_run.id, exc)
 
     async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
         """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
