@@ -24,7 +24,7 @@ class AgentContext:
         self._listeners: list[Callable[[], None]] = []
         self._plan_lock: Optional[asyncio.Lock] = None
         if warm_engines is None:
-            warm_engines = int(os.environ.get("LAUNCH_WARM_ENGINES", "1"))
+            warm_engines = int(os.environ.get("LAUNCH_WARM_ENGINES", "2"))
         self.warm_pool: Optional[WarmPool] = WarmPool(warm_engines) if warm_engines > 0 else None
 
     @classmethod

@@ -131,6 +131,7 @@ class LaunchProcessWorker(ProcessWorker):
         self.agent.queues.add(self._work_pool_name)
         self.agent.on_release(self._wake_up)
         self.use_cgroups = use_cgroups
+        self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
         self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
         self._wait_reasons: dict[UUID, str] = {}
         self._limits: dict[UUID, RunLimits] = {}
@@ -183,8 +184,14 @@ class LaunchProcessWorker(ProcessWorker):
             self._wake.set()
 
     async def _wake_loop(self) -> None:
+        """Place runs when an event or a released run says so, and at least every few seconds.
+
+        Events are the fast path; the short poll bounds the delay when the event stream lags
+        (a busy server) - Prefect's own 10 s poll keeps running underneath as well.
+        """
         while True:
-            await self._wake.wait()
+            with anyio.move_on_after(self.poll_seconds):
+                await self._wake.wait()
             self._wake.clear()
             try:
                 await self.get_and_submit_flow_runs()
