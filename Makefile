@@ -26,8 +26,11 @@ demo: venv
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# Each benchmark runs our path and stock Prefect's in one run and ends with one JSON line.
 bench: venv
 	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/metrics_overhead.py
+	$(BIN)/python bench/dashboard.py
 
 clean:
 	rm -rf $(VENV) .launch
