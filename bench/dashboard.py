@@ -24,6 +24,7 @@ The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speed
 from __future__ import annotations
 
 import argparse
+import functools
 import datetime as dt
 import json
 import os
@@ -242,20 +243,29 @@ def seed_metrics(summary: list[dict], seed: int = 11) -> bool:
 
 
 def naive_read(api_url: str, since: dt.datetime, until: dt.datetime) -> int:
-    """Page through every run in the range with the client, 200 at a time."""
+    """Page through every run in the range with the client, 200 at a time (the API's cap).
+
+    Keyset pages (expected_start_time before the last one seen) keep this linear; offset
+    paging measured far worse at 100k runs (783 s, 128 runs/s: each page re-skips the offset).
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterExpectedStartTime
     from prefect.client.schemas.sorting import FlowRunSort
 
-    n, offset = 0, 0
-    flt = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since, before_=until))
+    seen: set = set()
+    before = until
     with get_client(sync_client=True) as client:
         while True:
-            page = client.read_flow_runs(flow_run_filter=flt, sort=FlowRunSort.ID_DESC, limit=200, offset=offset)
-            n += len(page)
-            offset += 200
-            if len(page) < 200:
-                return n
+            flt = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since, before_=before))
+            page = client.read_flow_runs(flow_run_filter=flt, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+            new = [r for r in page if r.id not in seen]
+            seen.update(r.id for r in page)
+            if len(page) < 200 or not new:
+                return len(seen)
+            before = page[-1].expected_start_time
+
+
+print = functools.partial(print, flush=True)  # noqa: A001  (progress shows up when piped)
 
 
 def main() -> None:

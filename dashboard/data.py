@@ -518,7 +518,7 @@ def fetch_metrics(store: Any, spec: ViewSpec, pools: Sequence[str]) -> list[dict
     if store is None:
         return []
     try:
-        return store.summaries(queue=list(spec.queues) or None, since=spec.since, until=spec.until, limit=spec.detail_limit * 5)
+        return store.summaries(queue=list(spec.queues) or None, since=spec.since, until=spec.until, limit=max(spec.detail_limit * 2, 2000))
     except Exception:
         return []
 
@@ -724,11 +724,10 @@ class HistoryCache:
             for b in got:
                 bt = pd.Timestamp(b["interval_start"])
                 have[bt] = b.get("states", [])
+            returned = {pd.Timestamp(x["interval_start"]) for x in got}
             for b in buckets:
-                if b >= pd.Timestamp(q_start):
-                    have.setdefault(b, [])
-                    if b in {pd.Timestamp(x["interval_start"]) for x in got}:
-                        pass
+                if b >= pd.Timestamp(q_start) and b not in returned:
+                    have[b] = []
             now_ts = pd.Timestamp(now)
             for b in buckets:
                 if b + step <= now_ts - pd.Timedelta(seconds=60) and all(x["state_type"] in TERMINAL_TYPES for x in have.get(b, [])):
