@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv system-deps bench clean
+.PHONY: demo test venv system-deps bench dashboard clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,10 @@ bench: venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/metrics_overhead.py
 	$(BIN)/python bench/dashboard.py
+
+# The queue monitor alone, against the server in PREFECT_API_URL.
+dashboard: venv
+	$(BIN)/streamlit run dashboard/app.py --server.address 127.0.0.1 --server.port 8501 --server.headless true
 
 clean:
 	rm -rf $(VENV) .launch

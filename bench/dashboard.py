@@ -24,21 +24,21 @@ The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import datetime as dt
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import httpx
+
+from prefect_launch.local_server import free_port, local_prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -54,53 +54,6 @@ PRESETS = {
     "gpu-1": dict(cpu=8, memory="32Gi", gpu=1),
     "gpu-2": dict(cpu=16, memory="64Gi", gpu=2),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(home: Path, port: int) -> subprocess.Popen:
-    env = dict(os.environ)
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_UI_ENABLED="false",
-        PREFECT_LOGGING_LEVEL="WARNING",
-    )
-    log = open(home / "server.log", "a")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}; see {home/'server.log'}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("prefect server did not become healthy")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def create_objects(api_url: str) -> dict:
@@ -277,21 +230,19 @@ def main() -> None:
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
-    port = free_port()
+    port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
     now = dt.datetime.now(dt.timezone.utc)
 
     t0 = time.perf_counter()
-    proc = start_server(home, port)
-    try:
+    with local_prefect_server(home, port):
         objects = create_objects(api_url)
-    finally:
-        stop_server(proc)
     summary = bulk_insert_runs(home / "prefect.db", objects, args.runs, now)
     t_seed = time.perf_counter() - t0
     print(f"seeded {args.runs} runs over 7 days in {t_seed:.1f} s (bulk insert through Prefect's ORM tables)")
-    proc = start_server(home, port)
+    server = contextlib.ExitStack()
+    server.enter_context(local_prefect_server(home, port))
     try:
         has_metrics = seed_metrics(summary)
         print(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
@@ -336,7 +287,7 @@ def main() -> None:
             )
         )
     finally:
-        stop_server(proc)
+        server.close()
         if not args.keep:
             import shutil
 

@@ -32,7 +32,8 @@ def deploy(pool: str, name: str) -> str:
     return f"trivial/{name}"
 
 
-def measure(deployment: str, runs: int, gap: float, label: str) -> list[float]:
+def measure(deployment: str, runs: int, gap: float, label: str) -> tuple[list[float], list[float]]:
+    """Per run: submit -> Running, and submit -> claimed (Pending) to split pickup from start-up."""
     from prefect import get_client
 
     latencies: list[float] = []
@@ -48,12 +49,16 @@ def measure(deployment: str, runs: int, gap: float, label: str) -> list[float]:
             if all(fr.start_time for fr in frs):
                 break
             time.sleep(0.5)
+        claims: list[float] = []
         for fr in frs:
             if fr.start_time:
                 latencies.append((fr.start_time - fr.created).total_seconds())
+                pend = [st.timestamp for st in client.read_flow_run_states(fr.id) if st.name == "Pending"]
+                if pend:
+                    claims.append((pend[0] - fr.created).total_seconds())
     if len(latencies) < runs:
         print(f"warning: {runs - len(latencies)} {label} runs never started", file=sys.stderr)
-    return latencies
+    return latencies, claims
 
 
 def _progress(it, desc):
@@ -92,11 +97,11 @@ def main() -> None:
         with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock", "--type", "process"],
                         logs / "stock-worker.log"):
             time.sleep(5)
-            stock = measure(stock_dep, args.runs, args.gap, "stock process worker")
+            stock, stock_claim = measure(stock_dep, args.runs, args.gap, "stock process worker")
         with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch", "--name", "bench",
                          "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log"):
             time.sleep(5)
-            ours = measure(ours_dep, args.runs, args.gap, "launch-process agent")
+            ours, ours_claim = measure(ours_dep, args.runs, args.gap, "launch-process agent")
 
     figures = {
         "runs": args.runs,
@@ -107,8 +112,10 @@ def main() -> None:
     }
     figures["speedup_p50"] = round(figures["stock_p50_s"] / figures["ours_p50_s"], 2)
     print(f"submit -> Running over {args.runs} trivial runs, one every {args.gap:g} s (logs in {logs})")
-    print(f"  stock process worker : p50 {figures['stock_p50_s']:.2f} s  p95 {figures['stock_p95_s']:.2f} s")
-    print(f"  launch-process agent : p50 {figures['ours_p50_s']:.2f} s  p95 {figures['ours_p95_s']:.2f} s")
+    print(f"  stock process worker : p50 {figures['stock_p50_s']:.2f} s  p95 {figures['stock_p95_s']:.2f} s"
+          f"  (claimed after p50 {statistics.median(stock_claim):.2f} s)")
+    print(f"  launch-process agent : p50 {figures['ours_p50_s']:.2f} s  p95 {figures['ours_p95_s']:.2f} s"
+          f"  (claimed after p50 {statistics.median(ours_claim):.2f} s)")
     print(f"  speedup at p50       : {figures['speedup_p50']:.1f}x")
     print(json.dumps(figures))
 
