@@ -7,7 +7,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
-from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec
+from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
 from prefect_launch.workers.resources import Resources
 from prefect_launch.workers.template import build_base_job_template
 from prefect_launch.workers.worker import WAIT_LABEL
@@ -66,11 +66,6 @@ def _ensure_priority_queues(client: Any, spec: QueueSpec) -> None:
     default = existing.get("default") or {q.name: q for q in client.read_work_queues(work_pool_name=spec.name)}.get("default")
     if default is not None and default.priority <= len(spec.priorities):
         client.update_work_queue(default.id, priority=len(spec.priorities) + 1)
-
-
-def queue_spec_of(pool: Any) -> Optional[QueueSpec]:
-    data = ((pool.base_job_template or {}).get("job_configuration") or {}).get("launch")
-    return QueueSpec.model_validate(data) if data else None
 
 
 class QueueStatus(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, Field
 
-from prefect_launch.deployments.queues import queue_spec_of
+from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError

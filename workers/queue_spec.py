@@ -151,6 +151,13 @@ class QueuesFile(BaseModel):
         return self
 
 
+def queue_spec_of(pool: object) -> Optional[QueueSpec]:
+    """The declaration a launch queue's work pool carries, or None for a plain Prefect pool."""
+    template = getattr(pool, "base_job_template", None) or {}
+    data = (template.get("job_configuration") or {}).get("launch")
+    return QueueSpec.model_validate(data) if data else None
+
+
 def load_queues_file(path: str) -> QueuesFile:
     """Read and validate a queues.yaml; errors name the file and the field."""
     import yaml

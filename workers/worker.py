@@ -43,7 +43,7 @@ from prefect_launch.workers.agent_registry import AgentRun, AgentState, publish
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.limits import RunLimits, run_environment
 from prefect_launch.workers.placement import Candidate, plan
-from prefect_launch.workers.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.queue_spec import Preset, QueueSpec, queue_spec_of
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError
 
@@ -173,10 +173,8 @@ class LaunchProcessWorker(ProcessWorker):
 
     def queue_spec(self) -> QueueSpec:
         """The queue declaration carried by the pool's base job template."""
-        data = ((self._work_pool.base_job_template or {}).get("job_configuration") or {}).get("launch") if self._work_pool else None
-        if not data:
-            return DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
-        return QueueSpec.model_validate(data)
+        spec = queue_spec_of(self._work_pool) if self._work_pool else None
+        return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
 
     # ---------------------------------------------------------------- dispatch
     def _wake_up(self) -> None:
