@@ -10,7 +10,13 @@ pins runs). It uses torch if importable, else CuPy, else the CUDA driver API
 through ctypes (libcuda.so, always installed with the driver): a PTX kernel of
 FMA loops launched repeatedly, plus a device allocation of --mem-mib.
 
-Usage: python bench/gpu_check.py [--gpu INDEX] [--seconds 15] [--interval 0.5] [--mem-mib 1024]
+By default the job runs under a real launch agent: a local Prefect server, a queue with a
+one-GPU preset, an agent whose capacity is detected (NVML), a submission, and the agent's own
+sampler; the script then prints the agent's detected GPUs, the indices the job saw in
+CUDA_VISIBLE_DEVICES, and the utilisation and memory the agent recorded (`runs show`).
+`--direct` skips the agent and samples a pinned child process with RunSampler directly.
+
+Usage: python bench/gpu_check.py [--direct] [--gpu INDEX] [--seconds 15] [--interval 0.5] [--mem-mib 1024]
 """
 
 from __future__ import annotations
@@ -22,109 +28,103 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from uuid import uuid4
 
-JOB = r'''
-import os, sys, time
-secs = float(sys.argv[1]); mem_mib = int(sys.argv[2])
-deadline = time.time() + secs
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_job.py")
 
-def with_torch():
-    import torch
-    if not torch.cuda.is_available():
-        raise RuntimeError("torch without CUDA")
-    keep = torch.empty(mem_mib * 1024 * 1024 // 4, dtype=torch.float32, device="cuda")
-    a = torch.randn(4096, 4096, device="cuda"); b = torch.randn(4096, 4096, device="cuda")
-    while time.time() < deadline:
-        for _ in range(20):
-            a = (a @ b).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    return "torch " + torch.__version__
 
-def with_cupy():
-    import cupy as cp
-    keep = cp.empty(mem_mib * 1024 * 1024 // 4, dtype=cp.float32)
-    a = cp.random.randn(4096, 4096, dtype=cp.float32); b = cp.random.randn(4096, 4096, dtype=cp.float32)
-    while time.time() < deadline:
-        for _ in range(20):
-            a = cp.clip(a @ b, -1, 1)
-        cp.cuda.Device().synchronize()
-    return "cupy " + cp.__version__
+def via_agent(args) -> int:
+    """Detect, pin and sample through a launch agent, exactly as users' jobs run."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pathlib import Path
 
-PTX = b"""
-.version 6.0
-.target sm_50
-.address_size 64
-.visible .entry spin(.param .u64 out, .param .u32 iters)
-{
-  .reg .pred p;
-  .reg .f32 f<4>;
-  .reg .b32 r<5>;
-  .reg .b64 rd<5>;
-  ld.param.u64 rd1, [out];
-  ld.param.u32 r1, [iters];
-  mov.u32 r2, %tid.x;
-  cvt.rn.f32.u32 f1, r2;
-  mov.f32 f2, 0f3F7FFFFF;
-  mov.u32 r3, 0;
-LOOP:
-  fma.rn.f32 f1, f1, f2, f2;
-  add.u32 r3, r3, 1;
-  setp.lt.u32 p, r3, r1;
-  @p bra LOOP;
-  cvta.to.global.u64 rd2, rd1;
-  mul.wide.u32 rd3, r2, 4;
-  add.s64 rd4, rd2, rd3;
-  st.global.f32 [rd4], f1;
-  ret;
-}
-\0"""
+    from _stack import ROOT, background, prefect_server
 
-def with_ctypes():
-    import ctypes
-    cu = ctypes.CDLL("libcuda.so.1")
-    def ck(rc, what):
-        if rc != 0:
-            msg = ctypes.c_char_p()
-            cu.cuGetErrorString(rc, ctypes.byref(msg))
-            raise RuntimeError(f"{what} failed: {rc} {msg.value}")
-    ck(cu.cuInit(0), "cuInit")
-    dev = ctypes.c_int(); ck(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-    ctx = ctypes.c_void_p(); ck(cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
-    mod = ctypes.c_void_p(); ck(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX)), "cuModuleLoadData")
-    fn = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin"), "cuModuleGetFunction")
-    keep = ctypes.c_uint64(); ck(cu.cuMemAlloc_v2(ctypes.byref(keep), ctypes.c_size_t(mem_mib << 20)), "cuMemAlloc")
-    ck(cu.cuMemsetD8_v2(keep, 1, ctypes.c_size_t(mem_mib << 20)), "cuMemset")
-    out = ctypes.c_uint64(); ck(cu.cuMemAlloc_v2(ctypes.byref(out), ctypes.c_size_t(4096)), "cuMemAlloc")
-    iters = ctypes.c_uint32(200000)
-    params = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(out), ctypes.c_void_p), ctypes.cast(ctypes.byref(iters), ctypes.c_void_p))
-    while time.time() < deadline:
-        ck(cu.cuLaunchKernel(fn, 4096, 1, 1, 256, 1, 1, 0, None, params, None), "cuLaunchKernel")
-        ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-    return "CUDA driver API via ctypes (PTX FMA loop)"
+    from prefect_launch.workers.nvml import get_nvml
 
-errors = []
-for f in (with_torch, with_cupy, with_ctypes):
-    try:
-        used = f()
-        print("JOB-BACKEND:", used, flush=True)
-        sys.exit(0)
-    except ImportError as e:
-        errors.append(f"{f.__name__}: {e}")
-    except Exception as e:
-        errors.append(f"{f.__name__}: {type(e).__name__}: {e}")
-print("JOB-FAILED:", "; ".join(errors), flush=True)
-sys.exit(3)
-'''
+    nvml = get_nvml()
+    if not nvml.detect_gpus():
+        print(f"gpu_check: no NVIDIA GPU found ({nvml.error or 'NVML reports 0 devices'}); "
+              "this check needs a machine with an NVIDIA GPU and driver", file=sys.stderr)
+        return 2
+    py = sys.executable
+    cli = [py, "-m", "prefect_launch.cli"]
+    work = Path(tempfile.mkdtemp(prefix="launch-gpu-check-"))
+    env = dict(os.environ, LAUNCH_SAMPLE_INTERVAL=str(args.interval))
+    with prefect_server():
+        env.update(PREFECT_API_URL=os.environ["PREFECT_API_URL"], PREFECT_HOME=os.environ["PREFECT_HOME"])
+        (work / "q.yaml").write_text("queues:\n  - name: gpu-check\n    presets: {one-gpu: {cpu: 1, memory: 16Gi, gpu: 1}}\n"
+                                     "    default_preset: one-gpu\n")
+        subprocess.run([*cli, "queue", "apply", str(work / "q.yaml")], check=True, env=env, capture_output=True)
+        code = ("from prefect import flow\n"
+                f"flow.from_source(source={str(ROOT / 'bench')!r}, entrypoint='gpu_flow.py:gpu_matmul').deploy("
+                "name='gpu-check', work_pool_name='gpu-check', build=False, push=False, print_next_steps=False)")
+        subprocess.run([py, "-c", code], check=True, env=env, capture_output=True)
+        agent_args = [*cli, "agent", "--queue", "gpu-check", "--name", "gpu-check-agent"]
+        with background(agent_args, work / "agent.log", env=env):
+            agents = []
+            for _ in range(60):
+                out = subprocess.run([*cli, "agent", "ls", "--json"], env=env, capture_output=True, text=True)
+                agents = [a for a in json.loads(out.stdout or "[]") if a["online"]]
+                if agents:
+                    break
+                time.sleep(1)
+            if not agents:
+                print(f"gpu_check: the agent did not come online; see {work / 'agent.log'}", file=sys.stderr)
+                return 1
+            cap = agents[0]["capacity"]
+            print(f"agent detected capacity: cpu={cap['cpu']:g} memory={cap['memory'] / 2**30:.0f}GiB gpu={cap['gpu']}")
+            sub = subprocess.run([*cli, "submit", "gpu-matmul/gpu-check", "--queue", "gpu-check", "--json",
+                                  "--param", f"seconds={args.seconds}", "--param", f"mem_mib={args.mem_mib}",
+                                  "--param", f"record_dir={work}"], env=env, capture_output=True, text=True)
+            if sub.returncode != 0:
+                print(sub.stderr, file=sys.stderr)
+                return 1
+            run_id = json.loads(sub.stdout)["run_ids"][0]
+            from prefect import get_client
+
+            with get_client(sync_client=True) as client:
+                deadline = time.time() + args.seconds + 300
+                while time.time() < deadline:
+                    state = client.read_flow_run(run_id).state
+                    if state and state.is_final():
+                        break
+                    time.sleep(1)
+            time.sleep(2)  # the agent writes the summary right after the process exits
+            report = json.loads(subprocess.run([*cli, "runs", "show", run_id, "--json"], env=env,
+                                               capture_output=True, text=True).stdout or "{}")
+    rec = json.loads((work / "gpu_job.json").read_text()) if (work / "gpu_job.json").exists() else {}
+    summary = report.get("summary") or {}
+    series = report.get("series") or []
+    utils = [p["gpu_util_pct"] for p in series if p.get("gpu_util_pct") is not None]
+    print(f"run {run_id}: final state {state.type.value if state else '?'}")
+    print(f"pinned indices seen by the job: CUDA_VISIBLE_DEVICES={rec.get('cuda_visible_devices')!r}")
+    print("job output:", (rec.get("output") or "").replace("\n", " | "))
+    print(f"agent-sampled GPU utilisation: avg {summary.get('avg_gpu_util_pct')}%  max {summary.get('max_gpu_util_pct')}%"
+          f"  ({len(utils)} samples)")
+    peak = summary.get("peak_gpu_mem_bytes")
+    print(f"agent-sampled GPU memory: peak {peak / 2**20:.0f} MiB" if peak else "agent-sampled GPU memory: none")
+    print(json.dumps({"mode": "agent", "detected_gpus": cap["gpu"], "pinned": rec.get("cuda_visible_devices"),
+                      "avg_gpu_util_pct": summary.get("avg_gpu_util_pct"),
+                      "max_gpu_util_pct": summary.get("max_gpu_util_pct"), "peak_gpu_mem_bytes": peak,
+                      "job_rc": rec.get("rc")}))
+    if rec.get("rc") != 0 or not utils or max(utils) <= 0:
+        print("gpu_check: the job failed or the sampled GPU utilisation stayed at 0", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--direct", action="store_true", help="sample a pinned child directly, without an agent")
     ap.add_argument("--gpu", type=int, default=None, help="NVML index to pin (default: the first)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--mem-mib", type=int, default=1024)
     args = ap.parse_args()
+    if not args.direct:
+        return via_agent(args)
 
     from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
     from prefect_launch.workers.nvml import get_nvml
@@ -149,7 +149,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="launch-gpu-check-") as d:
         store = RunMetricsStore(url=f"sqlite:///{d}/m.db")
         rec = RunRecord(flow_run_id=str(uuid4()), queue="gpu-check", job="matmul", gpu_indices=[idx])
-        proc = subprocess.Popen([sys.executable, "-c", JOB, str(args.seconds), str(args.mem_mib)], env=env,
+        proc = subprocess.Popen([sys.executable, JOB, str(args.seconds), str(args.mem_mib)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sampler = RunSampler(store, rec, proc.pid, [idx], allocated_cpus=1, allocated_memory_bytes=None,
                              interval_s=args.interval, nvml=nvml).start()
