@@ -110,12 +110,16 @@ def test_two_agents_one_queue_run_each_run_once(tmp_path: Path, unique_name: str
                        "--param", f"record_dir={rec}", "--param", "seconds=0.2")
         ids = out["run_ids"]
         assert len(set(ids)) == 20
-        runs = wait_final(ids, timeout=300)
+        # Backend.AI's "select agent": a pinned run only ever runs on the agent it names
+        pinned = cli_json("submit", job, "--queue", q, "--agent", f"a2-{unique_name}", "--count", "3",
+                          "--param", f"record_dir={rec}", "--param", "seconds=0.2")["run_ids"]
+        runs = wait_final(ids + pinned, timeout=300)
     assert all(r.state.is_completed() for r in runs)
     got = records(rec)
-    assert sorted(got) == sorted(ids), "every run recorded exactly once"
+    assert sorted(got) == sorted(ids + pinned), "every run recorded exactly once"
+    assert {got[p]["launch_agent"] for p in pinned} == {f"a2-{unique_name}"}
     assert all(r.run_count == 1 for r in runs)
-    _claim_times(ids)  # asserts exactly one Pending claim per run
+    _claim_times(ids + pinned)  # asserts exactly one Pending claim per run
     assert {r["launch_agent"] for r in got.values()} <= {f"a1-{unique_name}", f"a2-{unique_name}"}
 
 
