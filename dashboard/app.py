@@ -63,6 +63,7 @@ def sidebar(opts: dict) -> D.ViewSpec:
         if st.button("Refresh now", key="refresh"):
             _view.clear()
             _options.clear()
+            D.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
     return D.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
 

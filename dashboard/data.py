@@ -30,6 +30,8 @@ from typing import Any, Iterable, Optional, Sequence
 import httpx
 import pandas as pd
 
+from prefect_launch.workers.agent_registry import ONLINE_WINDOW_S
+
 UTC = dt.timezone.utc
 PAGE = 200  # the API's maximum page size for flow runs
 MAX_GROUPS = 12  # series per chart before the rest is folded into "other"
@@ -68,6 +70,9 @@ RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(da
 NICE_INTERVALS = (60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dash-io")
+# history requests are whole-range scans on the server: more than two at once only make
+# them contend there (measured: 7 in parallel cost 1.5x the server CPU of 7 in a row)
+_HISTORY_SLOTS = threading.BoundedSemaphore(int(os.environ.get("LAUNCH_DASHBOARD_HISTORY_SLOTS", "2")))
 
 
 # ------------------------------------------------------------------ view spec
@@ -241,7 +246,8 @@ def fetch_history(api: Api, spec: ViewSpec, interval_s: int, tags: Sequence[str]
         body["flow_runs"]["deployment_id"] = {"any_": list(deployment_ids)} if deployment_ids else {"is_null_": True}
         body.pop("deployments", None)
     body.update(history_start=_iso(spec.since), history_end=_iso(spec.until), history_interval_seconds=interval_s)
-    return api.post("/flow_runs/history", body)
+    with _HISTORY_SLOTS:
+        return api.post("/flow_runs/history", body)
 
 
 def history_frame(buckets: list[dict], group: str = "all") -> pd.DataFrame:
@@ -322,10 +328,11 @@ def _count(api: Api, body: dict) -> int:
     return int(api.post("/flow_runs/count", body))
 
 
-def fetch_runs(api: Api, spec: ViewSpec, since: Optional[dt.datetime] = None, limit: Optional[int] = None) -> list[dict]:
-    """Newest ``limit`` runs expected to start in [since, until), read 200 at a time in parallel."""
+def fetch_runs(api: Api, spec: ViewSpec, since: Optional[dt.datetime] = None, limit: Optional[int] = None,
+               until: Optional[dt.datetime] = None) -> list[dict]:
+    """Newest ``limit`` runs expected to start in [since, until], read 200 at a time in parallel."""
     limit = limit or spec.detail_limit
-    bodies = [dict(filter_body(spec, tags, since=since), sort="EXPECTED_START_TIME_DESC") for tags in tag_combos(spec)]
+    bodies = [dict(filter_body(spec, tags, since=since, until=until), sort="EXPECTED_START_TIME_DESC") for tags in tag_combos(spec)]
     # the first page of each filter set alone: most narrow filters match less than one page
     first = list(_POOL.map(lambda b: api.post("/flow_runs/filter", dict(b, limit=min(PAGE, limit), offset=0)), bodies))
     rest = [dict(b, limit=min(PAGE, limit - off), offset=off)
@@ -355,6 +362,36 @@ class _CachedRuns:
     raw: dict[str, dict]
     watermark: str
     total: int
+    spec: Optional[ViewSpec] = None
+    complete: bool = False  # raw holds every run of the filter set in [since, until]
+
+
+def _ts(r: dict, key: str = "expected_start_time") -> Optional[dt.datetime]:
+    v = r.get(key)
+    return dt.datetime.fromisoformat(v.replace("Z", "+00:00")) if v else None
+
+
+def narrows(wide: ViewSpec, narrow: ViewSpec) -> bool:
+    """Every run ``narrow``'s filters select is also selected by ``wide``'s (times aside)."""
+    return all(not w or (n and set(n) <= set(w)) for w, n in (
+        (wide.queues, narrow.queues), (wide.owners, narrow.owners), (wide.jobs, narrow.jobs),
+        (wide.statuses, narrow.statuses), (wide.presets, narrow.presets)))
+
+
+def run_matches(r: dict, spec: ViewSpec, deployments: dict[str, dict]) -> bool:
+    """The sidebar filters applied to one flow-run JSON, as the server applies them."""
+    tags = r.get("tags") or []
+    if spec.queues and r.get("work_pool_name") not in spec.queues:
+        return False
+    if spec.owners and not any(f"owner:{o}" in tags for o in spec.owners):
+        return False
+    if spec.presets and not any(f"preset:{p}" in tags for p in spec.presets):
+        return False
+    if spec.jobs and (deployments.get(r.get("deployment_id") or "") or {}).get("name") not in spec.jobs:
+        return False
+    if spec.statuses and r.get("state_type") not in {t for st in spec.statuses for t in TYPES_OF_STATUS[st]}:
+        return False
+    return True
 
 
 class RunCache:
@@ -372,16 +409,67 @@ class RunCache:
         with self._lock:
             self._data.clear()
 
-    def get(self, api: Api, spec: ViewSpec) -> tuple[list[dict], bool]:
-        """(raw runs, refreshed incrementally?)"""
+    def _superset(self, api: Api, spec: ViewSpec) -> Optional[_CachedRuns]:
+        """A held entry whose filters are wider than ``spec``'s and whose range covers it."""
+        with self._lock:
+            cands = [e for (url, _), e in self._data.items() if url == api.api_url and e.spec is not None
+                     and e.since <= spec.since and e.until <= spec.until + dt.timedelta(seconds=1) and e.until > spec.since
+                     and narrows(e.spec, spec)]
+        # prefer a complete one, then the one reaching furthest back
+        return max(cands, key=lambda e: (e.complete, -min((_ts(r).timestamp() for r in e.raw.values() if _ts(r)), default=0)),
+                   default=None)
+
+    def _derive(self, api: Api, spec: ViewSpec, wide: _CachedRuns, deployments: Any) -> list[dict]:
+        """The newest runs of ``spec`` from a wider filter's newest runs.
+
+        ``wide`` holds every run of its filter expected after its oldest run t0 (its runs
+        are the newest of their range), so the matching runs after t0 are exactly the
+        narrower filter's runs after t0; only the ones at or before t0 are read.
+        """
+        limit = spec.detail_limit
+        deps = deployments() if spec.jobs else {}
+        held = [r for r in wide.raw.values() if _ts(r) is not None]
+        t0 = min((_ts(r) for r in held), default=wide.until)
+        lo, hi = spec.since, min(spec.until, wide.until)
+        matched = [r for r in held if lo <= _ts(r) <= hi and (wide.complete or _ts(r) > t0)
+                   and (run_matches(r, spec, deps) or (spec.statuses and r.get("state_type") not in TERMINAL_TYPES))]
+        # finished runs do not change; the others are read again (and matched on their new state)
+        open_ids = [r["id"] for r in matched if r.get("state_type") not in TERMINAL_TYPES]
+        if open_ids:
+            fresh = {r["id"]: r for r in fetch_runs_by_id(api, open_ids)}
+            matched = [fresh.get(r["id"], r) for r in matched]
+        matched = [r for r in matched if run_matches(r, spec, deps)]
+        if spec.until > wide.until:  # the page's clock moved on since the wider view: read the gap
+            seen = {r["id"] for r in matched}
+            matched += [r for r in fetch_runs(api, spec, since=wide.until, limit=limit) if r["id"] not in seen]
+        matched.sort(key=lambda r: _ts(r), reverse=True)
+        if wide.complete or len(matched) >= limit:
+            return matched[:limit], wide.complete and len(matched) <= limit
+        rest = fetch_runs(api, spec, limit=limit - len(matched), until=t0)
+        seen = {r["id"] for r in matched}
+        out = matched + [r for r in rest if r["id"] not in seen]
+        out.sort(key=lambda r: _ts(r) or lo, reverse=True)
+        return out[:limit], len(rest) < limit - len(matched)
+
+    def get(self, api: Api, spec: ViewSpec, deployments: Any = None) -> tuple[list[dict], bool]:
+        """(raw runs, refreshed incrementally?)
+
+        ``deployments``: a callable giving the id -> {name, pool} map (only needed to
+        derive a job-filtered view from a wider one that is held).
+        """
         key = (api.api_url, spec.filter_key())
         with self._lock:
             entry = self._data.get(key)
         if entry is None or entry.since > spec.since or spec.until < entry.until:
-            raw = fetch_runs(api, spec)
+            wide = self._superset(api, spec) if entry is None else None
+            if wide is not None:
+                raw, complete = self._derive(api, spec, wide, deployments or (lambda: fetch_deployments(api)))
+            else:
+                raw = fetch_runs(api, spec)
+                complete = len(raw) < spec.detail_limit
             wm = max((r.get("expected_start_time") or "" for r in raw), default=_iso(spec.since))
             with self._lock:
-                self._data[key] = _CachedRuns(spec.since, spec.until, {r["id"]: r for r in raw}, wm, len(raw))
+                self._data[key] = _CachedRuns(spec.since, spec.until, {r["id"]: r for r in raw}, wm, len(raw), spec, complete)
             return raw, False
         new_since = max(pd.Timestamp(entry.watermark).to_pydatetime() - dt.timedelta(seconds=1), spec.since)
         new = fetch_runs(api, spec, since=new_since)
@@ -399,7 +487,8 @@ class RunCache:
         total = max(entry.total + added - dropped, len(keep))
         wm = max([entry.watermark] + [r.get("expected_start_time") or "" for r in new])
         with self._lock:
-            self._data[key] = _CachedRuns(spec.since, spec.until, {r["id"]: r for r in keep}, wm, total)
+            self._data[key] = _CachedRuns(spec.since, spec.until, {r["id"]: r for r in keep}, wm, total, spec,
+                                          entry.complete and len(keep) < spec.detail_limit)
         return keep, True
 
 
@@ -480,7 +569,7 @@ def fetch_agents(api: Api) -> list[dict]:
     return [v["value"] for v in vars_ if isinstance(v.get("value"), dict)]
 
 
-def agents_frame(agents: Sequence[dict], now: Optional[dt.datetime] = None, online_window_s: float = 90) -> pd.DataFrame:
+def agents_frame(agents: Sequence[dict], now: Optional[dt.datetime] = None, online_window_s: float = ONLINE_WINDOW_S) -> pd.DataFrame:
     """One row per (agent, queue): capacity and free cpu / memory / gpu, online or not."""
     now = now or dt.datetime.now(UTC)
     rows = []
@@ -521,6 +610,58 @@ def fetch_metrics(store: Any, spec: ViewSpec, pools: Sequence[str]) -> list[dict
         return store.summaries(queue=list(spec.queues) or None, since=spec.since, until=spec.until, limit=max(spec.detail_limit * 2, 2000))
     except Exception:
         return []
+
+
+class TtlCache:
+    """Results that do not depend on every sidebar filter, kept ``ttl_s`` seconds per key.
+
+    The metrics rows depend on the queues and the range only (owner, job, preset and
+    status narrow them on the client), so changing one of those filters reuses them.
+    """
+
+    def __init__(self, ttl_s: float = 30.0, max_entries: int = 32) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._lock = threading.Lock()
+        self._data: dict[Any, tuple[float, Any]] = {}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def get(self, key: Any, compute: Any) -> Any:
+        now = self._clock()
+        with self._lock:
+            hit = self._data.get(key)
+        if hit is not None and now - hit[0] <= self.ttl_s:
+            return hit[1]
+        value = compute()
+        with self._lock:
+            self._data[key] = (now, value)
+            if len(self._data) > self.max_entries:
+                for k, _ in sorted(self._data.items(), key=lambda kv: kv[1][0])[: len(self._data) - self.max_entries]:
+                    self._data.pop(k, None)
+        return value
+
+
+METRICS_CACHE = TtlCache()
+
+
+def _store_key(store: Any) -> Any:
+    try:
+        return store.resolved_url()
+    except Exception:
+        return id(store)
+
+
+def fetch_metrics_cached(cache: TtlCache, store: Any, spec: ViewSpec) -> list[dict]:
+    """:func:`fetch_metrics` through ``cache``, keyed by what the query depends on."""
+    if store is None:
+        return []
+    key = (_store_key(store), spec.queues, spec.since, spec.until, spec.detail_limit)
+    return cache.get(key, lambda: fetch_metrics(store, spec, list(spec.queues)))
 
 
 def metrics_frame(rows: Sequence[dict], spec: Optional[ViewSpec] = None) -> pd.DataFrame:
@@ -624,7 +765,7 @@ def load_heatmap(hist_hourly: pd.DataFrame) -> pd.DataFrame:
     if hist_hourly.empty:
         return pd.DataFrame(columns=["weekday", "hour", "runs", "busy"])
     h = hist_hourly.assign(bucket=hist_hourly["bucket"].dt.floor("h")).groupby("bucket", as_index=False)[["count", "run_s"]].sum()
-    h["weekday"] = h["bucket"].dt.weekday.map(dict(enumerate(days)))
+    h["weekday"] = h["bucket"].dt.day_of_week.map(dict(enumerate(days)))
     h["hour"] = h["bucket"].dt.hour
     out = h.groupby(["weekday", "hour"], as_index=False).agg(runs=("count", "mean"), run_s=("run_s", "mean"))
     out["busy"] = out["run_s"] / 3600.0  # mean concurrent runs in that hour of that weekday
@@ -741,6 +882,13 @@ class HistoryCache:
 HISTORY_CACHE = HistoryCache()
 
 
+def clear_caches() -> None:
+    """Forget every process-wide cache (runs, history buckets, metrics rows)."""
+    RUN_CACHE.clear()
+    HISTORY_CACHE.clear()
+    METRICS_CACHE.clear()
+
+
 def aligned_range(since: dt.datetime, until: dt.datetime, interval_s: int) -> tuple[dt.datetime, dt.datetime]:
     """[since, until) widened to whole buckets aligned on multiples of the interval (UTC epoch)."""
     s = math.floor(since.timestamp() / interval_s) * interval_s
@@ -765,7 +913,9 @@ def _grouped_history(api: Api, spec: ViewSpec, interval_s: int, pools: list[str]
         wanted = set(spec.jobs)
         ids_by_job: dict[str, list[str]] = {}
         for i, d in deps.items():
-            if (not wanted or d["name"] in wanted) and (not spec.queues or d.get("pool") in spec.queues):
+            # not narrowed by the deployment's own pool: a run can be sent to another pool's
+            # queue; the queue filter stays in the request body (work_pools)
+            if not wanted or d["name"] in wanted:
                 ids_by_job.setdefault(d["name"], []).append(i)
         tasks = [(j, dict(deployment_ids=ids)) for j, ids in sorted(ids_by_job.items())]
         if not wanted:
@@ -823,14 +973,14 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     api = get_api(api_url)
     now = now or dt.datetime.now(UTC)
     interval_s = spec.interval
-    run_cache, hist_cache = (RUN_CACHE, HISTORY_CACHE) if use_cache else (RunCache(), HistoryCache())
+    run_cache, hist_cache, metrics_cache = (RUN_CACHE, HISTORY_CACHE, METRICS_CACHE) if use_cache else (RunCache(), HistoryCache(), TtlCache())
     f_pools = _POOL.submit(fetch_pools, api)
     f_deps = _POOL.submit(fetch_deployments, api)
-    f_runs = _POOL.submit(run_cache.get, api, spec)
+    f_runs = _POOL.submit(run_cache.get, api, spec, f_deps.result)
     f_err = _POOL.submit(fetch_errors, api, spec)
     f_agents = _POOL.submit(fetch_agents, api)
     store_obj = metrics_store() if store == "auto" else store
-    f_metrics = _POOL.submit(fetch_metrics, store_obj, spec, list(spec.queues))
+    f_metrics = _POOL.submit(fetch_metrics_cached, metrics_cache, store_obj, spec)
     pools_raw = f_pools.result()
     pools = pd.DataFrame([dict(queue=p["name"], type=p.get("type"), status=p.get("status"), paused=p.get("is_paused"),
                                concurrency_limit=p.get("concurrency_limit"), id=p["id"]) for p in pools_raw],

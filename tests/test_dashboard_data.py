@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 import math
 import uuid
 
@@ -197,3 +198,37 @@ def test_run_url_uses_ui_base(monkeypatch):
     assert D.run_url(api.ui_url(), "abc") == "http://127.0.0.1:4200/runs/flow-run/abc"
     monkeypatch.setenv("PREFECT_UI_URL", "https://prefect.example.com")
     assert api.ui_url() == "https://prefect.example.com"
+
+
+def test_filter_change_derives_runs_from_the_wider_view(seeded, monkeypatch):
+    """A narrower filter after a wider view: its runs come from the held ones and equal a fresh read."""
+    D.clear_caches()
+    wide = _spec(seeded)
+    D.load_view(wide, use_cache=True, store=None)
+    reads = []
+    real = D.fetch_runs
+    monkeypatch.setattr(D, "fetch_runs", lambda *a, **k: reads.append(k) or real(*a, **k))
+    for narrow in (replace(wide, owners=("alice",)), replace(wide, jobs=(seeded.jobs[1],)),
+                   replace(wide, statuses=("failed", "running"), grouping="owner")):
+        reads.clear()
+        v = D.load_view(narrow, use_cache=True, store=None)
+        # the wider view held every run of the range (fewer than detail_limit): none read again
+        assert reads == []
+        fresh = D.load_view(narrow, use_cache=False, store=None)
+        assert len(v.runs) > 0
+        assert sorted(zip(v.runs["id"], v.runs["status"])) == sorted(zip(fresh.runs["id"], fresh.runs["status"]))
+        assert v.totals["runs"] == fresh.totals["runs"] == len(v.runs)
+    D.clear_caches()
+
+
+def test_narrows_and_run_matches():
+    now = dt.datetime.now(UTC)
+    wide = D.ViewSpec(since=now, until=now, queues=("a", "b"))
+    assert D.narrows(wide, replace(wide, queues=("a",), owners=("x",)))
+    assert not D.narrows(wide, replace(wide, queues=()))
+    assert not D.narrows(replace(wide, owners=("x",)), replace(wide, owners=("y",)))
+    r = {"work_pool_name": "a", "tags": ["owner:x", "preset:p"], "deployment_id": "d", "state_type": "FAILED"}
+    deps = {"d": {"name": "train", "pool": "b"}}
+    assert D.run_matches(r, replace(wide, owners=("x",), jobs=("train",), statuses=("failed",), presets=("p",)), deps)
+    assert not D.run_matches(r, replace(wide, queues=("b",)), deps)
+    assert not D.run_matches(r, replace(wide, statuses=("completed",)), deps)
