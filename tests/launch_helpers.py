@@ -104,3 +104,15 @@ def wait_final(run_ids: list[str], timeout: float = 240) -> list:
 
 def records(record_dir: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in record_dir.glob("*.json")}
+
+
+def wait_agent_free(name: str, gpu: int, timeout: float = 30) -> dict:
+    """The agent's published state once it shows ``gpu`` free GPUs and no runs (published within ~1 s)."""
+    deadline = time.time() + timeout
+    while True:
+        a = {x["name"]: x for x in cli_json("agent", "ls")}.get(name)
+        if a and a["free"]["gpu"] == gpu and a["runs"] == []:
+            return a
+        if time.time() > deadline:
+            raise AssertionError(f"agent {name} never showed {gpu} free GPUs and no runs: {a}")
+        time.sleep(0.5)

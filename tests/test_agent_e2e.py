@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import agent, apply_queue, cli, cli_json, deploy_probe, read_runs, records, wait_final
+from launch_helpers import (agent, apply_queue, cli, cli_json, deploy_probe, read_runs, records, wait_agent_free,
+                            wait_final)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -144,11 +145,17 @@ def test_killed_job_releases_capacity_and_memory_limit_is_enforced(tmp_path: Pat
                 pid = int(run.infrastructure_pid.split(":")[-1])
             time.sleep(0.5)
         assert pid, "long run never started"
-        listed = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
-        waiting = listed[next_id]
+        want = f"needs gpu=1, agent {name} has 0 free"
+        deadline = time.time() + 30  # labels are written by the agent shortly after it decides
+        while True:
+            listed = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
+            waiting, running = listed[next_id], listed[long_id]
+            if (want in (waiting["note"] or "") and "gpus 0" in (running["note"] or "")) or time.time() > deadline:
+                break
+            time.sleep(1)
         assert waiting["state"] == "Scheduled"
-        assert f"agent {name}" in (listed[long_id]["note"] or "") and "gpus 0" in listed[long_id]["note"]
-        assert f"needs gpu=1, agent {name} has 0 free" in (waiting["note"] or "")
+        assert want in (waiting["note"] or ""), waiting
+        assert f"agent {name}" in (running["note"] or "") and "gpus 0" in running["note"], running
         os.killpg(os.getpgid(pid), signal.SIGKILL)  # the job dies under the agent
         runs = {str(r.id): r for r in wait_final([long_id, next_id])}
         assert runs[long_id].state.is_crashed()
@@ -163,8 +170,7 @@ def test_killed_job_releases_capacity_and_memory_limit_is_enforced(tmp_path: Pat
         assert runs[hog].state.is_crashed()
         assert "memory limit exceeded" in runs[hog].state.message
         assert runs[ok].state.is_completed()
-        agents = {a["name"]: a for a in cli_json("agent", "ls")}
-        assert agents[name]["free"]["gpu"] == 1 and agents[name]["runs"] == []
+        wait_agent_free(name, gpu=1)
 
 
 def test_prefect_worker_start_finds_launch_process_type(tmp_path: Path, unique_name: str):
@@ -213,8 +219,7 @@ def test_cancel_and_failure_release_capacity_and_metrics_are_recorded(tmp_path: 
         assert runs[long_id].state.is_cancelled(), runs[long_id].state
         assert runs[failing].state.is_failed(), runs[failing].state
         assert runs[ok].state.is_completed()
-        agents = {a["name"]: a for a in cli_json("agent", "ls")}
-        assert agents[name]["free"]["gpu"] == 1
+        wait_agent_free(name, gpu=1)
 
     # measured from outside the job: no instrumentation in flows/probe.py
     report = cli_json("runs", "show", ok)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 WAIT_LABEL = "launch.waiting"
 PLACED_LABEL = "launch.placement"
+PUBLISH_DEBOUNCE_S = 1.0
 SIZE_PATTERN = r"^\d+(\.\d+)?\s*([KMGTP]i?|[kmgtp]i?|B|b)?$"
 
 
@@ -138,6 +139,7 @@ class LaunchProcessWorker(ProcessWorker):
         self._kill_reasons: dict[UUID, str] = {}
         self._priorities: dict[str, int] = {}
         self._wake: Optional[asyncio.Event] = None
+        self._publish_wanted: Optional[asyncio.Event] = None
         self._samplers: dict[UUID, Any] = {}
         self._metrics_store: Any = None
         self._background_started = False
@@ -153,8 +155,9 @@ class LaunchProcessWorker(ProcessWorker):
         if self._work_pool is not None and not self._background_started:
             self._background_started = True
             self._wake = asyncio.Event()
+            self._publish_wanted = asyncio.Event()
             self._refill_warm_pool()
-            for loop in (self._wake_loop, self._event_loop):
+            for loop in (self._wake_loop, self._event_loop, self._publish_loop):
                 scope = anyio.CancelScope()
                 self._scheduled_task_scopes.add(scope)
                 self._runs_task_group.start_soon(self._in_scope, scope, loop)
@@ -276,7 +279,7 @@ class LaunchProcessWorker(ProcessWorker):
             else:
                 await self._note_waiting(fr, decision.reason)
         if started:
-            await self._publish_state()
+            self._publish_soon()
         return started
 
     def _start(self, flow_run: "FlowRun") -> None:
@@ -413,7 +416,12 @@ class LaunchProcessWorker(ProcessWorker):
             self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
 
     async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation) -> None:
-        """Show on the Prefect run where it runs, and clear its old waiting reason."""
+        """Show on the Prefect run where it runs, and clear its old waiting reason.
+
+        Deferred a moment: on a SQLite server a write that collides with the engine's own
+        Running transition makes one of them wait out a 2 s client retry.
+        """
+        await asyncio.sleep(PUBLISH_DEBOUNCE_S)
         placed = (f"agent {self.name}: {alloc.resources.describe()}; gpus "
                   f"{','.join(map(str, alloc.gpu_indices)) or 'none'}; cores {','.join(map(str, alloc.cpu_cores))}")
         try:
@@ -449,10 +457,7 @@ class LaunchProcessWorker(ProcessWorker):
         super()._release_limit_slot(flow_run_id)
         if self.ledger.release(str(flow_run_id)) is not None:
             self.agent.released()
-            try:
-                asyncio.get_running_loop().create_task(self._publish_state())
-            except RuntimeError:
-                pass
+            self._publish_soon()
 
     async def teardown(self, *exc_info: Any) -> None:
         if self.warm_pool is not None:
@@ -464,6 +469,18 @@ class LaunchProcessWorker(ProcessWorker):
         await super().sync_with_backend()
         await self._refresh_priorities()
         await self._publish_state()
+
+    def _publish_soon(self) -> None:
+        """Ask for a publish; the publisher coalesces bursts so starts are not slowed by extra writes."""
+        if self._publish_wanted is not None:
+            self._publish_wanted.set()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._publish_wanted.wait()
+            await asyncio.sleep(PUBLISH_DEBOUNCE_S)
+            self._publish_wanted.clear()
+            await self._publish_state()
 
     async def _publish_state(self) -> None:
         if self._client is None:
