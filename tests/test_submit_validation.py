@@ -141,3 +141,20 @@ def test_bad_queue_file_is_rejected(tmp_path: Path):
     proc = cli("queue", "apply", str(bad), check=False)
     assert proc.returncode != 0
     assert "default_preset 'b' is not one of ['a']" in proc.stderr
+
+
+def test_pool_template_is_a_valid_prefect_form_that_enforces_presets_and_bounds(setup):
+    """What the Prefect UI's job-variables form is built from also guards deployments on the server."""
+    import httpx
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        pool = client.read_work_pool(setup["queue"])
+        props = pool.base_job_template["variables"]["properties"]
+        assert props["preset"]["enum"] == ["big", "small"] and props["gpu"]["maximum"] == 4
+        flow_id = client.create_flow_from_name("probe")
+        for bad in ({"preset": "huge"}, {"gpu": 9}, {"gpu": "two"}):
+            with pytest.raises(httpx.HTTPStatusError) as err:
+                client.create_deployment(flow_id=flow_id, name=f"bad-{len(str(bad))}", work_pool_name=setup["queue"],
+                                         entrypoint="probe.py:probe", job_variables=bad)
+            assert err.value.response.status_code == 422
