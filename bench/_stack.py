@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,23 +14,11 @@ def prefect_server():
     return local_prefect_server()
 
 
-@contextlib.contextmanager
-def background(args: list[str], log_path: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
-    import signal
+def background(args: list[str], log_path: Path, env: dict | None = None):
+    """A benchmark's worker or agent process (see prefect_launch.local_server.background_process)."""
+    from prefect_launch.local_server import background_process
 
-    log = open(log_path, "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                            start_new_session=True)
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    return background_process(args, log_path, env)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -63,7 +63,7 @@ PRESETS = {
 def create_objects(api_url: str) -> dict:
     """Pools with priority queues, one flow, one deployment per (job, pool)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate, WorkQueueCreate
+    from prefect.client.schemas.actions import WorkPoolCreate
 
     out: dict = {"pools": {}, "deployments": {}}
     with get_client(sync_client=True) as client:

@@ -4,7 +4,7 @@ Usage: python bench/gpu_job.py SECONDS MEM_MIB. Uses torch if importable, else C
 CUDA driver API through ctypes (libcuda.so ships with the driver). Exit 3 when no backend works.
 """
 
-import os, sys, time
+import sys, time
 secs = float(sys.argv[1]); mem_mib = int(sys.argv[2])
 deadline = time.time() + secs
 

@@ -88,3 +88,25 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
             proc.kill()
             proc.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def background_process(args: list[str], log_path: Path, env: Optional[dict] = None) -> Iterator[subprocess.Popen]:
+    """Run ``args`` in its own session, logging to ``log_path``; Ctrl-C it (then kill) on exit."""
+    import signal
+
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from prefect_launch.local_server import free_port, local_prefect_server  # noqa: F401  (free_port re-exported)
+from prefect_launch.local_server import local_prefect_server
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import yaml
+
+from prefect_launch.local_server import background_process
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "prefect_launch.cli"]
@@ -53,20 +54,9 @@ def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tup
     args = [*CLI, "agent", "--name", name, "--capacity", capacity, *extra]
     for q in queues:
         args += ["--queue", q]
-    log = open(log_dir / f"agent-{name}.log", "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True)
-    try:
+    with background_process(args, log_dir / f"agent-{name}.log") as proc:
         wait_agent_online(name, queues)
         yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def wait_agent_online(name: str, queues: list[str], timeout: float = 60) -> None:

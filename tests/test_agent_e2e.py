@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import (agent, apply_queue, cli, cli_json, deploy_probe, read_runs, records, wait_agent_free,
+from launch_helpers import (agent, apply_queue, cli_json, deploy_probe, read_runs, records, wait_agent_free,
                             wait_final)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
