@@ -31,6 +31,7 @@ import httpx
 import pandas as pd
 
 from prefect_launch.workers.agent_registry import ONLINE_WINDOW_S
+from prefect_launch.workers.run_tags import tag_value
 
 UTC = dt.timezone.utc
 PAGE = 200  # the API's maximum page size for flow runs
@@ -291,8 +292,8 @@ def runs_frame(raw: list[dict], deployments: Optional[dict[str, dict]] = None, n
     rows = []
     for r in raw:
         tags = r.get("tags") or []
-        owner = next((t.split(":", 1)[1] for t in tags if t.startswith("owner:")), UNKNOWN)
-        preset = next((t.split(":", 1)[1] for t in tags if t.startswith("preset:")), None)
+        owner = tag_value(tags, "owner") or UNKNOWN
+        preset = tag_value(tags, "preset")
         jv = r.get("job_variables") or {}
         preset = preset or jv.get("preset") or UNKNOWN
         dep = deployments.get(r.get("deployment_id") or "", {})

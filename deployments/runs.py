@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from prefect_launch.workers.run_tags import LAUNCH_TAG, tag_value
 from prefect_launch.workers.worker import PLACED_LABEL, WAIT_LABEL
 
 
@@ -25,13 +26,6 @@ class RunRow(BaseModel):
     note: Optional[str] = None
 
 
-def _tag(tags: list[str], key: str) -> Optional[str]:
-    for t in tags or []:
-        if t.startswith(key + ":"):
-            return t.split(":", 1)[1]
-    return None
-
-
 def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[str]] = None,
               limit: int = 50) -> list[RunRow]:
     from prefect.client.schemas.filters import (
@@ -49,7 +43,7 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
             raise ValueError(f"unknown state in {states}; use one of {', '.join(t.value for t in StateType)}") from None
         state_filter = FlowRunFilterState(type=FlowRunFilterStateType(any_=types))
     runs = client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(state=state_filter, tags=FlowRunFilterTags(all_=["launch"])),
+        flow_run_filter=FlowRunFilter(state=state_filter, tags=FlowRunFilterTags(all_=[LAUNCH_TAG])),
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])) if queue else None,
         sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit,
     )
@@ -64,8 +58,8 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
             note = r.state.message
         rows.append(RunRow(
             run_id=str(r.id), name=r.name, job=labels.get("prefect.deployment.name"), queue=r.work_pool_name, priority=r.work_queue_name,
-            state=r.state_name or "?", preset=_tag(r.tags, "preset") or jv.get("preset"), resources=res or None,
-            owner=_tag(r.tags, "owner"), created=str(r.created) if r.created else None,
+            state=r.state_name or "?", preset=tag_value(r.tags, "preset") or jv.get("preset"), resources=res or None,
+            owner=tag_value(r.tags, "owner"), created=str(r.created) if r.created else None,
             start_time=str(r.start_time) if r.start_time else None,
             end_time=str(r.end_time) if r.end_time else None, note=note,
         ))

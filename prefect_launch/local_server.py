@@ -91,13 +91,14 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
 
 
 @contextlib.contextmanager
-def background_process(args: list[str], log_path: Path, env: Optional[dict] = None) -> Iterator[subprocess.Popen]:
+def background_process(args: list[str], log_path: Path, env: Optional[dict] = None,
+                       cwd: Optional[Path] = None) -> Iterator[subprocess.Popen]:
     """Run ``args`` in its own session, logging to ``log_path``; Ctrl-C it (then kill) on exit."""
     import signal
 
     log = open(log_path, "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                            start_new_session=True)
+                            cwd=cwd, start_new_session=True)
     try:
         yield proc
     finally:

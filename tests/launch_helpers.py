@@ -96,6 +96,17 @@ def records(record_dir: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in record_dir.glob("*.json")}
 
 
+def wait_running(run_id: str, timeout: float = 120) -> int:
+    """Wait until the run is Running on an agent; return its process id (infrastructure pid)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        run = read_runs([run_id])[0]
+        if run.state_name == "Running" and run.infrastructure_pid:
+            return int(run.infrastructure_pid.split(":")[-1])
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} never started")
+
+
 def wait_agent_free(name: str, gpu: int, timeout: float = 30) -> dict:
     """The agent's published state once it shows ``gpu`` free GPUs and no runs (published within ~1 s)."""
     deadline = time.time() + timeout

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import (agent, apply_queue, cli_json, deploy_probe, read_runs, records, wait_agent_free,
-                            wait_final)
+from launch_helpers import (agent, apply_queue, cli_json, deploy_probe, records, wait_agent_free,
+                            wait_final, wait_running)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -137,14 +137,7 @@ def test_killed_job_releases_capacity_and_memory_limit_is_enforced(tmp_path: Pat
         next_id = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
                            "--param", "seconds=0.1", "--param", "tag=after-kill")["run_ids"][0]
         # the second run waits for the only GPU and says so
-        deadline = time.time() + 120
-        pid = None
-        while time.time() < deadline and pid is None:
-            run = read_runs([long_id])[0]
-            if run.state_name == "Running" and run.infrastructure_pid:
-                pid = int(run.infrastructure_pid.split(":")[-1])
-            time.sleep(0.5)
-        assert pid, "long run never started"
+        pid = wait_running(long_id)
         want = f"needs gpu=1, agent {name} has 0 free"
         deadline = time.time() + 30  # labels are written by the agent shortly after it decides
         while True:
@@ -203,9 +196,7 @@ def test_cancel_and_failure_release_capacity_and_metrics_are_recorded(tmp_path: 
     with agent([q], name, "cpu=2,memory=4Gi,gpu=1", tmp_path):
         long_id = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
                            "--param", "seconds=300")["run_ids"][0]
-        deadline = time.time() + 120
-        while time.time() < deadline and read_runs([long_id])[0].state_name != "Running":
-            time.sleep(0.5)
+        wait_running(long_id)
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(long_id, Cancelling(), force=True)
         # a run that fails (bad record_dir: a file, not a folder) also gives its GPU back

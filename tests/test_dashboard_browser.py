@@ -8,8 +8,6 @@ a full-page screenshot to test-output/dashboard.png.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -19,6 +17,8 @@ import httpx
 import pytest
 
 from fixtures_dashboard import seed_runs
+
+from prefect_launch.local_server import background_process, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -31,12 +31,6 @@ TABLE_PANELS = ["panel-summary", "panel-runs", "panel-waste", "panel-errors"]
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing: install Debian's chromium (make system-deps)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dashboard(prefect_server, tmp_path_factory):
     seeded = seed_runs(uuid.uuid4().hex[:6])
@@ -45,36 +39,25 @@ def dashboard(prefect_server, tmp_path_factory):
     blk = QueueLinks(queue=seeded.pool)
     blk.upsert("Grafana GPU board", "https://grafana.example.com/d/gpu")
     blk.store()
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("streamlit") / "streamlit.log", "w")
+    port = free_port()
     env = dict(os.environ, PREFECT_API_URL=prefect_server)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
+            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none"]
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        assert proc.poll() is None, f"streamlit exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    else:
-        pytest.fail("streamlit did not start")
-    try:
+    with background_process(args, tmp_path_factory.mktemp("streamlit") / "streamlit.log", env=env, cwd=ROOT) as proc:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            assert proc.poll() is None, f"streamlit exited with {proc.returncode}"
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("streamlit did not start")
         yield url, seeded
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_every_panel_renders_with_data(dashboard):

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
 from prefect_launch.workers.ledger import Allocation
+from prefect_launch.workers.run_tags import tag_value
 from prefect_launch.workers.sampler import RunSampler
 
 logger = logging.getLogger("prefect_launch.run_metrics")
@@ -30,17 +31,13 @@ async def load_store() -> Optional[RunMetricsStore]:
         return RunMetricsStore()
 
 
-def _tag(tags: list[str], key: str) -> Optional[str]:
-    return next((t.split(":", 1)[1] for t in tags or [] if t.startswith(key + ":")), None)
-
-
 def run_record(flow_run: Any, alloc: Allocation, agent: str, queue: str) -> RunRecord:
     labels = flow_run.labels or {}
     return RunRecord(
         flow_run_id=str(flow_run.id), flow_run_name=flow_run.name, queue=queue,
         work_queue=flow_run.work_queue_name, job=labels.get("prefect.deployment.name"),
         deployment_id=str(flow_run.deployment_id) if flow_run.deployment_id else None,
-        flow=labels.get("prefect.flow.name"), owner=_tag(flow_run.tags, "owner"), preset=alloc.preset,
+        flow=labels.get("prefect.flow.name"), owner=tag_value(flow_run.tags, "owner"), preset=alloc.preset,
         cpu=alloc.resources.cpu, memory_bytes=alloc.resources.memory, gpu=alloc.resources.gpu,
         gpu_indices=alloc.gpu_indices, agent=agent, host=socket.gethostname(),
         submitted_at=flow_run.created,
