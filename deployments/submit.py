@@ -17,6 +17,7 @@ from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError
+from prefect_launch.workers.run_tags import launch_tags
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -48,19 +49,16 @@ class Submitted(BaseModel):
     resources: str
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """``k=v`` pairs; values are JSON where they parse (``3``, ``true``, ``[1,2]``), else strings."""
-    out: dict[str, Any] = {}
+def parse_params(items: list[str]) -> dict[str, str]:
+    """``k=v`` pairs, values kept as typed; `validate_params` decodes them against the job's schema."""
+    out: dict[str, str] = {}
     for item in items:
         if "=" not in item:
             raise LaunchValidationError(f"bad --param {item!r}: expected key=value")
         k, v = item.split("=", 1)
         if not k:
             raise LaunchValidationError(f"bad --param {item!r}: empty name")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
+        out[k] = v
     return out
 
 
@@ -84,13 +82,25 @@ def parse_env(items: Union[list[str], dict[str, str]]) -> dict[str, str]:
     return out
 
 
+def _is_text(prop: dict[str, Any]) -> bool:
+    types = [prop.get("type")] + [alt.get("type") for alt in prop.get("anyOf", [])]
+    return "string" in types and not any(t in types for t in ("integer", "number", "boolean", "array", "object"))
+
+
 def _coerce_to_schema(params: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """``--param tag=123`` for a string parameter means the string "123"."""
+    """Text from the command line is JSON (``3``, ``true``, ``[1,2]``) unless the parameter is a string:
+    ``--param tag=123`` or ``--param note=750e50`` for a string parameter stays that exact text."""
     props = schema.get("properties", {})
     out = dict(params)
     for k, v in params.items():
-        t = props.get(k, {}).get("type")
-        if t == "string" and not isinstance(v, str):
+        prop = props.get(k, {})
+        if isinstance(v, str):
+            if not _is_text(prop):
+                try:
+                    out[k] = json.loads(v)
+                except json.JSONDecodeError:
+                    pass
+        elif prop.get("type") == "string":
             out[k] = json.dumps(v) if isinstance(v, (list, dict)) else str(v).lower() if isinstance(v, bool) else str(v)
     return out
 
@@ -194,7 +204,7 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     if env:  # per-run env overlays the deployment's env, key by key
         job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
     owner = req.owner or getpass.getuser()
-    tags = ["launch", f"owner:{owner}", f"preset:{resolved.preset}"]
+    tags = launch_tags(owner, resolved.preset)
     created = []
     try:
         for i in range(req.count):

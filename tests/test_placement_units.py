@@ -126,3 +126,12 @@ def test_template_carries_presets_bounds_and_spec():
     assert props["gpu"]["maximum"] == 2 and props["cpu"]["maximum"] == 8
     assert t["job_configuration"]["gpu"] == "{{ gpu }}"
     assert QueueSpec.model_validate(t["job_configuration"]["launch"]) == SPEC
+
+
+def test_cli_params_decode_against_the_job_schema():
+    from prefect_launch.deployments.submit import _coerce_to_schema, parse_params
+
+    schema = {"properties": {"note": {"type": "string"}, "epochs": {"type": "integer"},
+                             "tag": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "xs": {"type": "array"}}}
+    raw = parse_params(["note=750e50", "epochs=3", "tag=123", "xs=[1,2]"])
+    assert _coerce_to_schema(raw, schema) == {"note": "750e50", "epochs": 3, "tag": "123", "xs": [1, 2]}
