@@ -19,6 +19,14 @@ Tables (current version):
     ``WITHOUT ROWID`` table so the key is stored once (about 100 bytes a row).
 ``launch_summaries``
     one row per finished run (written by the sampler at the end).
+``launch_run_index``
+    (v3) the queue monitor's run index: one row per Prefect flow run with the
+    columns its panels filter, group and bucket by (queue, job, owner, preset,
+    state, expected start / start / end), kept in step with the Prefect server by
+    ``dashboard.index_sync``. It is a copy: Prefect stays the source of truth.
+``launch_index_meta``
+    (v3) one row per Prefect API URL: how far back the index covers, and the
+    sync cursors.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 
@@ -121,6 +129,44 @@ summaries = sa.Table(
     sa.Column("written_ms", sa.BigInteger),
 )
 
+run_index = sa.Table(
+    "launch_run_index",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),  # Prefect flow run id
+    sa.Column("name", sa.String(255)),
+    sa.Column("deployment_id", sa.String(64)),
+    sa.Column("queue", sa.String(255)),  # work pool
+    sa.Column("priority", sa.String(255)),  # work queue
+    sa.Column("owner", sa.String(255)),
+    sa.Column("preset", sa.String(255)),
+    sa.Column("state_type", sa.String(32)),
+    sa.Column("state_name", sa.String(255)),
+    sa.Column("state_us", sa.BigInteger),  # timestamp of the current state (epoch microseconds)
+    sa.Column("expected_start_us", sa.BigInteger),
+    sa.Column("start_us", sa.BigInteger),
+    sa.Column("end_us", sa.BigInteger),
+    sa.Column("run_time_s", sa.Float),  # Prefect's total_run_time (time spent RUNNING)
+    sa.Column("message", sa.Text),
+    sa.Column("waiting", sa.Text),
+    sa.Column("cpu", sa.Float),
+    sa.Column("memory", sa.String(64)),
+    sa.Column("gpu", sa.Float),
+    sa.Column("launched", sa.Boolean),
+    sa.Column("synced_ms", sa.BigInteger, nullable=False),  # when this row was last written
+)
+sa.Index("ix_launch_run_index_expected", run_index.c.expected_start_us)
+sa.Index("ix_launch_run_index_synced", run_index.c.synced_ms)
+sa.Index("ix_launch_run_index_state", run_index.c.state_type)
+
+index_meta = sa.Table(
+    "launch_index_meta",
+    metadata,
+    sa.Column("api_url", sa.String(512), primary_key=True),
+    sa.Column("covered_since_ms", sa.BigInteger),  # every run expected after this is in the index
+    sa.Column("events_cursor_ms", sa.BigInteger),  # Prefect events read up to here
+    sa.Column("last_sync_ms", sa.BigInteger),
+)
+
 # ---------------------------------------------------------------- migrations
 # Each migration moves the schema from version k-1 to k. Never edit a released
 # migration; append a new one and bump SCHEMA_VERSION.
@@ -158,7 +204,12 @@ def _migrate_2(conn: Connection) -> None:
     ix_runs_started.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2}
+def _migrate_3(conn: Connection) -> None:
+    run_index.create(conn, checkfirst=True)
+    index_meta.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

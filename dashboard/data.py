@@ -505,11 +505,15 @@ def fetch_errors(api: Api, spec: ViewSpec, limit: int = PAGE) -> tuple[list[dict
         runs.extend(api.post("/flow_runs/filter", body))
     runs.sort(key=lambda r: r.get("end_time") or r.get("state", {}).get("timestamp") or "", reverse=True)
     runs = runs[:limit]
-    logs: list[dict] = []
-    if runs:
-        logs = api.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [r["id"] for r in runs]}, "level": {"ge_": 40}},
-                                         "sort": "TIMESTAMP_DESC", "limit": PAGE})
-    return runs, logs
+    return runs, _error_logs(api, [r["id"] for r in runs])
+
+
+def _error_logs(api: Api, run_ids: Sequence[str]) -> list[dict]:
+    """The newest ERROR (and worse) logs of these runs."""
+    if not run_ids:
+        return []
+    return api.post("/logs/filter", {"logs": {"flow_run_id": {"any_": list(run_ids)}, "level": {"ge_": 40}},
+                                     "sort": "TIMESTAMP_DESC", "limit": PAGE})
 
 
 def errors_frame(runs: pd.DataFrame, logs: Sequence[dict] = ()) -> pd.DataFrame:
@@ -820,6 +824,7 @@ class View:
     timings: dict = field(default_factory=dict)
     totals: dict = field(default_factory=dict)
     metrics_available: bool = False
+    source: str = "api"  # where the run panels came from: api | index
 
     @property
     def truncated(self) -> bool:
@@ -884,10 +889,14 @@ HISTORY_CACHE = HistoryCache()
 
 
 def clear_caches() -> None:
-    """Forget every process-wide cache (runs, history buckets, metrics rows)."""
+    """Forget every process-wide cache (runs, history buckets, metrics rows, the run
+    index's in-memory frames; the index tables themselves stay)."""
+    from prefect_launch.dashboard import index_sync
+
     RUN_CACHE.clear()
     HISTORY_CACHE.clear()
     METRICS_CACHE.clear()
+    index_sync.forget_services()
 
 
 def aligned_range(since: dt.datetime, until: dt.datetime, interval_s: int) -> tuple[dt.datetime, dt.datetime]:
@@ -959,13 +968,81 @@ def _grouped_history(api: Api, spec: ViewSpec, interval_s: int, pools: list[str]
     return total, pd.concat([parts, rest], ignore_index=True)
 
 
+def _index_service(api: Api, store: Any, spec: ViewSpec, source: str, use_cache: bool):
+    """The run index to serve ``spec`` from, or None for the API path.
+
+    ``source``: "api" never uses the index; "index" builds it first if it does not cover
+    the range yet; "auto" uses it when it covers the range and otherwise starts building
+    it in the background (this view comes from the API).
+    """
+    if source == "api" or store is None:
+        return None
+    from prefect_launch.dashboard import index_sync
+
+    try:
+        svc = index_sync.service_for(store, api) if use_cache else index_sync.IndexService(index_sync.RunIndex(store), api)
+        if svc.covers(spec.since):
+            return svc
+        if source == "index":
+            index_sync.build(svc.index, api, max(index_sync.index_days(), (dt.datetime.now(UTC) - spec.since).total_seconds() / 86400))
+            svc._meta = None
+            return svc
+        svc.start_build()
+    except Exception:
+        if source == "index":
+            raise
+        import logging
+
+        logging.getLogger("prefect_launch.dashboard").exception("run index unavailable; reading from the API")
+    return None
+
+
+def _index_parts(svc: Any, api: Api, spec: ViewSpec, deps: dict, pool_names: list[str], interval_s: int, now: dt.datetime) -> dict:
+    """Every run-derived frame of a view, from the run index (see :mod:`.index_view`)."""
+    from prefect_launch.dashboard import index_view as IV
+
+    rows, incremental = svc.frame(spec.since, deps, now)
+    any_time = IV.select(rows, spec, time=False)
+    in_range = IV.select(any_time, spec)
+    hist_total, hist = IV.history(in_range, spec, interval_s, now)
+    err = IV.errors_rows(any_time, spec, PAGE)
+    logs = _error_logs(api, err["id"].tolist())
+    return dict(hist_total=hist_total, hist=hist, runs=IV.runs_frame(in_range, now, spec.detail_limit), runs_total=len(in_range),
+                errors=errors_frame(IV.runs_frame(err, now), logs),
+                # "now" counts are by state already: the status filter does not narrow them (as on the API path)
+                now_counts=IV.now_counts(IV.select(rows, replace(spec, statuses=()), time=False), pool_names, now),
+                incremental=incremental)
+
+
+def _api_parts(api: Api, spec: ViewSpec, deps: dict, pool_names: list[str], interval_s: int, now: dt.datetime,
+               run_cache: "RunCache", hist_cache: "HistoryCache", f_deps: Any) -> dict:
+    """Every run-derived frame of a view, from Prefect's API (aggregates + bounded run reads)."""
+    f_runs = _POOL.submit(run_cache.get, api, spec, f_deps.result)
+    f_err = _POOL.submit(fetch_errors, api, spec)
+    f_counts = _POOL.submit(fetch_now_counts, api, spec, pool_names, now)
+    runs_preview = None
+    if spec.grouping in ("owner", "preset") and not (spec.owners if spec.grouping == "owner" else spec.presets):
+        raw, incremental = f_runs.result()  # the groups to ask for come from the runs
+        runs_preview = runs_frame(raw, deps, now)
+    hist_total, hist = _grouped_history(api, spec, interval_s, pool_names, deps,
+                                        runs_preview if runs_preview is not None else pd.DataFrame(), hist_cache, now)
+    raw, incremental = f_runs.result()
+    runs = runs_preview if runs_preview is not None else runs_frame(raw, deps, now)
+    err_raw, err_logs = f_err.result()
+    total = int(hist_total["count"].sum()) if not hist_total.empty else 0
+    return dict(hist_total=hist_total, hist=hist, runs=runs, runs_total=max(total, len(runs)),
+                errors=errors_frame(runs_frame(err_raw, deps, now), err_logs), now_counts=f_counts.result(), incremental=incremental)
+
+
 def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = True, store: Any = "auto",
-              now: Optional[dt.datetime] = None) -> View:
+              now: Optional[dt.datetime] = None, source: str = "auto") -> View:
     """Everything the page shows for one sidebar state.
 
-    With ``use_cache`` the process-wide caches make a refresh incremental: history
-    buckets already settled and finished runs are not asked for again. Without it every
-    number is read from the server (what the benchmark times as a cold load).
+    Run-derived panels come from the run index when it covers the range (``source``:
+    see :func:`_index_service`), else from Prefect's API. With ``use_cache`` the
+    process-wide caches make a refresh incremental (the index's frame held in memory;
+    on the API path, settled history buckets and finished runs are not asked for again).
+    Without it every number is read afresh (what the benchmark times as a cold load).
     """
     import time
 
@@ -975,47 +1052,52 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     now = now or dt.datetime.now(UTC)
     interval_s = spec.interval
     run_cache, hist_cache, metrics_cache = (RUN_CACHE, HISTORY_CACHE, METRICS_CACHE) if use_cache else (RunCache(), HistoryCache(), TtlCache())
+    store_obj = metrics_store() if store == "auto" else store
     f_pools = _POOL.submit(fetch_pools, api)
     f_deps = _POOL.submit(fetch_deployments, api)
-    f_runs = _POOL.submit(run_cache.get, api, spec, f_deps.result)
-    f_err = _POOL.submit(fetch_errors, api, spec)
     f_agents = _POOL.submit(fetch_agents, api)
-    store_obj = metrics_store() if store == "auto" else store
     f_metrics = _POOL.submit(fetch_metrics_cached, metrics_cache, store_obj, spec)
+    svc = _index_service(api, store_obj, spec, source, use_cache)
     pools_raw = f_pools.result()
     pools = pd.DataFrame([dict(queue=p["name"], type=p.get("type"), status=p.get("status"), paused=p.get("is_paused"),
                                concurrency_limit=p.get("concurrency_limit"), id=p["id"]) for p in pools_raw],
                          columns=["queue", "type", "status", "paused", "concurrency_limit", "id"])
     pool_names = list(spec.queues) or pools["queue"].tolist()
-    f_counts = _POOL.submit(fetch_now_counts, api, spec, pool_names, now)
     f_workers = _POOL.submit(fetch_workers, api, pool_names)
     deps = f_deps.result()
-    runs_preview = None
-    if spec.grouping in ("owner", "preset") and not (spec.owners if spec.grouping == "owner" else spec.presets):
-        raw, incremental = f_runs.result()  # the groups to ask for come from the runs
-        runs_preview = runs_frame(raw, deps, now)
-    hist_total, hist = _grouped_history(api, spec, interval_s, pool_names, deps,
-                                        runs_preview if runs_preview is not None else pd.DataFrame(), hist_cache, now)
-    timings["history"] = time.perf_counter() - t0
-    raw, incremental = f_runs.result()
-    runs = runs_preview if runs_preview is not None else runs_frame(raw, deps, now)
+    if svc is not None:
+        parts = _index_parts(svc, api, spec, deps, pool_names, interval_s, now)
+    else:
+        parts = _api_parts(api, spec, deps, pool_names, interval_s, now, run_cache, hist_cache, f_deps)
     timings["runs"] = time.perf_counter() - t0
-    err_raw, err_logs = f_err.result()
-    errors = errors_frame(runs_frame(err_raw, deps, now), err_logs)
     metrics = metrics_frame(f_metrics.result(), spec)
     timings["metrics"] = time.perf_counter() - t0
-    total = int(hist_total["count"].sum()) if not hist_total.empty else 0
+    hist_total = parts["hist_total"]
     hourly = hist_total if interval_s <= 3600 and 3600 % interval_s == 0 else history_frame([])
     view = View(
-        spec=spec, now=now, interval_s=interval_s, pools=pools, hist=hist, hist_hourly=hourly, runs=runs,
-        runs_total=max(total, len(runs)), errors=errors, now_counts=f_counts.result(), workers=f_workers.result(),
-        agents=agents_frame(f_agents.result(), now), metrics=metrics, ui_base=api.ui_url(), incremental=incremental,
-        timings=timings, metrics_available=store_obj is not None,
+        spec=spec, now=now, interval_s=interval_s, pools=pools, hist=parts["hist"], hist_hourly=hourly, runs=parts["runs"],
+        runs_total=parts["runs_total"], errors=parts["errors"], now_counts=parts["now_counts"], workers=f_workers.result(),
+        agents=agents_frame(f_agents.result(), now), metrics=metrics, ui_base=api.ui_url(), incremental=parts["incremental"],
+        timings=timings, metrics_available=store_obj is not None, source="index" if svc is not None else "api",
     )
-    view.totals = dict(runs=total, queued_s=float(hist_total["queued_s"].sum()) if not hist_total.empty else 0.0,
+    view.totals = dict(runs=int(hist_total["count"].sum()) if not hist_total.empty else 0,
+                       queued_s=float(hist_total["queued_s"].sum()) if not hist_total.empty else 0.0,
                        run_s=float(hist_total["run_s"].sum()) if not hist_total.empty else 0.0)
     timings["total"] = time.perf_counter() - t0
     return view
+
+
+def index_status(api_url: Optional[str] = None, store: Any = "auto") -> Optional[dict]:
+    """The run index's state for the page (None without a metrics store)."""
+    store_obj = metrics_store() if store == "auto" else store
+    if store_obj is None:
+        return None
+    from prefect_launch.dashboard import index_sync
+
+    try:
+        return index_sync.service_for(store_obj, get_api(api_url)).status()
+    except Exception as e:
+        return dict(built=False, building=False, build_error=f"{type(e).__name__}: {e}")
 
 
 def options(api_url: Optional[str] = None) -> dict[str, list[str]]:

@@ -1,0 +1,320 @@
+"""Keeps the run index (:mod:`prefect_launch.blocks.run_index`) in step with a Prefect server.
+
+Rows are always the server's own flow-run records (``POST /flow_runs/filter``); the
+sync only decides *which* runs to read again:
+
+* a **build** reads every run expected after ``now - LAUNCH_INDEX_DAYS`` once (keyset
+  pages of 200, the API's cap, in parallel time slices) and records that coverage;
+* a **sync** (before each view, at most every ``MIN_SYNC_S``) reads
+  - runs whose state changed: the ids of Prefect's ``prefect.flow-run.*`` events since
+    the last sync (``POST /events/filter``; read ``EVENTS_OVERLAP_S`` back again,
+    because the server persists events in batches),
+  - runs the index holds as not finished (their state can change at any moment; this
+    keeps "now" exact even before the events are persisted),
+  - runs expected since the last sync minus ``NEW_RUN_SLACK_S`` (new submissions).
+  After a longer gap than ``EVENTS_MAX_GAP_S`` it re-reads every run expected since
+  the gap began instead of paging through the events.
+
+:class:`IndexService` is the process-wide entry point the data layer uses: it builds
+in the background, syncs, and holds the prepared frame in memory between views.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Optional
+
+import pandas as pd
+from pydantic import BaseModel
+
+from prefect_launch.blocks.run_index import IndexMeta, IndexRow, RunIndex, now_ms
+from prefect_launch.dashboard import index_view as IV
+
+log = logging.getLogger("prefect_launch.dashboard.index")
+UTC = dt.timezone.utc
+PAGE = 200
+EVENTS_OVERLAP_S = 30.0
+EVENTS_MAX_GAP_S = 3600.0
+EVENTS_MAX_PAGES = 40  # 50 events a page; past this, re-reading the runs themselves is cheaper
+NEW_RUN_SLACK_S = 300.0
+MIN_SYNC_S = 2.0
+BUILD_SLICES = 4
+_IO = ThreadPoolExecutor(max_workers=BUILD_SLICES + 2, thread_name_prefix="index-io")
+
+
+def index_days() -> float:
+    return float(os.environ.get("LAUNCH_INDEX_DAYS", "30"))
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.astimezone(UTC).isoformat()
+
+
+class SyncResult(BaseModel):
+    """What one sync or build read and wrote."""
+
+    runs_read: int = 0
+    rows_written: int = 0
+    events: int = 0
+    mode: str = "events"  # events | catch-up | build
+    took_s: float = 0.0
+
+
+# ------------------------------------------------------------------ API reads
+
+
+def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime] = None) -> Iterator[list[dict]]:
+    """Every run expected in [since, until] (until None: no upper bound), newest first,
+    in pages; keyset paging on expected start, with an offset walk through a timestamp
+    that more than a page of runs share."""
+    seen: set[str] = set()
+    before = _iso(until) if until else None
+
+    def page(after: str, before_: Optional[str], offset: int = 0) -> list[dict]:
+        t: dict = {"after_": after}
+        if before_:
+            t["before_"] = before_
+        return api.post("/flow_runs/filter", {"flow_runs": {"expected_start_time": t}, "sort": "EXPECTED_START_TIME_DESC",
+                                              "limit": PAGE, "offset": offset})
+
+    after = _iso(since)
+    while True:
+        got = page(after, before)
+        new = [r for r in got if r["id"] not in seen]
+        seen.update(r["id"] for r in got)
+        if new:
+            yield new
+        if len(got) < PAGE:
+            return
+        last = got[-1]["expected_start_time"]
+        if not new:  # a page of runs all at `last`: walk that instant by offset, then go below it
+            off = 0
+            while True:
+                tie = page(last, last, off)
+                fresh = [r for r in tie if r["id"] not in seen]
+                seen.update(r["id"] for r in tie)
+                if fresh:
+                    yield fresh
+                if len(tie) < PAGE:
+                    break
+                off += PAGE
+            last = _iso(dt.datetime.fromisoformat(last.replace("Z", "+00:00")) - dt.timedelta(microseconds=1))
+        before = last
+
+
+def read_runs_by_id(api: Any, ids: list[str]) -> list[dict]:
+    chunks = [ids[i : i + PAGE] for i in range(0, len(ids), PAGE)]
+    pages = _IO.map(lambda c: api.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": c}}, "limit": PAGE}), chunks)
+    return [r for p in pages for r in p]
+
+
+def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime) -> Optional[tuple[set[str], int]]:
+    """(flow-run ids, events read) of ``prefect.flow-run.*`` events that occurred in
+    [since, until]; None when there are more than ``EVENTS_MAX_PAGES`` pages of them."""
+    body = {"filter": {"occurred": {"since": _iso(since), "until": _iso(until)}, "event": {"prefix": ["prefect.flow-run."]},
+                       "order": "ASC"}, "limit": 50}
+    res = api.post("/events/filter", body)
+    ids: set[str] = set()
+    n, pages = 0, 0
+    while True:
+        for e in res.get("events") or []:
+            rid = (e.get("resource") or {}).get("prefect.resource.id", "")
+            if rid.startswith("prefect.flow-run."):
+                ids.add(rid[len("prefect.flow-run."):])
+            n += 1
+        nxt = res.get("next_page")
+        pages += 1
+        if not nxt:
+            return ids, n
+        if pages >= EVENTS_MAX_PAGES:
+            return None
+        r = api.http.get(nxt)
+        r.raise_for_status()
+        res = r.json()
+
+
+# ----------------------------------------------------------------- build / sync
+
+
+def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Optional[Callable[[int], None]] = None) -> SyncResult:
+    """Read every run expected in the last ``days`` (and later) into a fresh index."""
+    t0 = time.perf_counter()
+    start = dt.datetime.now(UTC)
+    since = start - dt.timedelta(days=days if days is not None else index_days())
+    index.reset(api.api_url)
+    # time slices read in parallel: the last one open-ended (runs scheduled in the future)
+    edges = [since + (start - since) * k / BUILD_SLICES for k in range(BUILD_SLICES + 1)]
+    slices = [(edges[k], edges[k + 1] - dt.timedelta(microseconds=1) if k < BUILD_SLICES - 1 else None) for k in range(BUILD_SLICES)]
+    lock = threading.Lock()
+    totals = {"read": 0, "written": 0}
+
+    def one(sl: tuple) -> None:
+        buf: list[IndexRow] = []
+        for page in read_runs_expected(api, sl[0], sl[1]):
+            buf.extend(IndexRow.from_flow_run(r) for r in page)
+            with lock:
+                totals["read"] += len(page)
+                if progress:
+                    progress(totals["read"])
+            if len(buf) >= 5000:
+                w = index.upsert(buf)
+                buf = []
+                with lock:
+                    totals["written"] += w
+        w = index.upsert(buf)
+        with lock:
+            totals["written"] += w
+
+    for f in [_IO.submit(one, sl) for sl in slices]:
+        f.result()
+    # changes made while the build read are picked up by the sync that follows (events since start)
+    cursor = int(start.timestamp() * 1000)
+    index.set_meta(IndexMeta(api_url=api.api_url, covered_since_ms=int(since.timestamp() * 1000), events_cursor_ms=cursor,
+                             last_sync_ms=cursor))
+    res = sync(index, api)
+    return SyncResult(runs_read=totals["read"] + res.runs_read, rows_written=totals["written"] + res.rows_written, events=res.events,
+                      mode="build", took_s=time.perf_counter() - t0)
+
+
+def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncResult:
+    """Bring a built index up to date (see the module docstring for what is read)."""
+    t0 = time.perf_counter()
+    now = now or dt.datetime.now(UTC)
+    meta = index.meta(api.api_url)
+    if meta is None or meta.covered_since_ms is None:
+        raise RuntimeError("the run index is not built for this server: run `prefect-launch monitor index`")
+    cursor = dt.datetime.fromtimestamp((meta.events_cursor_ms or meta.last_sync_ms or 0) / 1000, UTC)
+    last = dt.datetime.fromtimestamp((meta.last_sync_ms or 0) / 1000, UTC)
+    gap = (now - cursor).total_seconds()
+    f_open = _IO.submit(index.open_ids)
+    events = None
+    if gap <= EVENTS_MAX_GAP_S:
+        events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60))
+    mode = "events" if events is not None else "catch-up"
+    new_since = (last if events is not None else cursor) - dt.timedelta(seconds=NEW_RUN_SLACK_S)
+    fresh = [r for page in read_runs_expected(api, new_since) for r in page]
+    have = {r["id"] for r in fresh}
+    ids = (set(events[0]) if events else set()) | set(f_open.result())
+    fresh += read_runs_by_id(api, sorted(ids - have))
+    written = index.upsert([IndexRow.from_flow_run(r) for r in fresh])
+    stamp = int(now.timestamp() * 1000)
+    index.set_meta(meta.model_copy(update=dict(events_cursor_ms=stamp, last_sync_ms=stamp)))
+    return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
+                      took_s=time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------- service
+
+
+class IndexService:
+    """One run index as the monitor's process uses it: built in the background, synced
+    before views, its prepared frame held in memory and refreshed incrementally."""
+
+    def __init__(self, index: RunIndex, api: Any) -> None:
+        self.index, self.api = index, api
+        self._lock = threading.Lock()
+        self._build: Optional[threading.Thread] = None
+        self.build_progress = 0
+        self.build_error: Optional[str] = None
+        self._meta: Optional[IndexMeta] = None
+        self._raw: Optional[pd.DataFrame] = None
+        self._prepared: Optional[pd.DataFrame] = None
+        self._deps: Optional[dict] = None
+        self._loaded_since_us: Optional[int] = None
+        self._high_water_ms = 0
+        self._synced_at = 0.0
+        self.last_sync: Optional[SyncResult] = None
+
+    # -------------------------------------------------------------- coverage
+
+    def meta(self) -> Optional[IndexMeta]:
+        if self._meta is None or self._meta.covered_since_ms is None:
+            self._meta = self.index.meta(self.api.api_url)
+        return self._meta
+
+    def covers(self, since: dt.datetime) -> bool:
+        m = self.meta()
+        return bool(m and m.covered_since_ms is not None and m.covered_since_ms <= since.timestamp() * 1000)
+
+    def building(self) -> bool:
+        return self._build is not None and self._build.is_alive()
+
+    def start_build(self, days: Optional[float] = None) -> None:
+        """Build in a background thread (once at a time); views use the API meanwhile."""
+        with self._lock:
+            if self.building():
+                return
+
+            def run() -> None:
+                try:
+                    build(self.index, self.api, days, progress=lambda n: setattr(self, "build_progress", n))
+                    self._meta = None
+                    self._raw = self._prepared = None
+                except Exception as e:  # the page keeps working from the API; it shows why
+                    log.exception("run index build failed")
+                    self.build_error = f"{type(e).__name__}: {e}"
+
+            self.build_error = None
+            self._build = threading.Thread(target=run, name="run-index-build", daemon=True)
+            self._build.start()
+
+    # ------------------------------------------------------------------ read
+
+    def frame(self, since: dt.datetime, deployments: dict[str, dict], now: Optional[dt.datetime] = None) -> tuple[pd.DataFrame, bool]:
+        """(prepared rows expected since ``since`` at least, read incrementally?) after a sync."""
+        with self._lock:
+            if time.monotonic() - self._synced_at >= MIN_SYNC_S:
+                self.last_sync = sync(self.index, self.api, now)
+                self._synced_at = time.monotonic()
+            want_us = IV.us(since)
+            incremental = self._raw is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
+            if incremental:
+                delta = self.index.frame(synced_after_ms=self._high_water_ms - 5000)
+                if not delta.empty:
+                    keep = self._raw[~self._raw["id"].isin(delta["id"])]
+                    delta = delta[delta["expected_start_us"].fillna(0) >= self._loaded_since_us]
+                    self._raw = pd.concat([keep, delta], ignore_index=True)
+                    self._high_water_ms = max(self._high_water_ms, int(delta["synced_ms"].max() if not delta.empty else 0))
+                    self._prepared = None
+            else:
+                self._raw = self.index.frame(since_us=want_us)
+                self._loaded_since_us = want_us
+                self._high_water_ms = int(self._raw["synced_ms"].max()) if not self._raw.empty else now_ms()
+                self._prepared = None
+            if self._prepared is None or self._deps != deployments:
+                self._prepared = IV.prepare(self._raw, deployments)
+                self._deps = dict(deployments)
+            return self._prepared, incremental
+
+    def status(self) -> dict:
+        m = self.meta()
+        return dict(built=bool(m and m.covered_since_ms), building=self.building(), build_progress=self.build_progress,
+                    build_error=self.build_error,
+                    covered_since=dt.datetime.fromtimestamp(m.covered_since_ms / 1000, UTC).isoformat() if m and m.covered_since_ms else None,
+                    last_sync=dt.datetime.fromtimestamp(m.last_sync_ms / 1000, UTC).isoformat() if m and m.last_sync_ms else None,
+                    rows=len(self._raw) if self._raw is not None else None)
+
+
+_SERVICES: dict[tuple, IndexService] = {}
+_SERVICES_LOCK = threading.Lock()
+
+
+def service_for(store: Any, api: Any) -> IndexService:
+    """The process-wide service for (metrics store, Prefect server)."""
+    key = (store.resolved_url(), api.api_url)
+    with _SERVICES_LOCK:
+        if key not in _SERVICES:
+            _SERVICES[key] = IndexService(RunIndex(store), api)
+        return _SERVICES[key]
+
+
+def forget_services() -> None:
+    """Drop the in-memory frames (the index tables stay): the next view reads them again."""
+    with _SERVICES_LOCK:
+        for k in [k for k, s in _SERVICES.items() if not s.building()]:  # a running build keeps its service
+            del _SERVICES[k]

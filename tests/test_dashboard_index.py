@@ -1,0 +1,182 @@
+"""The monitor's run index: built from and kept in step with a real Prefect server, and
+giving the same numbers as Prefect's own aggregation for the same runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.states import Completed, Running, Scheduled
+
+from prefect_launch.blocks.metrics_store import RunMetricsStore
+from prefect_launch.blocks.run_index import IndexRow, RunIndex
+from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import index_sync as X
+from prefect_launch.dashboard import index_view as IV
+from fixtures_dashboard import seed_runs
+
+UTC = dt.timezone.utc
+
+
+@pytest.fixture(scope="module")
+def seeded(prefect_server):
+    return seed_runs(uuid.uuid4().hex[:6], metrics=False)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return RunMetricsStore(url=f"sqlite:///{tmp_path_factory.mktemp('index') / 'launch-metrics.db'}")
+
+
+def _spec(seeded, **kw) -> D.ViewSpec:
+    now = dt.datetime.now(UTC)
+    return D.ViewSpec(since=seeded.since, until=now + dt.timedelta(minutes=1), queues=(seeded.pool,), interval_s=300, **kw)
+
+
+def _by(hist: pd.DataFrame, keys: list[str]) -> dict:
+    return hist.groupby(keys)["count"].sum().to_dict()
+
+
+def _same_view(a: D.View, b: D.View) -> None:
+    """Index and API views agree on every run-derived panel."""
+    assert a.source == "index" and b.source == "api"
+    assert a.totals["runs"] == b.totals["runs"] > 0
+    assert _by(a.hist, ["bucket", "status"]) == _by(b.hist, ["bucket", "status"])
+    assert _by(a.hist, ["bucket", "group"]) == _by(b.hist, ["bucket", "group"])
+    # queued and run seconds of finished runs are fixed numbers (waiting runs grow with the
+    # clock); the server sums whole seconds per run on SQLite, the index keeps microseconds
+    done = a.hist[a.hist["status"].isin(["completed", "failed", "crashed", "cancelled"])]
+    done_b = b.hist[b.hist["status"].isin(["completed", "failed", "crashed", "cancelled"])]
+    for c in ("queued_s", "run_s"):
+        assert math.isclose(done[c].sum(), done_b[c].sum(), abs_tol=1.0 * done["count"].sum()), c
+    assert set(a.runs["id"]) == set(b.runs["id"])
+    ra, rb = a.runs.set_index("id").sort_index(), b.runs.set_index("id").sort_index()
+    for c in ("job", "queue", "owner", "preset", "status", "start", "end", "expected_start"):
+        assert ra[c].equals(rb[c]), c
+    assert list(a.errors["id"]) == list(b.errors["id"])
+    assert list(a.errors["message"]) == list(b.errors["message"])
+    ca = a.now_counts.set_index("queue").sort_index()
+    cb = b.now_counts.set_index("queue").sort_index()
+    assert ca.to_dict() == cb.to_dict()
+
+
+@pytest.mark.parametrize("kw", [
+    dict(grouping="job"),
+    dict(grouping="owner"),
+    dict(grouping="status"),
+    dict(grouping="preset", owners=("alice",)),
+    dict(grouping="job", presets=("gpu-1",), statuses=("completed", "failed")),
+    dict(grouping="queue"),
+])
+def test_index_gives_what_prefect_aggregation_gives(seeded, store, kw):
+    spec = _spec(seeded, **kw)
+    now = dt.datetime.now(UTC)
+    a = D.load_view(spec, store=store, source="index", use_cache=False, now=now)
+    b = D.load_view(spec, store=None, source="api", use_cache=False, now=now)
+    _same_view(a, b)
+
+
+def test_build_reads_every_run_and_records_coverage(seeded, store):
+    index = RunIndex(store)
+    api = D.get_api()
+    res = X.build(index, api, days=1)
+    assert res.mode == "build" and res.runs_read >= len(seeded.run_ids)
+    frame = index.frame()
+    assert set(seeded.run_ids) <= set(frame["id"])
+    row = frame.set_index("id").loc[seeded.failed_ids[0]]
+    assert row["state_type"] == "FAILED" and "loss is NaN" in row["message"]
+    meta = index.meta(api.api_url)
+    assert meta.covered_since_ms <= (dt.datetime.now(UTC) - dt.timedelta(hours=23)).timestamp() * 1000
+    svc = X.IndexService(index, api)
+    assert svc.covers(dt.datetime.now(UTC) - dt.timedelta(hours=23))
+    assert not svc.covers(dt.datetime.now(UTC) - dt.timedelta(days=2))
+
+
+def test_sync_follows_state_changes_new_and_backdated_runs(seeded, store):
+    index = RunIndex(store)
+    api = D.get_api()
+    if not X.IndexService(index, api).covers(seeded.since):
+        X.build(index, api, days=1)
+    with get_client(sync_client=True) as client:
+        running = seeded.running_ids[0]
+        client.set_flow_run_state(uuid.UUID(running), Completed(), force=True)  # an open run finishes
+        dep = client.read_flow_run(uuid.UUID(seeded.run_ids[0])).deployment_id
+        new = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:carol", "preset:small"])  # due now
+        old = client.create_flow_run_from_deployment(  # created now, expected 3 h ago: only events reveal it
+            dep, tags=["launch", "owner:dave"], state=Scheduled(scheduled_time=dt.datetime.now(UTC) - dt.timedelta(hours=3)))
+        done = seeded.run_ids[0]
+        client.set_flow_run_state(uuid.UUID(done), Running(), force=True)  # a finished run is re-run
+    seeded.running_ids[:] = [done]
+    res = X.sync(index, api)
+    rows = index.frame().set_index("id")
+    assert rows.loc[running, "state_type"] == "COMPLETED"
+    assert str(new.id) in rows.index and rows.loc[str(new.id), "owner"] == "carol"
+    # the other two changes arrive through Prefect's events, which the server persists in batches
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = index.frame().set_index("id")
+        if str(old.id) in rows.index and rows.loc[done, "state_type"] == "RUNNING":
+            break
+        time.sleep(1)
+        res = X.sync(index, api)
+    assert res.mode == "events"
+    assert rows.loc[str(old.id), "owner"] == "dave" and rows.loc[done, "state_type"] == "RUNNING"
+
+
+def test_keyset_paging_walks_through_a_shared_timestamp(prefect_server, monkeypatch):
+    """More runs than a page expected at the same instant are all read, once."""
+    monkeypatch.setattr(X, "PAGE", 3)
+    t = dt.datetime.now(UTC).replace(microsecond=0) - dt.timedelta(days=3, seconds=uuid.uuid4().int % 1000)
+    with get_client(sync_client=True) as client:
+        dep = client.create_deployment(flow_id=client.create_flow_from_name(f"tie-{uuid.uuid4().hex[:6]}"), name="tie")
+        ids = {str(client.create_flow_run_from_deployment(dep, state=Scheduled(scheduled_time=t)).id) for _ in range(8)}
+    got = [r["id"] for page in X.read_runs_expected(D.get_api(), t - dt.timedelta(seconds=1), t + dt.timedelta(seconds=1))
+           for r in page]
+    assert len(got) == len(set(got)) and ids <= set(got)
+
+
+# ------------------------------------------------------------- pure functions
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    idx = pd.DataFrame([dict(IndexRow(**r).model_dump(), synced_ms=0) for r in rows])
+    return IV.prepare(idx, {"d1": {"name": "train"}})
+
+
+def test_history_counts_run_time_and_lateness_like_prefect():
+    t0 = dt.datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+    now = t0 + dt.timedelta(hours=1)
+    us = IV.us
+    rows = _frame([
+        # finished: started 60 s late, ran 100 s
+        dict(id="a", deployment_id="d1", state_type="COMPLETED", expected_start_us=us(t0), start_us=us(t0) + 60_000_000,
+             end_us=us(t0) + 160_000_000, run_time_s=100.0, owner="alice"),
+        # running since 10 min before now, started on time
+        dict(id="b", deployment_id="d1", state_type="RUNNING", expected_start_us=us(now - dt.timedelta(minutes=10)),
+             start_us=us(now - dt.timedelta(minutes=10)), state_us=us(now - dt.timedelta(minutes=10)), run_time_s=0.0),
+        # still waiting, due 30 min before now
+        dict(id="c", state_type="SCHEDULED", expected_start_us=us(now - dt.timedelta(minutes=30))),
+        # cancelled before it started: no lateness (terminal)
+        dict(id="d", state_type="CANCELLED", expected_start_us=us(t0 + dt.timedelta(minutes=5))),
+    ])
+    spec = D.ViewSpec(since=t0, until=now, grouping="job", interval_s=900)
+    total, per = IV.history(IV.select(rows, spec), spec, 900, now)
+    assert total["count"].sum() == 4
+    got = total.set_index("state_type")
+    assert got.loc["COMPLETED", "run_s"] == 100 and got.loc["COMPLETED", "queued_s"] == 60
+    assert got.loc["RUNNING", "run_s"] == 600 and got.loc["RUNNING", "queued_s"] == 0
+    assert got.loc["SCHEDULED", "queued_s"] == 1800 and got.loc["CANCELLED", "queued_s"] == 0
+    assert set(per["group"]) == {"train", "(no deployment)"}
+    assert list(total["bucket"].sort_values().dt.minute.unique()) == [0, 30, 45]
+    # filters: owner narrows to the one run that has it
+    only = IV.select(rows, D.ViewSpec(since=t0, until=now, owners=("alice",)))
+    assert list(only["id"]) == ["a"]
+    r = IV.runs_frame(rows, now).set_index("id")
+    assert r.loc["c", "queued_s"] == 1800 and np.isnan(r.loc["c", "duration_s"])
+    assert r.loc["b", "duration_s"] == 600
