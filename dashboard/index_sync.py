@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 import pandas as pd
 from pydantic import BaseModel
 
-from prefect_launch.blocks.run_index import IndexMeta, IndexRow, RunIndex, now_ms
+from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms
 from prefect_launch.dashboard import index_view as IV
 
 log = logging.getLogger("prefect_launch.dashboard.index")
@@ -43,6 +43,7 @@ EVENTS_MAX_GAP_S = 3600.0
 EVENTS_MAX_PAGES = 40  # 50 events a page; past this, re-reading the runs themselves is cheaper
 NEW_RUN_SLACK_S = 300.0
 MIN_SYNC_S = 2.0
+READ_OVERLAP_MS = 5000
 BUILD_SLICES = 4
 _IO = ThreadPoolExecutor(max_workers=BUILD_SLICES + 2, thread_name_prefix="index-io")
 
@@ -201,11 +202,29 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     have = {r["id"] for r in fresh}
     ids = (set(events[0]) if events else set()) | set(f_open.result())
     fresh += read_runs_by_id(api, sorted(ids - have))
-    written = index.upsert([IndexRow.from_flow_run(r) for r in fresh])
+    written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh]))
     stamp = int(now.timestamp() * 1000)
     index.set_meta(meta.model_copy(update=dict(events_cursor_ms=stamp, last_sync_ms=stamp)))
     return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
                       took_s=time.perf_counter() - t0)
+
+
+def changed_rows(index: RunIndex, rows: list[IndexRow]) -> list[IndexRow]:
+    """The rows that differ from what the index holds (re-read open runs mostly have not
+    changed; rewriting them would make every reader re-read them)."""
+    if not rows:
+        return []
+    held = index.frame(ids=[r.id for r in rows])
+    if held.empty:
+        return rows
+    fields = list(IndexRow.model_fields)
+    stored = {rec["id"]: rec for rec in held[fields].astype(object).where(held[fields].notna(), None).to_dict("records")}
+    out = []
+    for r in rows:
+        old = stored.get(r.id)
+        if old is None or IndexRow(**old) != r:
+            out.append(r)
+    return out
 
 
 # ------------------------------------------------------------------- service
@@ -221,21 +240,18 @@ class IndexService:
         self._build: Optional[threading.Thread] = None
         self.build_progress = 0
         self.build_error: Optional[str] = None
-        self._meta: Optional[IndexMeta] = None
-        self._raw: Optional[pd.DataFrame] = None
         self._prepared: Optional[pd.DataFrame] = None
         self._deps: Optional[dict] = None
         self._loaded_since_us: Optional[int] = None
-        self._high_water_ms = 0
+        self._read_at_ms = 0
         self._synced_at = 0.0
         self.last_sync: Optional[SyncResult] = None
 
     # -------------------------------------------------------------- coverage
 
     def meta(self) -> Optional[IndexMeta]:
-        if self._meta is None or self._meta.covered_since_ms is None:
-            self._meta = self.index.meta(self.api.api_url)
-        return self._meta
+        """Read each time (one indexed row): another process may be rebuilding the index."""
+        return self.index.meta(self.api.api_url)
 
     def covers(self, since: dt.datetime) -> bool:
         m = self.meta()
@@ -253,8 +269,7 @@ class IndexService:
             def run() -> None:
                 try:
                     build(self.index, self.api, days, progress=lambda n: setattr(self, "build_progress", n))
-                    self._meta = None
-                    self._raw = self._prepared = None
+                    self._prepared = None
                 except Exception as e:  # the page keeps working from the API; it shows why
                     log.exception("run index build failed")
                     self.build_error = f"{type(e).__name__}: {e}"
@@ -272,24 +287,27 @@ class IndexService:
                 self.last_sync = sync(self.index, self.api, now)
                 self._synced_at = time.monotonic()
             want_us = IV.us(since)
-            incremental = self._raw is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
+            incremental = self._prepared is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
+            read_at = now_ms()
             if incremental:
-                delta = self.index.frame(synced_after_ms=self._high_water_ms - 5000)
+                # rows written since the last read (a writer's row can commit a little after its stamp)
+                delta = self.index.frame(synced_after_ms=self._read_at_ms - READ_OVERLAP_MS, columns=CORE)
+                delta = delta[delta["expected_start_us"].fillna(0) >= self._loaded_since_us]
                 if not delta.empty:
-                    keep = self._raw[~self._raw["id"].isin(delta["id"])]
-                    delta = delta[delta["expected_start_us"].fillna(0) >= self._loaded_since_us]
-                    self._raw = pd.concat([keep, delta], ignore_index=True)
-                    self._high_water_ms = max(self._high_water_ms, int(delta["synced_ms"].max() if not delta.empty else 0))
-                    self._prepared = None
+                    self._prepared = IV.splice(self._prepared, IV.prepare(delta, deployments))
+                if self._deps != deployments:  # a job renamed or added: only its names change
+                    self._prepared["job"] = IV.job_names(self._prepared["deployment_id"], deployments)
             else:
-                self._raw = self.index.frame(since_us=want_us)
+                self._prepared = IV.prepare(self.index.frame(since_us=want_us, columns=CORE), deployments)
                 self._loaded_since_us = want_us
-                self._high_water_ms = int(self._raw["synced_ms"].max()) if not self._raw.empty else now_ms()
-                self._prepared = None
-            if self._prepared is None or self._deps != deployments:
-                self._prepared = IV.prepare(self._raw, deployments)
-                self._deps = dict(deployments)
+            self._read_at_ms = read_at
+            self._deps = dict(deployments)
             return self._prepared, incremental
+
+    def details(self, ids: list[str]) -> pd.DataFrame:
+        """Every column of these runs (names, messages, resources: what lists show)."""
+        ids = list(dict.fromkeys(ids))  # a run can be both listed and an error
+        return self.index.frame(ids=ids) if ids else pd.DataFrame(columns=list(IV.RUN_COLUMNS))
 
     def status(self) -> dict:
         m = self.meta()
@@ -297,7 +315,7 @@ class IndexService:
                     build_error=self.build_error,
                     covered_since=dt.datetime.fromtimestamp(m.covered_since_ms / 1000, UTC).isoformat() if m and m.covered_since_ms else None,
                     last_sync=dt.datetime.fromtimestamp(m.last_sync_ms / 1000, UTC).isoformat() if m and m.last_sync_ms else None,
-                    rows=len(self._raw) if self._raw is not None else None)
+                    rows=len(self._prepared) if self._prepared is not None else None)
 
 
 _SERVICES: dict[tuple, IndexService] = {}

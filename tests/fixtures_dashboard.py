@@ -76,7 +76,37 @@ def seed_runs(tag: str | None = None, n_done: int = 8, n_failed: int = 2, n_runn
                 seeded.running_ids.append(rid)
         if metrics:
             _seed_metrics(client, seeded, jobs, pool)
+    wait_indexed(seeded.run_ids)
     return seeded
+
+
+def wait_indexed(run_ids: list[str], timeout: float = 30.0) -> None:
+    """If this process's monitor already has a run index, sync it until it holds these runs.
+
+    The runs above are back-dated (expected minutes ago), so the index learns of them
+    through Prefect's events, which the server persists every few seconds; a page that
+    renders right after seeding would otherwise show them a few seconds late.
+    """
+    import time
+
+    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import index_sync as X
+
+    store = D.metrics_store()
+    if store is None:
+        return
+    svc = X.service_for(store, D.get_api())
+    deadline = time.monotonic() + timeout
+    while svc.building() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not svc.covers(dt.datetime.now(UTC) - dt.timedelta(hours=1)):
+        return  # not built: the first build reads every run as it is then
+    while time.monotonic() < deadline:
+        X.sync(svc.index, svc.api)
+        if set(svc.index.frame(ids=run_ids, columns=["id"])["id"]) >= set(run_ids):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the run index did not receive the seeded runs within the timeout")
 
 
 def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:

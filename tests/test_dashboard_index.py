@@ -144,9 +144,12 @@ def test_keyset_paging_walks_through_a_shared_timestamp(prefect_server, monkeypa
 # ------------------------------------------------------------- pure functions
 
 
+def _raw(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([dict(IndexRow(**r).model_dump(), synced_ms=0) for r in rows])
+
+
 def _frame(rows: list[dict]) -> pd.DataFrame:
-    idx = pd.DataFrame([dict(IndexRow(**r).model_dump(), synced_ms=0) for r in rows])
-    return IV.prepare(idx, {"d1": {"name": "train"}})
+    return IV.prepare(_raw(rows), {"d1": {"name": "train"}})
 
 
 def test_history_counts_run_time_and_lateness_like_prefect():
@@ -177,6 +180,22 @@ def test_history_counts_run_time_and_lateness_like_prefect():
     # filters: owner narrows to the one run that has it
     only = IV.select(rows, D.ViewSpec(since=t0, until=now, owners=("alice",)))
     assert list(only["id"]) == ["a"]
-    r = IV.runs_frame(rows, now).set_index("id")
+    r = IV.runs_frame(IV.newest(rows, 3), _raw([dict(id="c", name="run-c", message="m")]), now)
+    assert list(r["id"]) == ["b", "c", "d"]  # newest expected start first, limited
+    r = r.set_index("id")
     assert r.loc["c", "queued_s"] == 1800 and np.isnan(r.loc["c", "duration_s"])
     assert r.loc["b", "duration_s"] == 600
+    assert (r.loc["c", "name"], r.loc["c", "message"]) == ("run-c", "m") and r.loc["b", "message"] == ""
+
+
+def test_splice_replaces_runs_and_keeps_labels_categorical():
+    held = _frame([dict(id="a", owner="alice", state_type="RUNNING", expected_start_us=1),
+                   dict(id="b", owner="bob", state_type="RUNNING", expected_start_us=2)])
+    fresh = _frame([dict(id="b", owner="bob", state_type="FAILED", expected_start_us=2),
+                    dict(id="c", owner="zoe", state_type="SCHEDULED", expected_start_us=3)])
+    out = IV.splice(held, fresh).set_index("id")
+    assert list(out.index) == ["a", "b", "c"]
+    assert out.loc["b", "status"] == "failed" and out.loc["c", "owner"] == "zoe"
+    assert all(isinstance(out[c].dtype, pd.CategoricalDtype) for c in IV.LABELS)
+    assert list(IV.select(out.reset_index(), D.ViewSpec(since=dt.datetime(2026, 1, 1, tzinfo=UTC), until=dt.datetime(2026, 1, 2, tzinfo=UTC),
+                                                        owners=("zoe",)), time=False)["id"]) == ["c"]
