@@ -205,6 +205,11 @@ class RunIndex:
                 cur.close()
         return pd.DataFrame.from_records(rows, columns=list(columns))
 
+    def delete(self, ids: Sequence[str]) -> int:
+        with self.store._write() as conn:
+            return sum(conn.execute(T.delete().where(T.c.id.in_(list(ids[i : i + 900])))).rowcount or 0
+                       for i in range(0, len(ids), 900))
+
     def purge(self, before_us: int) -> int:
         """Delete finished runs expected before ``before_us`` (open runs are kept)."""
         with self.store._write() as conn:

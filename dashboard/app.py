@@ -2,9 +2,11 @@
 
     PREFECT_API_URL=http://127.0.0.1:4200/api streamlit run dashboard/app.py
 
-Sidebar: queues, time range, grouping and filters drive every panel. Data comes from
-Prefect's API (server-side aggregation + bounded, incrementally refreshed run reads,
-see :mod:`prefect_launch.dashboard.data`) and the run metrics store.
+Sidebar: queues, time range, grouping and filters drive every panel. Run panels come
+from the run index (a copy of the runs' filter columns in the metrics store, kept in
+step with Prefect, see :mod:`prefect_launch.dashboard.index_sync`) once it covers the
+range, and from Prefect's API (server-side aggregation + bounded, incrementally
+refreshed run reads, see :mod:`prefect_launch.dashboard.data`) until then.
 """
 
 from __future__ import annotations
@@ -262,6 +264,20 @@ def panel_links(v: D.View, opts: dict) -> None:
                     st.success(f"Removed link {target!r} from {q}.")
 
 
+def _source_note(v: D.View) -> str:
+    """Where the run panels came from: the run index, or Prefect's API while it is built."""
+    if v.source == "index":
+        return "from the run index"
+    st_ = D.index_status()
+    if not st_:
+        return "from Prefect's API"
+    if st_.get("building"):
+        return f"from Prefect's API (run index building: {st_.get('build_progress', 0):,} runs read)"
+    if st_.get("build_error"):
+        return f"from Prefect's API (run index unavailable: {st_['build_error']})"
+    return "from Prefect's API"
+
+
 def main() -> None:
     st.title("Queue monitor")
     try:
@@ -273,7 +289,7 @@ def main() -> None:
     v = _view(spec)
     st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
                f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"
-               + (" (incremental)" if v.incremental else ""))
+               + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
     panel_summary(v)
     c1, c2 = st.columns(2)
     with c1:

@@ -11,7 +11,8 @@ sync only decides *which* runs to read again:
     because the server persists events in batches),
   - runs the index holds as not finished (their state can change at any moment; this
     keeps "now" exact even before the events are persisted),
-  - runs expected since the last sync minus ``NEW_RUN_SLACK_S`` (new submissions).
+  - runs expected from the last sync minus ``NEW_RUN_SLACK_S`` to as far ahead of now
+    (new submissions, seen at once rather than when their events are persisted).
   After a longer gap than ``EVENTS_MAX_GAP_S`` it re-reads every run expected since
   the gap began instead of paging through the events.
 
@@ -197,14 +198,26 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     if gap <= EVENTS_MAX_GAP_S:
         events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60))
     mode = "events" if events is not None else "catch-up"
-    new_since = (last if events is not None else cursor) - dt.timedelta(seconds=NEW_RUN_SLACK_S)
-    fresh = [r for page in read_runs_expected(api, new_since) for r in page]
+    slack = dt.timedelta(seconds=NEW_RUN_SLACK_S)
+    # new runs due about now (events reveal runs scheduled further ahead, e.g. by deployment
+    # schedules, without reading all of those on every sync); after a gap, everything since
+    new_since, new_until = (last - slack, now + slack) if events is not None else (cursor - slack, None)
+    fresh = [r for page in read_runs_expected(api, new_since, new_until) for r in page]
     have = {r["id"] for r in fresh}
-    ids = (set(events[0]) if events else set()) | set(f_open.result())
+    open_ids = set(f_open.result())
+    ids = (set(events[0]) if events else set()) | open_ids
     fresh += read_runs_by_id(api, sorted(ids - have))
     written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh]))
+    gone = open_ids - {r["id"] for r in fresh}  # deleted on the server: not shown as waiting or running forever
+    if gone:
+        index.delete(sorted(gone))
     stamp = int(now.timestamp() * 1000)
-    index.set_meta(meta.model_copy(update=dict(events_cursor_ms=stamp, last_sync_ms=stamp)))
+    update = dict(events_cursor_ms=stamp, last_sync_ms=stamp)
+    keep_ms = int(index_days() * 86400_000)
+    if stamp - meta.covered_since_ms > keep_ms + 86400_000:  # retention: once a day, drop finished runs past the window
+        index.purge(before_us=(stamp - keep_ms) * 1000)
+        update["covered_since_ms"] = stamp - keep_ms
+    index.set_meta(meta.model_copy(update=update))
     return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
                       took_s=time.perf_counter() - t0)
 

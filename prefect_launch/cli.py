@@ -1,4 +1,4 @@
-"""The `prefect-launch` command line: queues, jobs, submissions, agents, runs.
+"""The `prefect-launch` command line: queues, jobs, submissions, agents, runs, the monitor's index.
 
 Every listing command takes ``--json`` so scripts and tests can read it; errors
 go to stderr with what to do next and a non-zero exit.
@@ -22,10 +22,13 @@ jobs_app = typer.Typer(help="Launch jobs (Prefect deployments).", no_args_is_hel
 agent_app = typer.Typer(help="Start an agent (`agent --queue Q`) or list agents (`agent ls`).",
                         invoke_without_command=True)
 runs_app = typer.Typer(help="Runs on launch queues.", no_args_is_help=True)
+monitor_app = typer.Typer(help="The queue monitor's run index (built and synced by the dashboard on its own).",
+                          no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
 app.add_typer(runs_app, name="runs")
+app.add_typer(monitor_app, name="monitor")
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -308,6 +311,62 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
         _print_json({"metrics_block": name, "action": action, "url": url, "schema_version": version})
     else:
         console.print(f"metrics store block [bold]{name}[/]: {action}; {url}; schema v{version}", highlight=False)
+
+
+# ---------------------------------------------------------------------------- monitor
+def _index_service():
+    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import index_sync as X
+
+    with _client() as client:
+        try:
+            client.hello()
+        except Exception as exc:
+            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+    store = D.metrics_store()
+    if store is None:
+        _fail("no metrics store: run `prefect-launch setup` first")
+    return X.service_for(store, D.get_api()), X
+
+
+@monitor_app.command("index")
+def monitor_index(days: Optional[float] = typer.Option(None, "--days", help="How far back to read (default LAUNCH_INDEX_DAYS, 30)."),
+                  as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+    """Build the run index now (the dashboard otherwise builds it in the background on first use)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    svc, X = _index_service()
+    if as_json:
+        res = X.build(svc.index, svc.api, days)
+    else:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("reading runs", total=None)
+            res = X.build(svc.index, svc.api, days, progress=lambda n: bar.update(task, description=f"reading runs: {n:,}"))
+    out = dict(res.model_dump(), **svc.status(), indexed=svc.index.count())
+    if as_json:
+        _print_json(out)
+    else:
+        console.print(f"run index built: {out['indexed']:,} runs, {res.runs_read:,} read in {res.took_s:.1f} s; "
+                      f"covers runs expected since {out['covered_since']}", highlight=False)
+
+
+@monitor_app.command("status")
+def monitor_status(sync: bool = typer.Option(True, "--sync/--no-sync", help="Sync with the server first."),
+                   as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Show the run index: what it covers, how many runs, when it last synced."""
+    svc, X = _index_service()
+    out = dict(svc.status(), indexed=svc.index.count())
+    if sync and out["built"]:
+        out["sync"] = X.sync(svc.index, svc.api).model_dump()
+        out.update(svc.status(), indexed=svc.index.count())
+    if as_json:
+        _print_json(out)
+        return
+    if not out["built"]:
+        console.print("run index: not built yet; `prefect-launch monitor index` builds it (or open the dashboard)")
+        return
+    console.print(f"run index: {out['indexed']:,} runs; covers runs expected since {out['covered_since']}; "
+                  f"last sync {out['last_sync']}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console entry

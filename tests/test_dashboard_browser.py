@@ -39,6 +39,12 @@ def dashboard(prefect_server, tmp_path_factory):
     blk = QueueLinks(queue=seeded.pool)
     blk.upsert("Grafana GPU board", "https://grafana.example.com/d/gpu")
     blk.store()
+    # the run index built beforehand (in the store the page will use), so the page serves its
+    # run panels from it at once rather than from the API while it builds in the background
+    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import index_sync as X
+
+    X.build(X.RunIndex(D.metrics_store()), D.get_api(), days=8)  # the page shows the last 7 days
     port = free_port()
     env = dict(os.environ, PREFECT_API_URL=prefect_server)
     args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
@@ -98,6 +104,7 @@ def test_every_panel_renders_with_data(dashboard):
             assert page.locator(".st-key-panel-links").get_by_text("Manage Links").count() >= 1
             summary = page.locator(".st-key-panel-summary").inner_text()
             assert "Runs in range" in summary
+            assert page.get_by_text("from the run index").count() >= 1
             page.screenshot(path=str(out / "dashboard.png"), full_page=True)
         finally:
             browser.close()

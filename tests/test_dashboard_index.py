@@ -199,3 +199,34 @@ def test_splice_replaces_runs_and_keeps_labels_categorical():
     assert all(isinstance(out[c].dtype, pd.CategoricalDtype) for c in IV.LABELS)
     assert list(IV.select(out.reset_index(), D.ViewSpec(since=dt.datetime(2026, 1, 1, tzinfo=UTC), until=dt.datetime(2026, 1, 2, tzinfo=UTC),
                                                         owners=("zoe",)), time=False)["id"]) == ["c"]
+
+
+def test_cli_builds_and_reports_the_index(seeded, tmp_path, monkeypatch):
+    from launch_helpers import cli_json
+
+    monkeypatch.setenv("LAUNCH_METRICS_URL", f"sqlite:///{tmp_path / 'cli-metrics.db'}")
+    before = cli_json("monitor", "status", "--no-sync")
+    assert before["built"] is False and before["indexed"] == 0
+    built = cli_json("monitor", "index", "--days", "1")
+    assert built["mode"] == "build" and built["built"] is True and built["indexed"] >= len(seeded.run_ids)
+    status = cli_json("monitor", "status")
+    assert status["sync"]["mode"] == "events" and status["indexed"] >= built["indexed"]
+    assert dt.datetime.fromisoformat(status["covered_since"]) <= dt.datetime.now(UTC) - dt.timedelta(hours=23)
+
+
+def test_sync_drops_finished_runs_past_the_window(seeded, tmp_path, monkeypatch):
+    index = RunIndex(RunMetricsStore(url=f"sqlite:///{tmp_path / 'retention.db'}"))
+    api = D.get_api()
+    X.build(index, api, days=1)
+    old = dt.datetime.now(UTC) - dt.timedelta(days=5)
+    old_done, old_open = str(uuid.uuid4()), str(uuid.uuid4())  # runs the server does not have (any more)
+    index.upsert([IndexRow(id=old_done, state_type="COMPLETED", expected_start_us=IV.us(old)),
+                  IndexRow(id=old_open, state_type="RUNNING", expected_start_us=IV.us(old))])
+    meta = index.meta(api.api_url)
+    index.set_meta(meta.model_copy(update=dict(covered_since_ms=int(old.timestamp() * 1000))))
+    monkeypatch.setenv("LAUNCH_INDEX_DAYS", "1")
+    X.sync(index, api)
+    ids = set(index.frame(columns=["id"])["id"])
+    assert old_done not in ids and set(seeded.run_ids) <= ids
+    assert old_open not in ids  # an open run the server no longer has is dropped, not shown as running forever
+    assert index.meta(api.api_url).covered_since_ms > (dt.datetime.now(UTC) - dt.timedelta(days=1, minutes=5)).timestamp() * 1000
