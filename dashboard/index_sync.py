@@ -35,10 +35,10 @@ from pydantic import BaseModel
 
 from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms
 from prefect_launch.dashboard import index_view as IV
+from prefect_launch.dashboard.data import PAGE, _iso, fetch_runs_by_id
 
 log = logging.getLogger("prefect_launch.dashboard.index")
 UTC = dt.timezone.utc
-PAGE = 200
 EVENTS_OVERLAP_S = 30.0
 EVENTS_MAX_GAP_S = 3600.0
 EVENTS_MAX_PAGES = 40  # 50 events a page; past this, re-reading the runs themselves is cheaper
@@ -51,10 +51,6 @@ _IO = ThreadPoolExecutor(max_workers=BUILD_SLICES + 2, thread_name_prefix="index
 
 def index_days() -> float:
     return float(os.environ.get("LAUNCH_INDEX_DAYS", "30"))
-
-
-def _iso(t: dt.datetime) -> str:
-    return t.astimezone(UTC).isoformat()
 
 
 class SyncResult(BaseModel):
@@ -107,12 +103,6 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
                 off += PAGE
             last = _iso(dt.datetime.fromisoformat(last.replace("Z", "+00:00")) - dt.timedelta(microseconds=1))
         before = last
-
-
-def read_runs_by_id(api: Any, ids: list[str]) -> list[dict]:
-    chunks = [ids[i : i + PAGE] for i in range(0, len(ids), PAGE)]
-    pages = _IO.map(lambda c: api.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": c}}, "limit": PAGE}), chunks)
-    return [r for p in pages for r in p]
 
 
 def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime) -> Optional[tuple[set[str], int]]:
@@ -206,7 +196,7 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     have = {r["id"] for r in fresh}
     open_ids = set(f_open.result())
     ids = (set(events[0]) if events else set()) | open_ids
-    fresh += read_runs_by_id(api, sorted(ids - have))
+    fresh += fetch_runs_by_id(api, sorted(ids - have))
     written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh]))
     gone = open_ids - {r["id"] for r in fresh}  # deleted on the server: not shown as waiting or running forever
     if gone:
