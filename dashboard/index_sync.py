@@ -73,18 +73,20 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
     seen: set[str] = set()
     before = _iso(until) if until else None
 
-    def page(after: str, before_: Optional[str], offset: int = 0) -> list[dict]:
+    def page(after: str, before_: Optional[str], offset: int = 0) -> tuple[list[dict], list[dict]]:
+        """(the page, its runs not seen before)."""
         t: dict = {"after_": after}
         if before_:
             t["before_"] = before_
-        return api.post("/flow_runs/filter", {"flow_runs": {"expected_start_time": t}, "sort": "EXPECTED_START_TIME_DESC",
-                                              "limit": PAGE, "offset": offset})
+        got = api.post("/flow_runs/filter", {"flow_runs": {"expected_start_time": t}, "sort": "EXPECTED_START_TIME_DESC",
+                                             "limit": PAGE, "offset": offset})
+        new = [r for r in got if r["id"] not in seen]
+        seen.update(r["id"] for r in got)
+        return got, new
 
     after = _iso(since)
     while True:
-        got = page(after, before)
-        new = [r for r in got if r["id"] not in seen]
-        seen.update(r["id"] for r in got)
+        got, new = page(after, before)
         if new:
             yield new
         if len(got) < PAGE:
@@ -93,9 +95,7 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
         if not new:  # a page of runs all at `last`: walk that instant by offset, then go below it
             off = 0
             while True:
-                tie = page(last, last, off)
-                fresh = [r for r in tie if r["id"] not in seen]
-                seen.update(r["id"] for r in tie)
+                tie, fresh = page(last, last, off)
                 if fresh:
                     yield fresh
                 if len(tie) < PAGE:
