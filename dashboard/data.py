@@ -1076,9 +1076,18 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     pool_names = list(spec.queues) or pools["queue"].tolist()
     f_workers = _POOL.submit(fetch_workers, api, pool_names)
     deps = f_deps.result()
+    parts = None
     if svc is not None:
-        parts = _index_parts(svc, api, spec, deps, pool_names, interval_s, now)
-    else:
+        try:
+            parts = _index_parts(svc, api, spec, deps, pool_names, interval_s, now)
+        except Exception:
+            if source == "index":
+                raise
+            import logging  # e.g. another process is rebuilding the index: this view comes from the API
+
+            logging.getLogger("prefect_launch.dashboard").exception("run index sync failed; reading from the API")
+            svc = None
+    if parts is None:
         parts = _api_parts(api, spec, deps, pool_names, interval_s, now, run_cache, hist_cache, f_deps)
     timings["runs"] = time.perf_counter() - t0
     metrics = metrics_frame(f_metrics.result(), spec)

@@ -230,3 +230,23 @@ def test_sync_drops_finished_runs_past_the_window(seeded, tmp_path, monkeypatch)
     assert old_done not in ids and set(seeded.run_ids) <= ids
     assert old_open not in ids  # an open run the server no longer has is dropped, not shown as running forever
     assert index.meta(api.api_url).covered_since_ms > (dt.datetime.now(UTC) - dt.timedelta(days=1, minutes=5)).timestamp() * 1000
+
+
+def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path, monkeypatch):
+    """The page found the index built, then another process reset it before the view synced:
+    the view comes from Prefect's API instead of failing."""
+    store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'fallback.db'}")
+    api = D.get_api()
+    X.build(RunIndex(store), api, days=1)
+    real_covers = X.IndexService.covers
+
+    def covers_then_reset(self, since):
+        ok = real_covers(self, since)
+        RunIndex(store).reset(api.api_url)
+        return ok
+
+    monkeypatch.setattr(X.IndexService, "covers", covers_then_reset)
+    spec = _spec(seeded)
+    v = D.load_view(spec, store=store, use_cache=False)
+    want = D.load_view(spec, store=None, source="api", use_cache=False)
+    assert v.source == "api" and v.totals["runs"] == want.totals["runs"] > 0
