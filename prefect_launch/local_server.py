@@ -39,18 +39,19 @@ def server_env(home: Path, api_url: str, ui: bool = False) -> dict[str, str]:
 
 
 def wait_healthy(api_url: str, proc: Optional[subprocess.Popen] = None, timeout: float = 120,
-                 log: Optional[Path] = None) -> None:
+                 log: Optional[Path] = None, health_path: str = "/health", what: str = "prefect server") -> None:
+    """Wait until ``api_url + health_path`` answers 200 (any local server: Prefect, Streamlit)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}; see {log}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
         try:
-            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{api_url}{health_path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"prefect server at {api_url} did not become healthy in {timeout:.0f} s; see {log}")
+    raise RuntimeError(f"{what} at {api_url} did not become healthy in {timeout:.0f} s; see {log}")
 
 
 @contextlib.contextmanager

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
 from fixtures_dashboard import seed_runs
 
-from prefect_launch.local_server import background_process, free_port
+from prefect_launch.local_server import background_process, free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -51,18 +49,9 @@ def dashboard(prefect_server, tmp_path_factory):
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]
     url = f"http://127.0.0.1:{port}"
-    with background_process(args, tmp_path_factory.mktemp("streamlit") / "streamlit.log", env=env, cwd=ROOT) as proc:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            assert proc.poll() is None, f"streamlit exited with {proc.returncode}"
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("streamlit did not start")
+    log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    with background_process(args, log, env=env, cwd=ROOT) as proc:
+        wait_healthy(url, proc, timeout=90, log=log, health_path="/_stcore/health", what="streamlit")
         yield url, seeded
 
 
