@@ -26,12 +26,23 @@ from prefect_launch.blocks import metrics_schema as S
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.run_tags import tag_value
 
-T = S.run_index
+# Schema v4 of the run index (occupancy): the time a run entered its queue for its latest
+# scheduling, its first Pending after it, and the agent's placement label. The store's
+# migrations live in ``metrics_schema`` (v1-v3); until v4 is registered there,
+# :func:`migrate_4` is applied by :class:`RunIndex` itself, once per database, inside a
+# write transaction (idempotent: only missing columns are added).
+OCCUPANCY_COLUMNS = (
+    sa.Column("queued_us", sa.BigInteger),  # entered the queue (latest scheduling before it first left it)
+    sa.Column("pending_us", sa.BigInteger),  # first Pending after queued_us (the agent's claim)
+    sa.Column("placement", sa.Text),  # label launch.placement: "agent A: cpu=..,gpu=..; gpus 0,1; cores 2,3"
+)
+_MD = sa.MetaData()
+T = sa.Table(S.run_index.name, _MD, *[c._copy() for c in S.run_index.columns], *[c._copy() for c in OCCUPANCY_COLUMNS])
 COLUMNS = [c.name for c in T.columns]
 # what every view filters, groups and buckets by (read for the whole range); the rest of
 # the columns are read by id for the runs a view lists
 CORE = ["id", "deployment_id", "queue", "owner", "preset", "state_type", "state_us", "expected_start_us", "start_us",
-        "end_us", "run_time_s", "synced_ms"]
+        "end_us", "run_time_s", "synced_ms", "queued_us", "pending_us", "placement", "cpu", "gpu"]
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 MESSAGE_CHARS = 2000  # a state message longer than this is cut (tracebacks): the index is for listing
 
@@ -59,6 +70,26 @@ def _num(v: Any) -> Optional[float]:
         return None
 
 
+def migrate_4(conn: sa.engine.Connection) -> None:
+    """Schema v4: the occupancy columns on ``launch_run_index`` (missing ones only)."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(T.name)}
+    for col in OCCUPANCY_COLUMNS:
+        if col.name not in have:
+            ddl = sa.schema.CreateColumn(T.c[col.name]).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {T.name} ADD COLUMN {ddl}")
+
+
+_MIGRATED: set[str] = set()
+
+
+def _state_time(state: dict) -> Optional[int]:
+    """When a Scheduled state put the run in its queue: its timestamp, or its scheduled
+    time when that is later (a run scheduled for later waits from then)."""
+    ts = to_us(state.get("timestamp"))
+    sched = to_us((state.get("state_details") or {}).get("scheduled_time"))
+    return max(t for t in (ts, sched) if t is not None) if ts is not None or sched is not None else None
+
+
 class IndexRow(BaseModel):
     """What the monitor needs of one flow run (see the ``launch_run_index`` table)."""
 
@@ -82,6 +113,9 @@ class IndexRow(BaseModel):
     memory: Optional[str] = None
     gpu: Optional[float] = None
     launched: bool = False
+    queued_us: Optional[int] = None
+    pending_us: Optional[int] = None
+    placement: Optional[str] = None
 
     @classmethod
     def from_flow_run(cls, r: dict) -> "IndexRow":
@@ -90,6 +124,11 @@ class IndexRow(BaseModel):
         jv = r.get("job_variables") or {}
         state = r.get("state") or {}
         msg = state.get("message") or None
+        stype = r.get("state_type") or state.get("type") or "SCHEDULED"
+        started = r.get("start_time") is not None
+        # what the current state tells of the queue phases (the sync adds what events tell)
+        queued_us = _state_time(state) if stype == "SCHEDULED" and not started else None
+        pending_us = to_us(state.get("timestamp")) if stype == "PENDING" and not started else None
         return cls(
             id=str(r["id"]), name=r.get("name"), deployment_id=r.get("deployment_id"), queue=r.get("work_pool_name"),
             priority=r.get("work_queue_name"), owner=tag_value(tags, "owner"),
@@ -99,8 +138,32 @@ class IndexRow(BaseModel):
             start_us=to_us(r.get("start_time")), end_us=to_us(r.get("end_time")), run_time_s=float(r.get("total_run_time") or 0.0),
             message=msg[:MESSAGE_CHARS] if msg else None, waiting=(r.get("labels") or {}).get("launch.waiting") or None,
             cpu=_num(jv.get("cpu")), memory=str(jv["memory"]) if jv.get("memory") is not None else None, gpu=_num(jv.get("gpu")),
-            launched="launch" in tags,
+            launched="launch" in tags, queued_us=queued_us, pending_us=pending_us,
+            placement=(r.get("labels") or {}).get("launch.placement") or None,
         )
+
+    def merged(self, held: Optional["IndexRow"], scheduled_us: Sequence[int] = (), pending_us: Sequence[int] = ()) -> "IndexRow":
+        """This fresh row with the queue phases that the row ``held`` before and the state
+        entries seen in Prefect's events (``scheduled_us``: entries into a Scheduled-type
+        state, ``pending_us``: into a Pending-type one) add.
+
+        queued_us = the latest scheduling before the run first left its queue (a flow
+        retry after it started happens inside the process that holds its slot and does not
+        re-queue it); pending_us = the first Pending at or after that.
+        """
+        start = self.start_us
+        held_q = held.queued_us if held is not None else None
+        # a scheduling's own time is known from the record (while it is the current state)
+        # and, as its timestamp, from its event; the first one's scheduled time is the
+        # run's expected start (a run submitted for later waits from then)
+        sched = [t for t in (*scheduled_us, held_q, self.queued_us, self.expected_start_us)
+                 if t is not None and (start is None or t <= start)]
+        q = max(sched) if sched else None
+        base = q if q is not None else self.expected_start_us
+        pend = [t for t in [*pending_us, self.pending_us, held.pending_us if held is not None else None]
+                if t is not None and (base is None or t >= base) and (start is None or t <= start)]
+        return self.model_copy(update=dict(queued_us=q, pending_us=min(pend) if pend else None,
+                                           placement=self.placement or (held.placement if held is not None else None)))
 
 
 class IndexMeta(BaseModel):
@@ -117,6 +180,11 @@ class RunIndex:
 
     def __init__(self, store: RunMetricsStore) -> None:
         self.store = store
+        key = store.resolved_url()
+        if key not in _MIGRATED:
+            with store._write() as conn:
+                migrate_4(conn)
+            _MIGRATED.add(key)
 
     def key(self) -> str:
         return self.store.resolved_url()

@@ -90,67 +90,77 @@ def panel_summary(v: D.View) -> None:
                 concurrency_limit=p["concurrency_limit"], status=p["status"],
             ))
         summary = pd.DataFrame(rows)
-        load = D.busy_load(v.hist, v.interval_s, *D.aligned_range(v.spec.since, v.spec.until, v.interval_s))
-        limits = pools["concurrency_limit"].dropna()
-        capacity = float(limits.sum()) if len(limits) == len(pools) and len(pools) else None
-        share = D.capacity_share(load, capacity)
-        idle = D.idle_periods(load, v.interval_s)
+        occ = v.occupancy
+        load, idle, share = occ.load, occ.idle, occ.share
         c1, c2, c3, c4, c5 = st.columns(5)
         c1.metric("Busy now", f"{int((summary['now'] == 'busy').sum()) if not summary.empty else 0} / {len(summary)} queues")
         c2.metric("Queued now", int(summary["queued"].sum()) if not summary.empty else 0)
         c3.metric("Running now", int(summary["running"].sum()) if not summary.empty else 0)
         c4.metric("Runs in range", f"{v.totals['runs']:,}")
-        c5.metric("Capacity used", f"{share:.0f}%" if share is not None else "n/a",
-                  help="run-seconds / (sum of queue concurrency limits x range); n/a when a queue has no limit")
+        cap_txt = " · ".join(f"{k.upper()} {share[k]:.0f}%" for k in ("gpu", "cpu") if share.get(k) is not None)
+        c5.metric("Capacity held", cap_txt or "n/a",
+                  help="GPU- and CPU-seconds runs held over the range / what the online agents publish for these queues "
+                       "x the range; n/a without agents")
         st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
             st.dataframe(v.agents, hide_index=True, width="stretch")
         left, right = st.columns([3, 2])
         with left:
-            st.caption("Load: average busy runs per interval (red: capacity). Idle stretches on a fixed-capacity queue are room for low-priority work.")
-            st.altair_chart(charts.load_chart(load, capacity), width="stretch")
-            st.caption(f"Idle periods (no run submitted or running in the interval): {len(idle)}, "
-                       f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total")
+            st.caption("Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per interval "
+                       "(red: the agents' GPUs). Idle stretches on fixed capacity are room for low-priority work.")
+            st.altair_chart(charts.occupancy_load_chart(load, occ.capacity.get("gpu")), width="stretch")
+            st.caption(f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
+                       f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: runs waited meanwhile")
             if not idle.empty:
-                st.dataframe(idle.head(10), hide_index=True, width="stretch")
+                st.dataframe(idle.head(10), hide_index=True, width="stretch", key="idle_table")
         with right:
-            st.caption("Load by hour of day and weekday: periodic bursts are where scheduled cloud capacity pays.")
-            hm = D.load_heatmap(v.hist_hourly)
-            if hm.empty:
-                st.info("Heatmap needs hourly (or finer) buckets: choose a range up to 20 days.")
+            st.caption("Held load by hour of day and weekday (UTC): periodic bursts are where scheduled cloud capacity pays.")
+            if occ.heatmap.empty:
+                st.info("No runs in this range.")
             else:
-                st.altair_chart(charts.heatmap_chart(hm), width="stretch")
+                st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")
+
+
+def _partial_note(v: D.View) -> str:
+    o = v.occupancy
+    return "" if o.complete else " (from the newest runs read from Prefect's API only, until the run index covers the range)"
 
 
 def panel_status(v: D.View) -> None:
     with st.container(key="panel-status", border=True):
         st.subheader("Job status")
-        st.caption("Runs per interval by their current status (queued, pending, running, completed, failed, crashed, cancelled), "
-                   "bucketed by expected start; aggregated by the Prefect server.")
-        counts = D.status_counts(v.hist if v.spec.grouping != "status" else v.hist)
+        st.caption("Per interval: runs queued, pending and running at any moment of it, and runs that finished in it by end "
+                   "state; the tooltip gives the time-weighted average number." + _partial_note(v))
+        counts = v.occupancy.status
         if counts.empty:
             st.info("No runs in this range.")
         else:
-            st.altair_chart(charts.status_chart(counts, v.interval_s), width="stretch")
+            st.altair_chart(charts.occupancy_status_chart(counts), width="stretch")
 
 
 def panel_queued(v: D.View) -> None:
     with st.container(key="panel-queued", border=True):
         st.subheader("Queued time")
-        st.caption(f"Sum of seconds runs waited (expected start → start) per interval, by {v.spec.grouping}. "
-                   f"Total: {v.totals['queued_s']:,.0f} s.")
-        qt = D.queued_time(v.hist)
-        if qt.empty:
+        qt = v.occupancy.queued
+        total = float(qt["queued_s"].sum()) if not qt.empty else 0.0
+        st.caption(f"Seconds runs spent waiting inside each interval (a long wait spreads over the intervals it spans), "
+                   f"by {v.spec.grouping}; the tooltip shows how many waited and their mean. Total: {total:,.0f} s."
+                   + _partial_note(v))
+        if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
-            st.altair_chart(charts.queued_chart(qt, v.spec.grouping), width="stretch")
+            st.altair_chart(charts.occupancy_queued_chart(qt, v.spec.grouping), width="stretch")
 
 
 def panel_runs(v: D.View) -> None:
     with st.container(key="panel-runs", border=True):
         st.subheader("Job runs")
         g = D.gantt_frame(v.runs, v.now)
+        lanes = v.occupancy.lanes
+        if lanes is not None:
+            _panel_lanes(v, lanes, g)
+            return
         note = f"{len(g)} runs that started"
         if v.truncated:
             note += f" (the newest {len(v.runs):,} of {v.runs_total:,} in range; narrow the range or filters to see older ones)"
@@ -173,6 +183,27 @@ def panel_runs(v: D.View) -> None:
                      column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
                                     "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
                                     "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+
+
+def _panel_lanes(v: D.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
+    """Many runs: one lane per agent and device with the runs that held it."""
+    st.caption(f"{v.occupancy.runs:,} runs in range: one lane per agent and GPU (CPU-only runs: per core) with the runs "
+               f"that held it, coloured by {v.spec.grouping} (runs closer than a pixel merge). Drag across the chart to "
+               "select a span; the table lists the runs in it.")
+    event = st.altair_chart(charts.lanes_chart(lanes, v.spec.grouping), width="stretch", on_select="rerun", key="gantt")
+    brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None
+    sel = g
+    if brush:
+        rng = next(iter(brush.values()))
+        lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
+        sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
+        st.caption(f"Selected {lo:%Y-%m-%d %H:%M} – {hi:%Y-%m-%d %H:%M}: {len(sel)} of the newest {len(v.runs):,} runs")
+    table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
+        ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
+    st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
+                 column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
+                                "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
+                                "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
 
 
 METRICS = [

@@ -116,3 +116,98 @@ def metric_chart(m: pd.DataFrame, y: str, title: str, grouping_col: str) -> alt.
         )
         .properties(height=HEIGHT)
     )
+
+
+# ---------------------------------------------------------------- occupancy
+
+
+def occupancy_status_chart(status: pd.DataFrame) -> alt.Chart:
+    """Stacked bars per interval: runs queued / pending / running at any moment of it and
+    runs that finished in it (by end state); the tooltip adds the time-weighted average."""
+    return (
+        alt.Chart(status)
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title="interval"),
+            y=alt.Y("sum(count):Q", title="runs"),
+            color=alt.Color("status:N", scale=_status_scale(), legend=alt.Legend(title="status", orient="right")),
+            order=alt.Order("status:N"),
+            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M:%S"), "status:N",
+                     alt.Tooltip("count:Q", title="runs (at any moment / finished)"),
+                     alt.Tooltip("avg:Q", title="time-weighted average", format=".2f")],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
+def occupancy_queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
+    """Stacked bars: seconds of waiting inside each interval, coloured by the grouping;
+    the tooltip shows how many runs waited and their mean wait in it."""
+    return (
+        alt.Chart(qt)
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:T", title="interval"),
+            y=alt.Y("queued_s:Q", title="seconds queued", stack="zero"),
+            color=alt.Color("group:N", title=grouping),
+            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M:%S"), alt.Tooltip("group:N", title=grouping),
+                     alt.Tooltip("runs:Q", title="runs waiting"), alt.Tooltip("mean_s:Q", title="mean wait (s)", format=",.1f"),
+                     alt.Tooltip("queued_s:Q", title="seconds queued", format=",.0f")],
+        )
+        .properties(height=HEIGHT)
+    )
+
+
+def occupancy_load_chart(load: pd.DataFrame, gpu_capacity: float | None) -> alt.Chart:
+    """Average runs holding a slot and GPUs held per interval (red rule: the agents' GPUs)."""
+    long = load.melt(id_vars=["bucket", "held", "waiting"], value_vars=["busy", "gpus"], var_name="series", value_name="value")
+    long["series"] = long["series"].map({"busy": "runs holding a slot", "gpus": "GPUs held"})
+    base = alt.Chart(long).mark_line(interpolate="step-after").encode(
+        x=alt.X("bucket:T", title=None),
+        y=alt.Y("value:Q", title="time-weighted average"),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top")),
+        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M:%S"), "series:N", alt.Tooltip("value:Q", format=".2f"),
+                 alt.Tooltip("held:Q", title="runs holding a slot at any moment"), alt.Tooltip("waiting:Q", title="runs waiting")],
+    )
+    if gpu_capacity:
+        rule = alt.Chart(pd.DataFrame({"capacity": [gpu_capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
+        return (base + rule).properties(height=160)
+    return base.properties(height=160)
+
+
+def occupancy_heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
+    days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+    return (
+        alt.Chart(hm)
+        .mark_rect()
+        .encode(
+            x=alt.X("hour:O", title="hour of day (UTC)"),
+            y=alt.Y("weekday:O", sort=days, title=None),
+            color=alt.Color("busy:Q", title="avg runs holding a slot", scale=alt.Scale(scheme="blues")),
+            tooltip=["weekday:O", "hour:O", alt.Tooltip("busy:Q", title="avg runs holding a slot", format=".2f"),
+                     alt.Tooltip("gpus:Q", title="avg GPUs held", format=".2f"), alt.Tooltip("hours:Q", title="hours averaged")],
+        )
+        .properties(height=200)
+    )
+
+
+def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
+    """One lane per agent and device with the runs that held it (merged below a pixel);
+    brush on x selects a span."""
+    brush = alt.selection_interval(encodings=["x"], name="brush")
+    n = max(seg["lane"].nunique(), 1)
+    return (
+        alt.Chart(seg)
+        .mark_bar(height={"band": 0.8})
+        .encode(
+            x=alt.X("start:T", title="time"),
+            x2="end:T",
+            y=alt.Y("lane:N", title="agent · device", sort="ascending"),
+            color=alt.Color("group:N", title=grouping, scale=alt.Scale(scheme="tableau20")),
+            tooltip=["lane:N", alt.Tooltip("group:N", title=grouping), alt.Tooltip("runs:Q", title="runs in segment"),
+                     alt.Tooltip("name:N", title="first run"), alt.Tooltip("start:T", format="%Y-%m-%d %H:%M:%S"),
+                     alt.Tooltip("end:T", format="%Y-%m-%d %H:%M:%S")],
+        )
+        .add_params(brush)
+        .properties(height=min(max(18 * n, 160), 640))
+    )

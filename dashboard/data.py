@@ -70,6 +70,7 @@ STATUS_COLORS = {
 RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(days=1), "Last 7 days": dt.timedelta(days=7)}
 NICE_INTERVALS = (60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 
+OCCUPANCY_LOOKBACK = dt.timedelta(days=1)  # runs expected this long before a range are read for its occupancy
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dash-io")
 # history requests are whole-range scans on the server: more than two at once only make
 # them contend there (measured: 7 in parallel cost 1.5x the server CPU of 7 in a row)
@@ -834,6 +835,7 @@ class View:
     totals: dict = field(default_factory=dict)
     metrics_available: bool = False
     source: str = "api"  # where the run panels came from: api | index
+    occupancy: Any = None  # :class:`prefect_launch.dashboard.occupancy.Occupancy`
 
     @property
     def truncated(self) -> bool:
@@ -1010,7 +1012,8 @@ def _index_parts(svc: Any, api: Api, spec: ViewSpec, deps: dict, pool_names: lis
     """Every run-derived frame of a view, from the run index (see :mod:`.index_view`)."""
     from prefect_launch.dashboard import index_view as IV
 
-    rows, incremental = svc.frame(spec.since, deps, now)
+    # runs expected before the range can still wait or run in it (occupancy): read a day more
+    rows, incremental = svc.frame(spec.since - OCCUPANCY_LOOKBACK, deps, now)
     any_time = IV.select(rows, spec, time=False)
     in_range = IV.select(any_time, spec)
     hist_total, hist = IV.history(in_range, spec, interval_s, now)
@@ -1022,7 +1025,7 @@ def _index_parts(svc: Any, api: Api, spec: ViewSpec, deps: dict, pool_names: lis
                 errors=errors_frame(IV.runs_frame(err, details, now), f_logs.result()),
                 # "now" counts are by state already: the status filter does not narrow them (as on the API path)
                 now_counts=IV.now_counts(IV.select(rows, replace(spec, statuses=()), time=False), pool_names, now),
-                incremental=incremental)
+                incremental=incremental, occ_rows=any_time, occ_complete=True)
 
 
 def _api_parts(api: Api, spec: ViewSpec, deps: dict, pool_names: list[str], interval_s: int, now: dt.datetime,
@@ -1042,7 +1045,32 @@ def _api_parts(api: Api, spec: ViewSpec, deps: dict, pool_names: list[str], inte
     err_raw, err_logs = f_err.result()
     total = int(hist_total["count"].sum()) if not hist_total.empty else 0
     return dict(hist_total=hist_total, hist=hist, runs=runs, runs_total=max(total, len(runs)),
-                errors=errors_frame(runs_frame(err_raw, deps, now), err_logs), now_counts=f_counts.result(), incremental=incremental)
+                errors=errors_frame(runs_frame(err_raw, deps, now), err_logs), now_counts=f_counts.result(), incremental=incremental,
+                occ_rows=occupancy_rows(raw, deps), occ_complete=len(raw) < spec.detail_limit)
+
+
+def occupancy_rows(raw: Sequence[dict], deps: dict) -> pd.DataFrame:
+    """Flow-run JSON -> prepared index rows (the occupancy panels' one input on both paths)."""
+    from prefect_launch.blocks.run_index import CORE, IndexRow
+    from prefect_launch.dashboard import index_view as IV
+
+    recs = [dict(IndexRow.from_flow_run(r).merged(None).model_dump(), synced_ms=0) for r in raw]
+    cols = list(dict.fromkeys([*CORE, "name"]))
+    return IV.prepare(pd.DataFrame(recs, columns=cols) if recs else pd.DataFrame(columns=cols), deps)
+
+
+def occupancy_view(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.datetime, agents: pd.DataFrame,
+                   pool_names: Sequence[str], complete: bool = True):
+    """The occupancy panels (:mod:`.occupancy`) for the sidebar's filtered rows."""
+    from prefect_launch.dashboard import index_view as IV
+    from prefect_launch.dashboard import occupancy as OC
+
+    chosen = spec.owners if spec.grouping == "owner" else spec.presets if spec.grouping == "preset" else ()
+    groups = IV.group_values(rows, spec.grouping, chosen) if len(rows) else pd.Series([], dtype=object)
+    if spec.grouping == "status" and len(rows):
+        groups = rows["status"].astype(object)
+    shown = agents[agents["queue"].isin(list(pool_names))] if not agents.empty else agents
+    return OC.compute(rows, groups, spec.since, spec.until, interval_s, now, shown, complete=complete)
 
 
 def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = True, store: Any = "auto",
@@ -1092,13 +1120,17 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     timings["runs"] = time.perf_counter() - t0
     metrics = metrics_frame(f_metrics.result(), spec)
     timings["metrics"] = time.perf_counter() - t0
+    agents = agents_frame(f_agents.result(), now)
+    t_occ = time.perf_counter()
+    occ = occupancy_view(parts["occ_rows"], spec, interval_s, now, agents, pool_names, parts["occ_complete"])
+    timings["occupancy"] = time.perf_counter() - t_occ
     hist_total = parts["hist_total"]
     hourly = hist_total if interval_s <= 3600 and 3600 % interval_s == 0 else history_frame([])
     view = View(
         spec=spec, now=now, interval_s=interval_s, pools=pools, hist=parts["hist"], hist_hourly=hourly, runs=parts["runs"],
         runs_total=parts["runs_total"], errors=parts["errors"], now_counts=parts["now_counts"], workers=f_workers.result(),
-        agents=agents_frame(f_agents.result(), now), metrics=metrics, ui_base=api.ui_url(), incremental=parts["incremental"],
-        timings=timings, metrics_available=store_obj is not None, source="index" if svc is not None else "api",
+        agents=agents, metrics=metrics, ui_base=api.ui_url(), incremental=parts["incremental"],
+        timings=timings, metrics_available=store_obj is not None, source="index" if svc is not None else "api", occupancy=occ,
     )
     view.totals = dict(runs=int(hist_total["count"].sum()) if not hist_total.empty else 0,
                        queued_s=float(hist_total["queued_s"].sum()) if not hist_total.empty else 0.0,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 import pandas as pd
 from pydantic import BaseModel
 
-from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms
+from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms, to_us
 from prefect_launch.dashboard import index_view as IV
 from prefect_launch.dashboard.data import PAGE, _iso, fetch_runs_by_id
 
@@ -105,9 +105,26 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
         before = last
 
 
-def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime) -> Optional[tuple[set[str], int]]:
+class StateEntries(BaseModel):
+    """Per flow run, when it entered Scheduled- and Pending-type states (from events)."""
+
+    scheduled: dict[str, list[int]] = {}
+    pending: dict[str, list[int]] = {}
+
+    def add(self, event: dict) -> None:
+        res = event.get("resource") or {}
+        rid = res.get("prefect.resource.id", "")[len("prefect.flow-run."):]
+        kind = {"SCHEDULED": self.scheduled, "PENDING": self.pending}.get(res.get("prefect.state-type") or "")
+        at = to_us(res.get("prefect.state-timestamp") or event.get("occurred"))
+        if kind is not None and rid and at is not None:
+            kind.setdefault(rid, []).append(at)
+
+
+def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime,
+                    entries: Optional[StateEntries] = None) -> Optional[tuple[set[str], int]]:
     """(flow-run ids, events read) of ``prefect.flow-run.*`` events that occurred in
-    [since, until]; None when there are more than ``EVENTS_MAX_PAGES`` pages of them."""
+    [since, until]; None when there are more than ``EVENTS_MAX_PAGES`` pages of them.
+    ``entries`` collects the runs' Scheduled / Pending entry times on the way."""
     body = {"filter": {"occurred": {"since": _iso(since), "until": _iso(until)}, "event": {"prefix": ["prefect.flow-run."]},
                        "order": "ASC"}, "limit": 50}
     res = api.post("/events/filter", body)
@@ -118,6 +135,8 @@ def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime) -> Optiona
             rid = (e.get("resource") or {}).get("prefect.resource.id", "")
             if rid.startswith("prefect.flow-run."):
                 ids.add(rid[len("prefect.flow-run."):])
+                if entries is not None:
+                    entries.add(e)
             n += 1
         nxt = res.get("next_page")
         pages += 1
@@ -148,7 +167,7 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
     def one(sl: tuple) -> None:
         buf: list[IndexRow] = []
         for page in read_runs_expected(api, sl[0], sl[1]):
-            buf.extend(IndexRow.from_flow_run(r) for r in page)
+            buf.extend(IndexRow.from_flow_run(r).merged(None) for r in page)
             with lock:
                 totals["read"] += len(page)
                 if progress:
@@ -185,8 +204,9 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     gap = (now - cursor).total_seconds()
     f_open = _IO.submit(index.open_ids)
     events = None
+    entries = StateEntries()
     if gap <= EVENTS_MAX_GAP_S:
-        events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60))
+        events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60), entries)
     mode = "events" if events is not None else "catch-up"
     slack = dt.timedelta(seconds=NEW_RUN_SLACK_S)
     # new runs due about now (events reveal runs scheduled further ahead, e.g. by deployment
@@ -197,7 +217,7 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     open_ids = set(f_open.result())
     ids = (set(events[0]) if events else set()) | open_ids
     fresh += fetch_runs_by_id(api, sorted(ids - have))
-    written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh]))
+    written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh], entries))
     gone = open_ids - {r["id"] for r in fresh}  # deleted on the server: not shown as waiting or running forever
     if gone:
         index.delete(sorted(gone))
@@ -212,21 +232,24 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
                       took_s=time.perf_counter() - t0)
 
 
-def changed_rows(index: RunIndex, rows: list[IndexRow]) -> list[IndexRow]:
-    """The rows that differ from what the index holds (re-read open runs mostly have not
-    changed; rewriting them would make every reader re-read them)."""
+def changed_rows(index: RunIndex, rows: list[IndexRow], entries: Optional[StateEntries] = None) -> list[IndexRow]:
+    """The rows, completed with the queue phases the index held and the events showed
+    (:meth:`IndexRow.merged`), that differ from what the index holds (re-read open runs
+    mostly have not changed; rewriting them would make every reader re-read them)."""
     if not rows:
         return []
+    entries = entries or StateEntries()
     held = index.frame(ids=[r.id for r in rows])
-    if held.empty:
-        return rows
+    stored: dict[str, dict] = {}
     fields = list(IndexRow.model_fields)
-    stored = {rec["id"]: rec for rec in held[fields].astype(object).where(held[fields].notna(), None).to_dict("records")}
+    if not held.empty:
+        stored = {rec["id"]: rec for rec in held[fields].astype(object).where(held[fields].notna(), None).to_dict("records")}
     out = []
     for r in rows:
-        old = stored.get(r.id)
-        if old is None or IndexRow(**old) != r:
-            out.append(r)
+        old = IndexRow(**stored[r.id]) if r.id in stored else None
+        new = r.merged(old, entries.scheduled.get(r.id, ()), entries.pending.get(r.id, ()))
+        if old is None or old != new:
+            out.append(new)
     return out
 
 

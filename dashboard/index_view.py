@@ -47,8 +47,9 @@ def prepare(index: pd.DataFrame, deployments: dict[str, dict]) -> pd.DataFrame:
     df["status"] = df["state_type"].map(STATUS_OF_TYPE).fillna(df["state_type"].str.lower())
     for c in LABELS:
         df[c] = df[c].astype(object).astype("category")
-    for c in ("expected_start_us", "start_us", "end_us", "state_us"):
-        df[c] = df[c].astype("float64")  # NaN = none; exact for epoch microseconds (< 2**53)
+    for c in ("expected_start_us", "start_us", "end_us", "state_us", "queued_us", "pending_us"):
+        if c in df:
+            df[c] = df[c].astype("float64")  # NaN = none; exact for epoch microseconds (< 2**53)
     return df
 
 
