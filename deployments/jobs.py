@@ -52,7 +52,10 @@ def _hint(output: str) -> str:
     if "cannot resolve git ref" in output or "not a git repository" in output:
         return ("the git-based job could not be pinned: set LAUNCH_GIT_REPO to a git repository and "
                 "LAUNCH_GIT_REF to an existing branch, tag or commit")
-    if "run_shell_script" in output:
+    if "DeployStepError" in output:
+        step_error = re.findall(r"DeployStepError: ([^\n]+)", output)
+        return f"a deploy step refused its input: {step_error[-1] if step_error else 'see the output'}"
+    if "pin_git_commit" in output or "push_code_snapshot" in output or "run_shell_script" in output:
         return ("a build/push step failed: check that LAUNCH_CODE_STORAGE is writable and that "
                 "LAUNCH_GIT_REPO / LAUNCH_GIT_REF name an existing repository and ref")
     if "PREFECT_API_URL" in output or "ConnectError" in output or "Connection refused" in output:
