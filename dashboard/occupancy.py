@@ -215,8 +215,7 @@ def load_frame(rows: pd.DataFrame, ph: pd.DataFrame, b: Buckets) -> pd.DataFrame
     runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
     held, and their time averages (busy, gpus, cpus)."""
     s, e = ph["h0"].to_numpy(), ph["h1"].to_numpy()
-    gpu = rows["gpu"].to_numpy(dtype="float64") if "gpu" in rows else np.zeros(len(rows))
-    cpu = rows["cpu"].to_numpy(dtype="float64") if "cpu" in rows else np.zeros(len(rows))
+    gpu, cpu = resources(rows)
     out = pd.DataFrame({"bucket": b.starts(), "held": present(s, e, b)[0],
                         "waiting": present(ph["q0"].to_numpy(), ph["q1"].to_numpy(), b)[0],
                         "run_s": seconds_in(s, e, b)[0], "gpu_s": seconds_in(s, e, b, gpu)[0], "cpu_s": seconds_in(s, e, b, cpu)[0]})
@@ -285,6 +284,21 @@ def placements(label: pd.Series) -> pd.DataFrame:
         return [] if not isinstance(v, str) or v.strip() in ("", "none") else [p.strip() for p in v.split(",") if p.strip()]
 
     return pd.DataFrame({"agent": x["agent"], "gpus": x["gpus"].map(split), "cores": x["cores"].map(split)}, index=label.index)
+
+
+def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(GPUs, CPUs) each run held: what the agent allocated (its placement label), else
+    what the run asked for in its job variables, else 0."""
+    n = len(rows)
+    asked_gpu = rows["gpu"].to_numpy(dtype="float64") if "gpu" in rows else np.full(n, np.nan)
+    asked_cpu = rows["cpu"].to_numpy(dtype="float64") if "cpu" in rows else np.full(n, np.nan)
+    if "placement" not in rows or n == 0:
+        return np.nan_to_num(asked_gpu), np.nan_to_num(asked_cpu)
+    res = rows["placement"].astype(object).fillna("").astype(str).str.extract(PLACEMENT_RE)["res"].fillna("")
+    placed_gpu = pd.to_numeric(res.str.extract(r"(?:^|,)gpu=([0-9.]+)")[0], errors="coerce").to_numpy(dtype="float64")
+    placed_cpu = pd.to_numeric(res.str.extract(r"(?:^|,)cpu=([0-9.]+)")[0], errors="coerce").to_numpy(dtype="float64")
+    return (np.nan_to_num(np.where(np.isnan(placed_gpu), asked_gpu, placed_gpu)),
+            np.nan_to_num(np.where(np.isnan(placed_cpu), asked_cpu, placed_cpu)))
 
 
 def lanes(rows: pd.DataFrame, ph: pd.DataFrame, groups: pd.Series, since_us: float, until_us: float,

@@ -163,3 +163,11 @@ def test_merged_row_keeps_the_latest_scheduling_before_start_and_the_first_claim
                                         state=dict(type="SCHEDULED", timestamp=(T0 - dt.timedelta(hours=1)).isoformat(),
                                                    state_details=dict(scheduled_time=T0.isoformat()))))
     assert later.merged(None).queued_us == at(0)
+
+
+def test_resources_come_from_the_agents_placement_else_the_request():
+    rows = frame([dict(id="a", state_type="RUNNING", placement="agent x: cpu=0.5,memory=1Gi,gpu=2; gpus 0,1; cores 3"),
+                  dict(id="b", state_type="RUNNING", gpu=1, cpu=4),  # not placed by an agent: what it asked for
+                  dict(id="c", state_type="SCHEDULED")])
+    gpu, cpu = OC.resources(rows)
+    assert gpu.tolist() == [2.0, 1.0, 0.0] and cpu.tolist() == [0.5, 4.0, 0.0]
