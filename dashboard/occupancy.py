@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -132,35 +133,37 @@ def present(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, codes: Optional[np.n
 
 def seconds_in(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, weights: Optional[np.ndarray] = None,
                codes: Optional[np.ndarray] = None, n_groups: int = 1) -> np.ndarray:
-    """(n_groups, n) seconds of the intervals [s, e) inside each bucket, times ``weights``.
+    """(n_groups, n) seconds of the intervals [s, e) inside each bucket, times ``weights``
+    (one row of weights; a 2-D (k, N) array gives (k, n_groups, n) at the cost of one sort).
 
     Through the cumulative function F(t) = sum w (min(t, e) - s)+ evaluated at the bucket
     edges: prefix sums over the starts and ends sorted, one searchsorted per edge set.
     """
     s, e = b.rel(s_us), b.rel(e_us)
-    w = np.ones(len(s)) if weights is None else np.nan_to_num(np.asarray(weights, dtype="float64"))
-    ok = ~np.isnan(s) & ~np.isnan(e) & (e > s) & (w != 0)
+    w = np.ones((1, len(s))) if weights is None else np.nan_to_num(np.atleast_2d(np.asarray(weights, dtype="float64")))
+    ok = ~np.isnan(s) & ~np.isnan(e) & (e > s)
     codes = np.zeros(len(s), dtype="int64") if codes is None else np.asarray(codes, dtype="int64")
-    s, e, w, codes = s[ok], e[ok], w[ok], codes[ok]
+    s, e, w, codes = s[ok], e[ok], w[:, ok], codes[ok]
     edges = np.arange(b.n + 1, dtype="float64") * b.step_s
-    out = np.zeros((n_groups, b.n))
+    out = np.zeros((w.shape[0], n_groups, b.n))
     for g in range(n_groups):
-        m = codes == g
-        if not m.any():
+        m = codes == g if n_groups > 1 else slice(None)
+        if n_groups > 1 and not m.any():
             continue
-        F = _cumulative(s[m], w[m], edges) - _cumulative(e[m], w[m], edges)
-        out[g] = np.diff(F)
-    return out
+        F = _cumulative(s[m], w[:, m], edges) - _cumulative(e[m], w[:, m], edges)
+        out[:, g] = np.diff(F, axis=1)
+    return out if weights is not None and np.ndim(weights) == 2 else out[0]
 
 
 def _cumulative(points: np.ndarray, w: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """sum over points p < t of w (t - p), for each t."""
+    """(k, len(t)): sum over points p < t of w (t - p), for each weight row and t."""
     order = np.argsort(points, kind="stable")
-    p, wp = points[order], w[order]
-    cw = np.concatenate([[0.0], np.cumsum(wp)])
-    cwp = np.concatenate([[0.0], np.cumsum(wp * p)])
+    p, wp = points[order], w[:, order]
+    zero = np.zeros((w.shape[0], 1))
+    cw = np.concatenate([zero, np.cumsum(wp, axis=1)], axis=1)
+    cwp = np.concatenate([zero, np.cumsum(wp * p, axis=1)], axis=1)
     k = np.searchsorted(p, t, side="left")
-    return cw[k] * t - cwp[k]
+    return cw[:, k] * t - cwp[:, k]
 
 
 def _codes(groups: Optional[pd.Series], n: int) -> tuple[np.ndarray, list]:
@@ -210,15 +213,16 @@ def queued_frame(ph: pd.DataFrame, groups: Optional[pd.Series], b: Buckets) -> p
     return out
 
 
-def load_frame(rows: pd.DataFrame, ph: pd.DataFrame, b: Buckets) -> pd.DataFrame:
+def load_frame(rows: pd.DataFrame, ph: pd.DataFrame, b: Buckets, held: Optional[tuple] = None) -> pd.DataFrame:
     """Per bucket (every bucket of the range): runs holding a slot at any moment (held),
     runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
     held, and their time averages (busy, gpus, cpus)."""
     s, e = ph["h0"].to_numpy(), ph["h1"].to_numpy()
-    gpu, cpu = resources(rows)
+    gpu, cpu = held if held is not None else resources(rows)
+    secs = seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu, cpu]))[:, 0]
     out = pd.DataFrame({"bucket": b.starts(), "held": present(s, e, b)[0],
                         "waiting": present(ph["q0"].to_numpy(), ph["q1"].to_numpy(), b)[0],
-                        "run_s": seconds_in(s, e, b)[0], "gpu_s": seconds_in(s, e, b, gpu)[0], "cpu_s": seconds_in(s, e, b, cpu)[0]})
+                        "run_s": secs[0], "gpu_s": secs[1], "cpu_s": secs[2]})
     for c, src in (("busy", "run_s"), ("gpus", "gpu_s"), ("cpus", "cpu_s")):
         out[c] = out[src] / b.step_s
     return out
@@ -262,11 +266,12 @@ def capacity_share(load: pd.DataFrame, cap: dict, span_s: float) -> dict[str, Op
     return out
 
 
-def heatmap(rows: pd.DataFrame, ph: pd.DataFrame, since: dt.datetime, until: dt.datetime) -> pd.DataFrame:
+def heatmap(rows: pd.DataFrame, ph: pd.DataFrame, since: dt.datetime, until: dt.datetime,
+            held: Optional[tuple] = None) -> pd.DataFrame:
     """Hour of day x weekday (UTC): mean runs holding a slot (busy) and mean GPUs held,
     from held seconds inside hourly buckets of the range."""
     b = Buckets.aligned(since, until, 3600)
-    ld = load_frame(rows, ph, b)
+    ld = load_frame(rows, ph, b, held)
     ld["weekday"] = ld["bucket"].dt.day_of_week.map(dict(enumerate(DAYS)))
     ld["hour"] = ld["bucket"].dt.hour
     out = ld.groupby(["weekday", "hour"], as_index=False).agg(busy=("busy", "mean"), gpus=("gpus", "mean"), hours=("busy", "size"))
@@ -276,14 +281,29 @@ def heatmap(rows: pd.DataFrame, ph: pd.DataFrame, since: dt.datetime, until: dt.
 # ---------------------------------------------------------------------- gantt
 
 
-def placements(label: pd.Series) -> pd.DataFrame:
-    """The agent's placement label -> agent, gpus (list of str), cores (list of str)."""
-    x = label.astype(object).fillna("").astype(str).str.extract(PLACEMENT_RE)
+def _parse(label: str) -> tuple[Optional[str], float, float, list[str]]:
+    """One placement label -> (agent, gpus held, cpus held, slots: "gpu k" each, else "core k" each)."""
+    m = re.match(PLACEMENT_RE, label or "")
+    if not m:
+        return None, math.nan, math.nan, []
+    res = dict(kv.split("=", 1) for kv in m["res"].split(",") if "=" in kv)
+    split = lambda v: [] if v.strip() in ("", "none") else [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
+    gpus, cores = split(m["gpus"]), split(m["cores"])
 
-    def split(v: object) -> list[str]:
-        return [] if not isinstance(v, str) or v.strip() in ("", "none") else [p.strip() for p in v.split(",") if p.strip()]
+    def num(k: str) -> float:
+        try:
+            return float(res[k])
+        except (KeyError, ValueError):
+            return math.nan
 
-    return pd.DataFrame({"agent": x["agent"], "gpus": x["gpus"].map(split), "cores": x["cores"].map(split)}, index=label.index)
+    return m["agent"], num("gpu"), num("cpu"), [f"gpu {g}" for g in gpus] if gpus else [f"core {c}" for c in cores]
+
+
+def placements(label: pd.Series) -> tuple[np.ndarray, list[tuple]]:
+    """(code per run, parsed label per code): labels repeat (agents x allocations), so each
+    distinct one is parsed once."""
+    codes, uniques = pd.factorize(label.astype(object).fillna("").to_numpy(), use_na_sentinel=False)
+    return codes, [_parse(str(u)) for u in uniques]
 
 
 def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -294,11 +314,14 @@ def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     asked_cpu = rows["cpu"].to_numpy(dtype="float64") if "cpu" in rows else np.full(n, np.nan)
     if "placement" not in rows or n == 0:
         return np.nan_to_num(asked_gpu), np.nan_to_num(asked_cpu)
-    res = rows["placement"].astype(object).fillna("").astype(str).str.extract(PLACEMENT_RE)["res"].fillna("")
-    placed_gpu = pd.to_numeric(res.str.extract(r"(?:^|,)gpu=([0-9.]+)")[0], errors="coerce").to_numpy(dtype="float64")
-    placed_cpu = pd.to_numeric(res.str.extract(r"(?:^|,)cpu=([0-9.]+)")[0], errors="coerce").to_numpy(dtype="float64")
+    codes, parsed = placements(rows["placement"])
+    placed_gpu = np.array([p[1] for p in parsed], dtype="float64")[codes]
+    placed_cpu = np.array([p[2] for p in parsed], dtype="float64")[codes]
     return (np.nan_to_num(np.where(np.isnan(placed_gpu), asked_gpu, placed_gpu)),
             np.nan_to_num(np.where(np.isnan(placed_cpu), asked_cpu, placed_cpu)))
+
+
+LANE_COLUMNS = ["lane", "agent", "start", "end", "group", "runs", "id", "name"]
 
 
 def lanes(rows: pd.DataFrame, ph: pd.DataFrame, groups: pd.Series, since_us: float, until_us: float,
@@ -307,39 +330,57 @@ def lanes(rows: pd.DataFrame, ph: pd.DataFrame, groups: pd.Series, since_us: flo
     and core) with the runs that held it; runs in the same lane and group closer than
     ``gap_s`` (default: 1/600 of the range, below a pixel) merge into one segment.
 
-    Columns: lane, agent, start, end, group, runs, id (a run of the segment), name.
+    Columns: lane, agent, start, end, group, runs (in the segment), id and name (its first run).
     """
-    if rows.empty:
-        return pd.DataFrame(columns=["lane", "agent", "start", "end", "group", "runs", "id", "name"])
+    s = np.maximum(ph["h0"].to_numpy(dtype="float64"), since_us)  # NaN (never held) stays NaN
+    e = np.minimum(ph["h1"].to_numpy(dtype="float64"), until_us)
+    keep = np.flatnonzero(~np.isnan(s) & (e > s))
+    if not len(keep):
+        return pd.DataFrame(columns=LANE_COLUMNS)
     gap_us = (gap_s if gap_s is not None else (until_us - since_us) / 1e6 / 600) * 1e6
-    pl = placements(rows["placement"] if "placement" in rows else pd.Series(None, index=rows.index))
-    held = ph["h0"].notna().to_numpy()
-    base = pd.DataFrame({"id": rows["id"].to_numpy(), "queue": rows["queue"].astype(object).to_numpy(),
-                         "group": pd.Series(groups).astype(object).to_numpy(), "agent": pl["agent"].to_numpy(),
-                         "gpus": pl["gpus"].to_numpy(), "cores": pl["cores"].to_numpy(),
-                         "start": np.fmax(ph["h0"].to_numpy(), since_us), "end": np.fmin(ph["h1"].to_numpy(), until_us),
-                         "name": rows["name"].to_numpy() if "name" in rows else rows["id"].to_numpy()})[held]
-    base = base[base["end"] > base["start"]]
-    if base.empty:
-        return pd.DataFrame(columns=["lane", "agent", "start", "end", "group", "runs", "id", "name"])
-    placed = base["agent"].notna()
-    slots = np.where(base["gpus"].map(len) > 0, base["gpus"].map(lambda g: [f"gpu {x}" for x in g]),
-                     base["cores"].map(lambda c: [f"core {x}" for x in c]))
-    base["slot"] = [s if p and s else ["unplaced"] for s, p in zip(slots, placed)]
-    base["agent"] = base["agent"].where(placed, base["queue"])
-    ex = base.explode("slot")
-    ex["lane"] = ex["agent"].astype(str) + " · " + ex["slot"].astype(str)
-    ex = ex.sort_values(["lane", "start"], kind="stable").reset_index(drop=True)
+    r = rows.iloc[keep]
+    label = r["placement"].astype(object) if "placement" in r else pd.Series(None, index=r.index, dtype=object)
+    # runs no agent placed get one lane per queue
+    key = label.where(label.notna() & (label != ""), "\x00" + r["queue"].astype(str))
+    codes, uniques = pd.factorize(key.to_numpy(), use_na_sentinel=False)
+    lanes_of, agent_of = [], []
+    for u in uniques:
+        if u.startswith("\x00"):
+            agent, slots = u[1:], []
+        else:
+            agent, _, _, slots = _parse(u)
+            agent = agent or "unreadable placement"
+        slots = slots or ["unplaced"]
+        lanes_of.append([f"{agent} · {x}" for x in slots])
+        agent_of.append(agent)
+    # one row per (run, lane it held)
+    lens = np.array([len(x) for x in lanes_of])[codes]
+    flat = np.array([x for ls in lanes_of for x in ls], dtype=object)
+    offs = np.concatenate([[0], np.cumsum([len(x) for x in lanes_of])])[codes]
+    rep = np.repeat(np.arange(len(r)), lens)
+    within = np.arange(len(rep)) - np.repeat(np.cumsum(lens) - lens, lens)
+    lane_codes, lane_names = pd.factorize(flat[np.repeat(offs, lens) + within])
+    grp_codes, grp_names = pd.factorize(pd.Series(groups).astype(object).to_numpy()[keep][rep], use_na_sentinel=False)
+    st, en = s[keep][rep], e[keep][rep]
+    order = np.lexsort((st, lane_codes))
+    lc, gc, st, en, rp = lane_codes[order], grp_codes[order], st[order], en[order], rep[order]
     # a new segment where the lane or the group changes, or after a gap past everything before it in the lane
-    reach = ex.groupby("lane")["end"].cummax().shift(1)
-    new = (ex["lane"] != ex["lane"].shift(1)) | (ex["group"] != ex["group"].shift(1)) | (ex["start"] > reach + gap_us)
-    ex["seg"] = np.cumsum(new.to_numpy())
-    seg = ex.groupby("seg", sort=False).agg(lane=("lane", "first"), agent=("agent", "first"), start=("start", "min"),
-                                            end=("end", "max"), group=("group", "first"), runs=("id", "size"),
-                                            id=("id", "first"), name=("name", "first"))
-    for c in ("start", "end"):
-        seg[c] = pd.to_datetime(seg[c], unit="us", utc=True)
-    return seg.reset_index(drop=True)
+    reach = pd.Series(en).groupby(lc).cummax().to_numpy()
+    prev_reach = np.r_[-np.inf, reach[:-1]]
+    new = np.r_[True, (lc[1:] != lc[:-1]) | (gc[1:] != gc[:-1])] | (st > prev_reach + gap_us)
+    first = np.flatnonzero(new)
+    starts = np.minimum.reduceat(st, first)
+    ends = np.maximum.reduceat(en, first)
+    counts = np.diff(np.r_[first, len(st)])
+    names = (r["name"] if "name" in r else r["id"]).astype(object).to_numpy()
+    out = pd.DataFrame({
+        "lane": np.asarray(lane_names, dtype=object)[lc[first]],
+        "agent": np.asarray(agent_of, dtype=object)[codes[rp[first]]],
+        "start": pd.to_datetime(starts, unit="us", utc=True), "end": pd.to_datetime(ends, unit="us", utc=True),
+        "group": np.asarray(grp_names, dtype=object)[gc[first]], "runs": counts,
+        "id": r["id"].astype(object).to_numpy()[rp[first]], "name": names[rp[first]],
+    })
+    return out[LANE_COLUMNS]
 
 
 # ----------------------------------------------------------------- whole view
@@ -370,17 +411,21 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     b = Buckets.aligned(since, until, interval_s)
     if rows.empty:
         rows = rows.iloc[:0]
-    sel = overlapping(rows, b.lo_us, b.hi_us, now_us) if not rows.empty else rows
-    g = groups.loc[sel.index] if groups is not None else None
-    ph = phases(sel, now_us)
-    load = load_frame(sel, ph, b)
+    ph_all = phases(rows, now_us)
+    first = ph_all[["q0", "p0", "r0", "end"]].min(axis=1).to_numpy()
+    last = ph_all[["q1", "p1", "r1", "end"]].max(axis=1).to_numpy()
+    keep = (first < b.hi_us) & (last >= b.lo_us)
+    sel, ph = rows[keep], ph_all[keep]
+    g = groups[keep] if groups is not None else None
+    held = resources(sel)
+    load = load_frame(sel, ph, b, held)
     span_s = (min(_us(until), now_us) - _us(since)) / 1e6
     cap = capacity(agents) if agents is not None else dict(gpu=None, cpu=None)
     s_us, u_us = float(_us(since)), float(min(_us(until), now_us))
     n_held = int(ph["h0"].notna().sum())
     return Occupancy(
         interval_s=interval_s, status=status_frame(sel, ph, b), queued=queued_frame(ph, g, b), load=load,
-        idle=idle_periods(load, interval_s, until=pd.Timestamp(min(until, now))), heatmap=heatmap(sel, ph, since, until),
+        idle=idle_periods(load, interval_s, until=pd.Timestamp(min(until, now))), heatmap=heatmap(sel, ph, since, until, held),
         runs=len(sel), share=capacity_share(load, cap, span_s), capacity=cap,
         lanes=lanes(sel, ph, g if g is not None else sel["queue"], s_us, u_us) if n_held > PER_RUN_GANTT_MAX else None,
         complete=complete,
