@@ -54,7 +54,7 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
         res = labels.get("launch.resources") or ",".join(
             f"{k}={jv[k]}" for k in ("cpu", "memory", "gpu", "shm_size") if jv.get(k) is not None)
         note = labels.get(WAIT_LABEL) if r.state_type == StateType.SCHEDULED else labels.get(PLACED_LABEL)
-        if r.state and r.state_type in (StateType.FAILED, StateType.CRASHED) and r.state.message:
+        if r.state and r.state_type in (StateType.FAILED, StateType.CRASHED, StateType.CANCELLED) and r.state.message:
             note = r.state.message
         rows.append(RunRow(
             run_id=str(r.id), name=r.name, job=labels.get("prefect.deployment.name"), queue=r.work_pool_name, priority=r.work_queue_name,

@@ -26,6 +26,25 @@ class AgentContext:
         if warm_engines is None:
             warm_engines = int(os.environ.get("LAUNCH_WARM_ENGINES", "2"))
         self.warm_pool: Optional[WarmPool] = WarmPool(warm_engines) if warm_engines > 0 else None
+        self.draining = False  # set on the first SIGINT/SIGTERM: claim nothing new
+        self.recovery_started = False
+        self._recovered: Optional[asyncio.Event] = None
+        self._journal = None
+
+    def journal(self, agent_name: str):
+        """The agent's on-disk journal (one per agent name; shared by its queues' workers)."""
+        from prefect_launch.workers.run_journal import RunJournal
+
+        if self._journal is None:
+            self._journal = RunJournal(agent_name)
+        return self._journal
+
+    @property
+    def recovered(self) -> asyncio.Event:
+        """Set once the ledger has been rebuilt; nothing is placed before (created in the running loop)."""
+        if self._recovered is None:
+            self._recovered = asyncio.Event()
+        return self._recovered
 
     @classmethod
     def detect(cls, capacity: Optional[str] = None, warm_engines: Optional[int] = None) -> "AgentContext":

@@ -59,12 +59,27 @@ async def publish(client: Any, state: AgentState) -> None:
             await client.update_variable(VariableUpdate(name=name, value=value, tags=[TAG]))
 
 
-def read_agents_sync(client: Any) -> list[AgentState]:
+def _agents_of(variables: Any) -> list[AgentState]:
     out = []
-    for var in client.read_variables():
+    for var in variables:
         if TAG in (var.tags or []) and isinstance(var.value, dict):
             try:
                 out.append(AgentState.model_validate(var.value))
             except Exception:
                 continue
     return sorted(out, key=lambda a: a.name)
+
+
+def read_agents_sync(client: Any) -> list[AgentState]:
+    return _agents_of(client.read_variables())
+
+
+async def read_agents(client: Any) -> list[AgentState]:
+    return _agents_of(await client.read_variables())
+
+
+def offline_reasons(agents: list[AgentState], now: Optional[datetime] = None) -> dict[str, str]:
+    """For each known agent that is offline: 'offline since <its last heartbeat>' (pure)."""
+    now = now or datetime.now(timezone.utc)
+    return {a.name: f"offline since {a.heartbeat.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+            for a in agents if not a.online(now)}

@@ -12,7 +12,8 @@ from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.resources import detect_capacity
 
 
-async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool) -> None:
+async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool,
+                 on_exit: str = "drain") -> None:
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -36,14 +37,39 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
         for q in queues
     ]
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
+        """First signal: drain (claim nothing, let runs finish). Second, or --on-exit cancel: cancel them."""
+        received = 0
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                print(f"agent {name!r}: stopping ({signal.Signals(signum).name}); running jobs are left to finish "
-                      "under Prefect's crash detection", flush=True)
+                received += 1
+                agent.draining = True
+                running = sum(w.running() for w in workers)
+                signame = signal.Signals(signum).name
+                if received == 1 and on_exit == "drain" and running:
+                    print(f"agent {name!r}: {signame}: draining - claiming no new runs and waiting for {running} "
+                          "running run(s) to finish; send the signal again (Ctrl-C) to cancel them", flush=True)
+                    scope_tg.start_soon(stop_when_drained, scope)
+                    continue
+                if running:
+                    reason = (f"cancelled: agent {name} was stopped ({signame}"
+                              f"{', --on-exit cancel' if on_exit == 'cancel' and received == 1 else ''})")
+                    print(f"agent {name!r}: {signame}: cancelling {running} running run(s)", flush=True)
+                    with anyio.CancelScope(shield=True):
+                        for w in workers:
+                            await w.cancel_running(reason)
+                else:
+                    print(f"agent {name!r}: {signame}: no runs running; stopping", flush=True)
                 scope.cancel()
                 return
 
+    async def stop_when_drained(scope: anyio.CancelScope) -> None:
+        while any(w.running() for w in workers) or agent.ledger.allocations():
+            await anyio.sleep(0.3)
+        print(f"agent {name!r}: drained - every run it held has finished", flush=True)
+        scope.cancel()
+
     async with anyio.create_task_group() as tg:
+        scope_tg = tg
         tg.start_soon(stop_on_signal, tg.cancel_scope)
         for w in workers:
             tg.start_soon(w.start)
@@ -51,10 +77,17 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
 
 
 def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[str] = None,
-              use_cgroups: bool = True) -> None:
-    """Block serving ``queues`` until interrupted (Ctrl-C stops cleanly)."""
+              use_cgroups: bool = True, on_exit: str = "drain") -> None:
+    """Block serving ``queues`` until interrupted.
+
+    The first SIGINT/SIGTERM drains (``on_exit="drain"``, the default) or cancels (``"cancel"``)
+    the running runs; a second one cancels them. A SIGKILLed agent leaves its runs running:
+    the next start re-adopts them from its journal and Prefect.
+    """
     detect_capacity(capacity)  # fail fast on a malformed --capacity
+    if on_exit not in ("drain", "cancel"):
+        raise LookupError(f"--on-exit must be 'drain' or 'cancel', got {on_exit!r}")
     try:
-        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups)
+        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups, on_exit)
     except KeyboardInterrupt:
         pass

@@ -83,6 +83,20 @@ class Ledger:
                 load[c] = load.get(c, 0.0) + share
         return sorted(sorted(load, key=lambda c: (load[c], c))[:want])
 
+    def adopt(self, alloc: Allocation) -> Allocation:
+        """Restore an allocation a previous life of this agent made (restart recovery).
+
+        Kept exactly as it was, GPU indices and cores included, even past today's
+        capacity: the hardware is held by a live process whatever we declare now.
+        """
+        with self._lock:
+            held = {i for a in self._allocs.values() if a.run_id != alloc.run_id for i in a.gpu_indices}
+            clash = held & set(alloc.gpu_indices)
+            if clash:
+                raise ValueError(f"run {alloc.run_id} holds GPUs {sorted(clash)} that another run holds")
+            self._allocs[alloc.run_id] = alloc
+            return alloc
+
     def release(self, run_id: str) -> Optional[Allocation]:
         with self._lock:
             return self._allocs.pop(str(run_id), None)

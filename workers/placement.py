@@ -55,7 +55,11 @@ def plan(
     total: Resources,
     agent_name: str,
     backfill: bool = False,
+    agents_offline: Optional[dict[str, str]] = None,
+    agents_known: Optional[set[str]] = None,
 ) -> list[Decision]:
+    """``agents_offline`` maps an offline agent to why ('offline since ...'); ``agents_known`` the names
+    seen at all, so a run pinned to an agent that is gone or never existed says so instead of waiting mutely."""
     decisions: list[Decision] = []
     free = free.model_copy()
     head: Optional[Candidate] = None
@@ -65,8 +69,14 @@ def plan(
             continue
         req = c.request.resources
         if c.request.agent and c.request.agent != agent_name:
-            decisions.append(Decision(run_id=c.run_id, action="skip",
-                                      reason=f"waiting: pinned to agent {c.request.agent}"))
+            pinned = c.request.agent
+            if agents_offline and pinned in agents_offline:
+                why = f"waiting: pinned to agent {pinned}, which is {agents_offline[pinned]}"
+            elif agents_known is not None and pinned not in agents_known:
+                why = f"waiting: pinned to agent {pinned}, which has never been seen on this server"
+            else:
+                why = f"waiting: pinned to agent {pinned}"
+            decisions.append(Decision(run_id=c.run_id, action="skip", reason=why))
             continue
         too_big = req.shortfall(total)
         if too_big:

@@ -97,6 +97,17 @@ class QueueSpec(BaseModel):
     concurrency_limit: Optional[int] = Field(None, ge=1)
     backfill: bool = False
     image: Optional[str] = None  # default image for docker/kubernetes queues
+    timeout: Optional[str] = None  # default run timeout, e.g. "2h"; a run's --timeout overrides it
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, v: object) -> Optional[str]:
+        from prefect_launch.workers.durations import parse_duration
+
+        if v is None or v == "":
+            return None
+        parse_duration(v, "timeout")  # type: ignore[arg-type]
+        return str(v)
 
     @field_validator("name")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from prefect_launch.workers.durations import parse_duration
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resources import LaunchValidationError, Resources, parse_size
 
@@ -24,6 +25,7 @@ class ResolvedRequest(BaseModel):
     preset: str
     resources: Resources
     agent: Optional[str] = None
+    timeout_s: Optional[float] = None  # the agent ends the run Failed after this long running
 
 
 def _layer_overlay(spec: QueueSpec, base: Resources, layer: dict[str, Any], where: str) -> tuple[Resources, Optional[str]]:
@@ -65,10 +67,13 @@ def resolve_request(
     res = spec.presets[spec.default_preset].to_resources()
     preset = spec.default_preset
     agent = None
+    timeout = parse_duration(spec.timeout, f"timeout of queue {spec.name!r}")
     for layer, where in ((deployment_vars or {}, "in the job's deployment"), (run_vars or {}, "in the submission")):
         res, named = _layer_overlay(spec, res, layer, where)
         preset = named or preset
         agent = layer.get("agent") or agent
+        if layer.get("timeout") not in (None, ""):
+            timeout = parse_duration(layer["timeout"], f"timeout {where}")
     problems = spec.bounds.violations(res)
     if problems:
         raise LaunchValidationError(
@@ -79,4 +84,4 @@ def resolve_request(
             f"shm_size ({res.shm_size} bytes) is larger than memory ({res.memory} bytes); "
             "lower --shm-size or raise --memory"
         )
-    return ResolvedRequest(preset=preset, resources=res, agent=agent)
+    return ResolvedRequest(preset=preset, resources=res, agent=agent, timeout_s=timeout)

@@ -32,6 +32,15 @@ def main() -> None:
     if not line:  # the agent went away before using us
         return
     order = json.loads(line)
+    if order.get("log_path"):
+        # Write to a file the agent tails, not to a pipe held by the agent: if the agent dies
+        # (SIGKILL, OOM) the run goes on and is re-adopted, instead of dying of a broken pipe.
+        fd = os.open(order["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.clear()
     os.environ.update({k: v for k, v in order["env"].items() if v is not None})
     os.chdir(order["cwd"])

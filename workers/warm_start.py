@@ -48,6 +48,9 @@ class WarmPool:
         finally:
             self._spawning -= 1
 
+    async def fill_one(self) -> None:
+        await self._spawn()
+
     async def fill(self) -> None:
         while len(self._ready) + self._spawning < self.size:
             await self._spawn()
@@ -81,16 +84,21 @@ class WarmPool:
 class WarmEngineStarter(EngineCommandStarter):
     """Prefect's engine starter, with the process taken from a `WarmPool` when one is ready."""
 
-    def __init__(self, *, pool: WarmPool, refill, **kwargs):
+    def __init__(self, *, pool: WarmPool, refill, before_order=None, log_path: Optional[str] = None, **kwargs):
         kwargs["isolate_process_group"] = True  # cold fallback also gets its own session
         super().__init__(**kwargs)
         self._pool = pool
         self._refill = refill
+        self._before_order = before_order  # learns the pid before the engine becomes the run
+        self._log_path = log_path  # the run writes here and the agent tails it (survives an agent crash)
 
     async def start(self, flow_run, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         proc = self._pool.take()
+        if proc is None and self._log_path:  # none ready: spawn one now, so the run still outlives the agent
+            await self._pool.fill_one()
+            proc = self._pool.take()
         self._refill()
-        if proc is None:  # none ready yet: a cold start, exactly as Prefect does it
+        if proc is None:  # none could start: a cold start, exactly as Prefect does it
             await super().start(flow_run, task_status=task_status)
             return
         control_env: dict[str, str] = {}
@@ -111,7 +119,10 @@ class WarmEngineStarter(EngineCommandStarter):
             "PREFECT__DEPLOYMENT_NAME": self._deployment_name or self._env.get("PREFECT__DEPLOYMENT_NAME"),
             **control_env,
         })
-        order = {"env": sanitize_subprocess_env(env), "cwd": str(self._cwd or os.getcwd())}
+        order = {"env": sanitize_subprocess_env(env), "cwd": str(self._cwd or os.getcwd()),
+                 "log_path": self._log_path}
+        if self._before_order is not None:
+            self._before_order(proc.pid)
         try:
             await proc.stdin.send((json.dumps(order) + "\n").encode())
             await proc.stdin.aclose()
@@ -123,5 +134,37 @@ class WarmEngineStarter(EngineCommandStarter):
             return
         async with proc:
             task_status.started(ProcessHandle(proc, termination_scope=create_isolated_termination_scope(proc.pid)))
-            await consume_process_output(proc, stdout_sink=sys.stdout, stderr_sink=sys.stderr)
+            if self._log_path:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume_process_output, proc, sys.stdout, sys.stderr)  # output before the order
+                    await tail_file(self._log_path, proc, sys.stdout if self._stream_output else None)
+            else:
+                await consume_process_output(proc, stdout_sink=sys.stdout, stderr_sink=sys.stderr)
             await proc.wait()
+
+
+async def tail_file(path: str, proc: anyio.abc.Process, sink, interval: float = 0.2) -> None:
+    """Copy what the run writes to ``path`` into ``sink`` until the process exits."""
+    offset = 0
+
+    def read_new() -> None:
+        nonlocal offset
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            return
+        offset += len(data)
+        if data and sink is not None:
+            try:
+                sink.write(data.decode(errors="replace"))
+                sink.flush()
+            except (OSError, ValueError):
+                pass
+
+    while proc.returncode is None:
+        read_new()
+        with anyio.move_on_after(interval):
+            await proc.wait()
+    read_new()
