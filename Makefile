@@ -20,8 +20,11 @@ venv: $(STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# DB=postgres: the Prefect server and the metrics store on a private PostgreSQL (installed when missing).
+DB ?= sqlite
 demo: venv
-	@bash scripts/demo.sh
+	@if [ "$(DB)" = postgres ]; then bash scripts/system-deps.sh; fi
+	@DB=$(DB) bash scripts/demo.sh
 
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

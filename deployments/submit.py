@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, Field
 
+from prefect_launch.deployments.submit_retry import create_runs
 from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
@@ -40,6 +41,9 @@ class SubmitRequest(BaseModel):
 
 
 class Submitted(BaseModel):
+    idempotency_key: Optional[str] = Field(
+        None, description="Names this submission: repeating it with the same key returns the same runs")
+    timeout: Optional[str] = None  # e.g. "90s", "2h": the agent ends the run Failed after this long
     run_ids: list[str]
     names: list[str]
     job: str
@@ -205,22 +209,14 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
         job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
     owner = req.owner or getpass.getuser()
     tags = launch_tags(owner, resolved.preset)
-    created = []
-    try:
-        for i in range(req.count):
-            name = req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None)
-            created.append(client.create_flow_run_from_deployment(
-                deployment.id, parameters=params, job_variables=job_variables, work_queue_name=priority,
-                tags=tags, name=name,
-                labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset},
-            ))
-    except Exception:
-        for fr in created:  # all or none: never leave half a submission queued
-            try:
-                client.delete_flow_run(fr.id)
-            except Exception:
-                pass
-        raise
+
+    def run_kwargs(i: int) -> dict[str, Any]:
+        return dict(parameters=params, job_variables=job_variables, work_queue_name=priority, tags=tags,
+                    name=req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None),
+                    labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset})
+
+    # idempotency keys make retries on a busy server safe; all or none (see submit_retry)
+    created = create_runs(client, deployment.id, req.count, run_kwargs, key=req.idempotency_key)
     return Submitted(
         run_ids=[str(fr.id) for fr in created], names=[fr.name for fr in created], job=req.job, queue=queue,
         priority=priority, preset=resolved.preset, resources=resolved.resources.describe(),

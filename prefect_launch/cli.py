@@ -29,6 +29,8 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(agent_app, name="agent")
 app.add_typer(runs_app, name="runs")
 app.add_typer(monitor_app, name="monitor")
+store_app = typer.Typer(help="The metrics store: retention and purge.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -375,3 +377,50 @@ def main() -> None:  # pragma: no cover - console entry
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+# ----------------------------------------------------------------------------- store
+def _store():
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
+
+    name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
+    with _client() as client:
+        try:
+            client.hello()
+        except Exception as exc:
+            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+    try:
+        return name, RunMetricsStore.load(name)
+    except ValueError:
+        _fail(f"no metrics store block {name!r}: run `prefect-launch setup` first")
+
+
+@store_app.command("retention")
+def store_retention(days: Optional[int] = typer.Argument(None, min=1, help="Keep runs for this many days "
+                                                                          "(omit to show the setting)"),
+                    as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Show or set how long the metrics store keeps runs (the block's retention_days; default 90)."""
+    name, store = _store()
+    if days is not None and days != store.retention_days:
+        store.retention_days = days
+        store.save(name, overwrite=True)
+    if as_json:
+        _print_json({"metrics_block": name, "retention_days": store.retention_days})
+    else:
+        console.print(f"metrics store block [bold]{name}[/]: keeps runs for {store.retention_days} days",
+                      highlight=False)
+
+
+@store_app.command("purge")
+def store_purge(older_than_days: Optional[float] = typer.Option(
+                    None, "--older-than-days", min=0, help="Default: the store's retention_days setting"),
+                as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Delete runs (samples, summaries) that ended longer ago than the retention; run it daily (cron)."""
+    name, store = _store()
+    days = older_than_days if older_than_days is not None else store.retention_days
+    deleted = store.purge(days)
+    if as_json:
+        _print_json({"metrics_block": name, "older_than_days": days, "deleted_runs": deleted})
+    else:
+        console.print(f"metrics store block [bold]{name}[/]: deleted {deleted} run(s) that ended more than "
+                      f"{days:g} days ago", highlight=False)
+
+

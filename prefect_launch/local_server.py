@@ -1,7 +1,14 @@
 """Start and stop a local Prefect server on loopback: for tests, benchmarks and scripts.
 
 One place for what every test fixture and benchmark needs: a free port, a
-private PREFECT_HOME (SQLite), a health wait, and a clean stop.
+private PREFECT_HOME (SQLite, or PostgreSQL with ``db_url``), a health wait, and a
+clean stop; and a private PostgreSQL server (initdb/pg_ctl on a loopback port) for
+the Prefect server and the metrics store.
+
+From a shell (scripts/demo.sh)::
+
+    python -m prefect_launch.local_server postgres start DIR [--port N] [--db NAME ...]   # prints the port
+    python -m prefect_launch.local_server postgres stop DIR
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_env(home: Path, api_url: str, ui: bool = False) -> dict[str, str]:
+def server_env(home: Path, api_url: str, ui: bool = False, db_url: Optional[str] = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         PREFECT_HOME=str(home),
@@ -33,6 +40,10 @@ def server_env(home: Path, api_url: str, ui: bool = False) -> dict[str, str]:
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_LOGGING_LEVEL="WARNING",
     )
+    for k in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
+        env.pop(k, None)
+    if db_url:  # e.g. postgresql+asyncpg://launch@127.0.0.1:5433/prefect
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = db_url
     if not ui:
         env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_UI_ENABLED="false")
     return env
@@ -56,11 +67,15 @@ def wait_healthy(api_url: str, proc: Optional[subprocess.Popen] = None, timeout:
 
 @contextlib.contextmanager
 def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None, ui: bool = False,
-                         export: bool = True) -> Iterator[str]:
+                         export: bool = True, db_url: Optional[str] = None,
+                         auth_string: Optional[str] = None) -> Iterator[str]:
     """Run ``prefect server start`` on 127.0.0.1; yields the API URL.
 
-    With ``export`` the URL and home go into ``os.environ`` (so subprocesses use this server)
-    and Prefect's in-process settings are refreshed to match.
+    ``db_url`` (``postgresql+asyncpg://...``) puts the server's database on PostgreSQL instead of
+    SQLite under ``home``. With ``export`` the URL and home go into ``os.environ`` (so subprocesses
+    use this server) and Prefect's in-process settings are refreshed to match.
+    ``auth_string`` (``user:password``) makes the server require it (PREFECT_SERVER_API_AUTH_STRING);
+    clients then need PREFECT_API_AUTH_STRING (exported too with ``export``).
     """
     home = Path(home or tempfile.mkdtemp(prefix="prefect-launch-"))
     home.mkdir(parents=True, exist_ok=True)
@@ -70,13 +85,16 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
     log = open(log_path, "a")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=server_env(home, api_url, ui), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**server_env(home, api_url, ui, db_url),
+             **({"PREFECT_SERVER_API_AUTH_STRING": auth_string} if auth_string else {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        wait_healthy(api_url, proc, log=log_path)
+        wait_healthy(api_url, proc, log=log_path, timeout=180 if db_url else 120)
         if export:
             os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url,
                               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+            if auth_string:
+                os.environ["PREFECT_API_AUTH_STRING"] = auth_string
             import prefect.context
 
             prefect.context.refresh_global_settings_context()
@@ -112,3 +130,156 @@ def background_process(args: list[str], log_path: Path, env: Optional[dict] = No
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+PG_USER = "launch"  # the superuser initdb creates; loopback only, trust auth
+
+
+def find_pg_bin(name: str) -> Optional[str]:
+    """``initdb`` / ``pg_ctl``: on PATH, else the newest /usr/lib/postgresql/*/bin (Debian layout)."""
+    import glob
+    import shutil
+
+    p = shutil.which(name)
+    if p:
+        return p
+    cands = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda c: int(c.split("/")[4]) if c.split("/")[4].isdigit() else 0)
+    return cands[-1] if cands else None
+
+
+def _pg_run_as() -> Optional[str]:
+    """PostgreSQL refuses to run as root: as root, run it as ``postgres`` (or ``nobody``)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        return None
+    for cand in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(cand)
+            return cand
+        except KeyError:
+            continue
+    raise RuntimeError("running as root and neither a 'postgres' nor a 'nobody' user exists to run PostgreSQL")
+
+
+def _as_user(user: Optional[str], argv: list[str]) -> subprocess.CompletedProcess:
+    import shutil
+
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv] if shutil.which("runuser") else \
+            ["su", user, "-s", "/bin/sh", "-c", " ".join(argv)]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    return proc
+
+
+def pg_url(port: int, db: str, driver: str = "psycopg", host: str = "127.0.0.1") -> str:
+    """SQLAlchemy URL of database ``db``: ``psycopg`` for the metrics store, ``asyncpg`` for the Prefect server."""
+    return f"postgresql+{driver}://{PG_USER}@{host}:{port}/{db}"
+
+
+def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True) -> int:
+    """Start a private PostgreSQL with its data under ``base`` (initdb on first use) on 127.0.0.1.
+
+    Returns the port. ``fast`` turns fsync off (tests, benchmarks, the demo: never for data you keep).
+    """
+    initdb, pg_ctl = find_pg_bin("initdb"), find_pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        raise FileNotFoundError("PostgreSQL server binaries (initdb, pg_ctl) not found; run scripts/system-deps.sh")
+    base = Path(base).resolve()
+    user = _pg_run_as()
+    data, sock = base / "data", base / "sock"
+    sock.mkdir(parents=True, exist_ok=True)
+    if user:
+        import pwd
+
+        pw = pwd.getpwnam(user)
+        for p in (base, sock):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        os.chmod(base, 0o700)
+        # the server's user must be able to reach its directory
+        for parent in base.parents:
+            if parent == Path("/"):
+                break
+            if not os.stat(parent).st_mode & 0o001:
+                raise RuntimeError(f"{parent} is not searchable by user {user!r}; put the PostgreSQL data elsewhere")
+    if not (data / "PG_VERSION").exists():
+        _as_user(user, [initdb, "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync"])
+    port = port or free_port()
+    opts = f"-p {port} -k {sock} -h 127.0.0.1 -c max_connections=300"
+    if fast:
+        opts += " -F -c fsync=off -c full_page_writes=off -c synchronous_commit=off"
+    _as_user(user, [pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-o", opts, "-w", "-t", "60", "start"])
+    (base / "port").write_text(str(port))
+    return port
+
+
+def stop_postgres(base: Path, mode: str = "fast") -> None:
+    pg_ctl = find_pg_bin("pg_ctl")
+    data = Path(base).resolve() / "data"
+    if pg_ctl and (data / "postmaster.pid").exists():
+        _as_user(_pg_run_as(), [pg_ctl, "-D", str(data), "-m", mode, "-w", "stop"])
+
+
+def create_database(port: int, name: str, host: str = "127.0.0.1") -> None:
+    """Create database ``name`` unless it exists."""
+    import psycopg
+
+    deadline = time.time() + 30
+    while True:
+        try:
+            with psycopg.connect(host=host, port=port, user=PG_USER, dbname="postgres", autocommit=True) as conn:
+                if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                    conn.execute(f'CREATE DATABASE "{name}"')
+            return
+        except psycopg.OperationalError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def local_postgres(base: Optional[Path] = None, keep: bool = False) -> Iterator[int]:
+    """A private PostgreSQL for the duration of the block; yields its port (see :func:`pg_url`)."""
+    import shutil
+
+    base = Path(base or tempfile.mkdtemp(prefix="launch-pg-"))
+    port = start_postgres(base)
+    try:
+        yield port
+    finally:
+        with contextlib.suppress(Exception):
+            stop_postgres(base, mode="immediate")
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m prefect_launch.local_server")
+    sub = ap.add_subparsers(dest="what", required=True)
+    pg = sub.add_parser("postgres", help="a private PostgreSQL on 127.0.0.1")
+    pg.add_argument("action", choices=["start", "stop"])
+    pg.add_argument("dir", help="data folder (created on first start)")
+    pg.add_argument("--port", type=int, default=None)
+    pg.add_argument("--db", action="append", default=[], help="database to create if missing; repeatable")
+    args = ap.parse_args(argv)
+    try:
+        if args.action == "start":
+            port = start_postgres(Path(args.dir), args.port)
+            for db in args.db:
+                create_database(port, db)
+            print(port)
+        else:
+            stop_postgres(Path(args.dir))
+    except (RuntimeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

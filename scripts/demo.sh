@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: a local Prefect server (SQLite), the metrics store, the example queues and jobs,
 # one launch agent with two declared GPUs, the queue monitor, and a mix of submitted jobs.
-# Ctrl-C stops everything this script started.
+# `make demo DB=postgres` (or DB=postgres scripts/demo.sh): the same, with the Prefect server and the
+# metrics store on a private PostgreSQL that this script starts on a loopback port (data in
+# .launch/postgres). Ctrl-C stops everything this script started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -9,6 +11,11 @@ BIN="$ROOT/.venv/bin"
 STATE="$ROOT/.launch"
 mkdir -p "$STATE/logs"
 
+DB="${DB:-sqlite}"
+case "$DB" in
+  sqlite|postgres) ;;
+  *) echo "DB=$DB: use DB=sqlite (default) or DB=postgres" >&2; exit 2 ;;
+esac
 PORT="${LAUNCH_PREFECT_PORT:-4200}"
 DASH_PORT="${LAUNCH_DASHBOARD_PORT:-8501}"
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -23,6 +30,7 @@ export LAUNCH_CODE_STORAGE="$STATE/storage"
 mkdir -p "$PREFECT_HOME"
 
 pids=()
+PG_DIR=""
 cleanup() {
   trap - INT TERM EXIT
   echo; echo "stopping the demo ..."
@@ -30,6 +38,7 @@ cleanup() {
   sleep 3
   for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  if [ -n "$PG_DIR" ]; then "$BIN/python" -m prefect_launch.local_server postgres stop "$PG_DIR" || true; fi
   echo "stopped. State is kept in $STATE (delete it for a fresh start)."
   exit 0
 }
@@ -40,16 +49,28 @@ start() {  # start NAME CMD...: in its own process group, logging to .launch/log
   pids+=("$!")
 }
 
-echo "==> Prefect server on 127.0.0.1:$PORT (SQLite under $PREFECT_HOME)"
+METRICS_ARGS=()
+if [ "$DB" = postgres ]; then
+  PG_DIR="$STATE/postgres"
+  echo "==> PostgreSQL on 127.0.0.1 (data in $PG_DIR; log $PG_DIR/pg.log)"
+  PG_PORT="$("$BIN/python" -m prefect_launch.local_server postgres start "$PG_DIR" ${LAUNCH_PG_PORT:+--port "$LAUNCH_PG_PORT"} \
+    --db prefect --db launch_metrics)" || { PG_DIR=""; echo "PostgreSQL did not start (make system-deps installs it)" >&2; exit 1; }
+  export PREFECT_SERVER_DATABASE_CONNECTION_URL="postgresql+asyncpg://launch@127.0.0.1:$PG_PORT/prefect"
+  METRICS_ARGS=(--metrics-url "postgresql+psycopg://launch@127.0.0.1:$PG_PORT/launch_metrics")
+  echo "==> Prefect server on 127.0.0.1:$PORT (PostgreSQL 127.0.0.1:$PG_PORT, database prefect)"
+else
+  unset PREFECT_SERVER_DATABASE_CONNECTION_URL PREFECT_API_DATABASE_CONNECTION_URL
+  echo "==> Prefect server on 127.0.0.1:$PORT (SQLite under $PREFECT_HOME)"
+fi
 start server "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT"
-for i in $(seq 1 120); do
+for i in $(seq 1 240); do
   curl -fsS "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
   sleep 0.5
-  [ "$i" = 120 ] && { echo "server did not start; see $STATE/logs/server.log" >&2; exit 1; }
+  [ "$i" = 240 ] && { echo "server did not start; see $STATE/logs/server.log" >&2; exit 1; }
 done
 
 echo "==> metrics store and block types"
-"$BIN/prefect-launch" setup
+"$BIN/prefect-launch" setup "${METRICS_ARGS[@]}"
 
 echo "==> queues (work pools) from deployments/queues.yaml"
 "$BIN/prefect-launch" queue apply deployments/queues.yaml
