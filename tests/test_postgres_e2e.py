@@ -30,8 +30,8 @@ def test_server_really_is_on_postgres(prefect_server_pg):
     assert os.environ["PREFECT_API_URL"] == prefect_server_pg["api_url"]
     db = prefect_server_pg["metrics_url"].rsplit("/", 1)[1].replace("metrics_", "prefect_")
     with psycopg.connect(host="127.0.0.1", port=prefect_server_pg["pg_port"], user="launch", dbname=db) as conn:
-        (n,) = conn.execute("SELECT count(*) FROM work_pool").fetchone()
-    assert n >= 1, "Prefect's own tables are in PostgreSQL"
+        (n,) = conn.execute("SELECT count(*) FROM block_document WHERE name = 'default'").fetchone()
+    assert n == 1, "the store block that `setup` saved is in Prefect's tables in PostgreSQL"
     assert cli_json("setup")["url"] == prefect_server_pg["metrics_url"]
 
 
