@@ -44,13 +44,34 @@ def run_record(flow_run: Any, alloc: Allocation, agent: str, queue: str) -> RunR
     )
 
 
+def outage_settings() -> dict[str, Any]:
+    """How a sampler rides out a metrics-store outage, from the agent's environment.
+
+    ``LAUNCH_METRICS_BUFFER``: samples kept per run while the store is unreachable (default 3600;
+    older ones are dropped and counted as lost); ``LAUNCH_METRICS_RETRY_MAX_S``: the longest wait
+    between two write attempts (default 60 s; backoff starts at 1 s or this, whichever is less).
+    """
+    out: dict[str, Any] = {}
+    if os.environ.get("LAUNCH_METRICS_BUFFER"):
+        out["max_buffer"] = int(os.environ["LAUNCH_METRICS_BUFFER"])
+    if os.environ.get("LAUNCH_METRICS_RETRY_MAX_S"):
+        hi = float(os.environ["LAUNCH_METRICS_RETRY_MAX_S"])
+        out["retry_backoff_s"] = (min(1.0, hi), hi)
+    return out
+
+
 def start_sampler(store: Optional[RunMetricsStore], flow_run: Any, alloc: Allocation, agent: str, queue: str,
-                  pid: int, run_logger: Any = None) -> Optional[RunSampler]:
+                  pid: int, run_logger: Any = None, started_at: Any = None) -> Optional[RunSampler]:
+    """``started_at`` keeps a re-adopted run's original start (else: now)."""
     try:
         interval = float(os.environ.get("LAUNCH_SAMPLE_INTERVAL", "1.0"))
-        return RunSampler(store, run_record(flow_run, alloc, agent, queue), pid, gpu_indices=alloc.gpu_indices,
+        outage = outage_settings()
+        record = run_record(flow_run, alloc, agent, queue)
+        if started_at is not None:
+            record = record.model_copy(update={"started_at": started_at})
+        return RunSampler(store, record, pid, gpu_indices=alloc.gpu_indices,
                           allocated_cpus=alloc.resources.cpu, allocated_memory_bytes=alloc.resources.memory,
-                          interval_s=interval, logger=run_logger).start()
+                          interval_s=interval, logger=run_logger, **outage).start()
     except Exception as exc:
         logger.warning("metrics sampling unavailable for run %s: %s", flow_run.id, exc)
         return None

@@ -120,6 +120,20 @@ def _alloc(summary: Any, record: Any) -> tuple[Any, Any, Any]:
     return cpus, mem, gpus
 
 
+# how the sampler counted a run's memory (RunRecord.extra["memory_measure"])
+MEMORY_MEASURES = {"cgroup": "cgroup charge", "pss": "PSS of its processes"}
+
+
+def lost_samples_note(summary: Any) -> Optional[str]:
+    """A line for a run that lost samples while the metrics store was unreachable; None when none were lost."""
+    lost = _get(summary, "lost_samples", 0) or 0
+    if not lost:
+        return None
+    taken = _get(summary, "samples", 0) or 0
+    return (f"{lost} of {taken} samples were lost while the metrics store was unreachable "
+            "(the series below has gaps; the summary still counts every sample)")
+
+
 def summary_artifact_rows(summary: Any, record: Any = None) -> list[dict[str, str]]:
     """Rows ``{"metric", "allocated", "used"}`` for a Prefect table artifact
     (``create_table_artifact(table=rows, key=..., description=...)``), all values strings.
@@ -131,6 +145,9 @@ def summary_artifact_rows(summary: Any, record: Any = None) -> list[dict[str, st
     mem_used = f"{fmt_bytes(peak)} peak"
     if peak is not None and mem:
         mem_used += f" ({100.0 * peak / mem:.0f}%)"
+    measure = MEMORY_MEASURES.get(str((_get(record, "extra") or {}).get("memory_measure")))
+    if peak is not None and measure:
+        mem_used += f", {measure}"
     gpu_used = "-"
     if _get(summary, "avg_gpu_util_pct") is not None:
         gpu_used = f"{fmt_pct(_get(summary, 'avg_gpu_util_pct'))} avg util, {fmt_pct(_get(summary, 'max_gpu_util_pct'))} max"
@@ -237,6 +254,9 @@ def render_run_report(record: Any, summary: Any, series: Sequence[Any], width: i
         lines.append(f"  {'':<{w1}}  {'allocated':<{w2}}  used")
         for r in rows:
             lines.append(f"  {r['metric']:<{w1}}  {r['allocated']:<{w2}}  {r['used']}")
+        note = lost_samples_note(summary)
+        if note:
+            lines.append(f"  ! {note}")
     lines.append("")
     pts = list(series or [])
     if not pts:

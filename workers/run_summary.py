@@ -115,6 +115,11 @@ class SummaryAccumulator:
             ("read_bytes", "write_bytes", "net_rx_bytes", "net_tx_bytes")
         )
 
+    def note_peak_memory(self, peak: Optional[int]) -> None:
+        """A peak known between samples (the kernel's maximum charge of the run's memory group)."""
+        if peak is not None and (self.peak_rss_bytes is None or peak > self.peak_rss_bytes):
+            self.peak_rss_bytes = peak
+
     def add(self, s: MetricSample) -> None:
         self.samples += 1
         if self.first_ts is None or s.ts < self.first_ts:

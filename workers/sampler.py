@@ -2,17 +2,24 @@
 
 One :class:`RunSampler` per run, two daemon threads:
 
-* the *sampling* thread reads, every ``interval_s``, the CPU times, RSS and disk
-  I/O of the run's process tree (the root pid and all its descendants, found
+* the *sampling* thread reads, every ``interval_s``, the CPU times and disk I/O
+  of the run's process tree (the root pid and all its descendants, found
   through one scan of the process table; descendants that get re-parented stay
-  tracked), network bytes when the run has its own network namespace, and the
-  allocated GPUs' utilisation and memory through NVML;
+  tracked), the memory the run holds counted once (its memory cgroup's charge
+  when it has one, else the PSS of the tree: :func:`~prefect_launch.workers.limits.run_memory`,
+  the figure the agent's memory watch uses; stored as ``rss_bytes``), network
+  bytes when the run has its own network namespace, and the allocated GPUs'
+  utilisation and memory through NVML;
 * the *writer* thread upserts the :class:`RunRecord` first, then sends the
   buffered samples to the store in batches. When the store is down, samples stay
   in a bounded buffer and are retried with exponential backoff; samples pushed
-  out of a full buffer, or still unsent when the sampler stops, are counted in
-  ``lost_samples`` and logged. Nothing the store does ever raises out of the
-  sampler or slows the sampling.
+  out of a full buffer are counted in ``lost_samples`` and logged. When the store
+  is still down as the run ends, :meth:`RunSampler.stop` returns the summary at
+  once (unsent samples counted as lost in it) and a *late writer* thread keeps
+  trying, for up to ``late_write_s``, to store the rest of the samples, the
+  record's end state and the summary, whose ``lost_samples`` then counts only
+  what was really dropped. Nothing the store does ever raises out of the sampler
+  or slows the sampling.
 
 CPU accounting: for every tracked process the sampler reads utime+stime plus the
 CPU of children it has reaped (cutime+cstime, one read of /proc/PID/stat), so
@@ -43,6 +50,7 @@ from typing import Any, Callable, Optional
 import psutil
 
 from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, RunSummary
+from prefect_launch.workers.limits import MemoryGroup, run_memory
 from prefect_launch.workers.nvml import Nvml, get_nvml
 from prefect_launch.workers.run_summary import SummaryAccumulator, WasteThresholds
 
@@ -145,6 +153,7 @@ class RunSampler:
         flush_interval_s: float | None = None,
         retry_backoff_s: tuple[float, float] = (1.0, 60.0),
         stop_flush_timeout_s: float = 5.0,
+        late_write_s: float = 600.0,
         recent: int = 600,
         thresholds: WasteThresholds | None = None,
         on_sample: Callable[[MetricSample], None] | None = None,
@@ -172,6 +181,7 @@ class RunSampler:
         self.max_buffer = max(1, int(max_buffer))
         self.retry_backoff_s = retry_backoff_s
         self.stop_flush_timeout_s = stop_flush_timeout_s
+        self.late_write_s = late_write_s
         self.thresholds = thresholds
         self.on_sample = on_sample
         self.log = logger or _DEFAULT_LOG
@@ -196,8 +206,10 @@ class RunSampler:
         self.self_cpu_s = 0.0  # CPU time of this sampler's own threads
         self.recent: deque[MetricSample] = deque(maxlen=recent)
         self.summary: Optional[RunSummary] = None
+        self.late_written: Optional[threading.Event] = None  # set once a late write succeeded
         self.gpu_source: Optional[str] = None  # "process" / "device" once GPU data was read
         self.gpu_mem_total_bytes: Optional[int] = None
+        self.memory_source: Optional[str] = None  # "cgroup" or "pss" once memory was read
 
         # sampling-thread state
         self._acc = SummaryAccumulator()
@@ -240,7 +252,9 @@ class RunSampler:
         """Take a final sample, flush (bounded by ``stop_flush_timeout_s``), write the summary.
 
         Blocks for at most about ``stop_flush_timeout_s`` plus one store round trip;
-        never raises for store problems. Calling it twice returns the same summary.
+        never raises for store problems. When the store is still unreachable, the
+        unsent samples and the summary go to a late writer (see the module doc).
+        Calling it twice returns the same summary.
         """
         if self._stopped and self.summary is not None:
             return self.summary
@@ -255,14 +269,10 @@ class RunSampler:
             self._wake.set()
             self._writer_thread.join(timeout=self.stop_flush_timeout_s + 30)
         with self._lock:
-            left = len(self._buffer)
+            left = list(self._buffer)
             self._buffer.clear()
-        if left:
-            self.lost_samples += left
-            self.log.error(
-                "metrics store unreachable at the end of run %s: %d samples not stored (%d lost in all)",
-                self.record.flow_run_id, left, self.lost_samples,
-            )
+        dropped = self.lost_samples  # pushed out of a full buffer: gone for good
+        self.lost_samples += len(left)
         if self._nvml is not None and self.gpu_mem_total_bytes is None and self.gpu_indices:
             self.gpu_mem_total_bytes = self._nvml.memory_total(self.gpu_indices)
         self.record = self.record.model_copy(update={"ended_at": ended, "state": exit_state})
@@ -275,21 +285,70 @@ class RunSampler:
             thresholds=self.thresholds,
         )
         self.summary = summary
-        if self.store is not None and self._started and not self._last_flush_ok:
-            self.log.error(
-                "metrics store unreachable: summary of run %s not stored (returned to the caller)",
-                self.record.flow_run_id,
-            )
-        elif self.store is not None and self._started:
+        if self.store is None or not self._started:
+            return summary
+        stored = False
+        if not left and self._last_flush_ok:
             t0 = time.thread_time()
             try:
                 self.store.upsert_run(self.record)
                 self.store.write_summary(self.record.flow_run_id, summary)
+                stored = True
             except Exception as exc:
-                self.log.error("could not store the summary of run %s: %s", self.record.flow_run_id, exc)
+                self.log.error("could not store the summary of run %s: %s", self.record.flow_run_id,
+                               str(exc).splitlines()[0][:300])
             finally:
                 self.self_cpu_s += time.thread_time() - t0
+        if not stored:
+            self.log.error(
+                "metrics store unreachable at the end of run %s: %d samples and the summary not stored yet "
+                "(%d lost in all so far); retrying for up to %.0f s",
+                self.record.flow_run_id, len(left), self.lost_samples, self.late_write_s,
+            )
+            late = summary.model_copy(update={"lost_samples": dropped})
+            self.late_written = threading.Event()
+            threading.Thread(target=self._late_write, args=(left, late), daemon=True,
+                             name=f"launch-sampler-{self.record.flow_run_id[:8]}-late").start()
         return summary
+
+    def _late_write(self, left: list[MetricSample], summary: RunSummary) -> None:
+        """Store what the end of the run could not, once the store is back (samples are idempotent)."""
+        assert self.store is not None and self.late_written is not None
+        deadline = time.monotonic() + self.late_write_s
+        lo, hi = self.retry_backoff_s
+        attempt = 0
+        while True:
+            try:
+                self.store.upsert_run(self.record)
+                if left:
+                    self.store.record_samples(left)
+                self.store.write_summary(self.record.flow_run_id, summary)
+            except Exception as exc:
+                attempt += 1
+                wait = min(hi, lo * 2 ** min(attempt - 1, 20))
+                if time.monotonic() + wait > deadline:
+                    self.log.error(
+                        "metrics store still unreachable %.0f s after run %s ended: its last %d samples "
+                        "and its summary are lost (%s)", self.late_write_s, self.record.flow_run_id, len(left),
+                        str(exc).splitlines()[0][:300],
+                    )
+                    return
+                time.sleep(wait)
+                continue
+            self.stored_samples += len(left)
+            self.lost_samples = summary.lost_samples
+            self.log.info(
+                "metrics store reachable again: run %s's last %d samples and its summary stored late "
+                "(%d samples lost)", self.record.flow_run_id, len(left), summary.lost_samples,
+            )
+            self.late_written.set()
+            return
+
+    def note_peak_memory(self, peak_bytes: Optional[int]) -> None:
+        """A peak seen elsewhere before :meth:`stop` (e.g. ``RunLimits.peak_rss``, read from the kernel
+        as the run's memory group is removed); the summary's peak is the larger."""
+        if peak_bytes:
+            self._acc.note_peak_memory(int(peak_bytes))
 
     async def astop(self, exit_state: str) -> RunSummary:
         """:meth:`stop` in a thread, for async callers."""
@@ -363,7 +422,6 @@ class RunSampler:
         self._discover()
         tot_now: dict[int, float] = {}
         parent_now: dict[int, Optional[int]] = {}
-        rss = 0
         io_now: dict[int, tuple[int, int]] = {}
         io_ok = False
         for pid, p in list(self._procs.items()):
@@ -372,7 +430,6 @@ class RunSampler:
                     ct = p.cpu_times()
                     tot_now[pid] = ct.user + ct.system + ct.children_user + ct.children_system
                     parent_now[pid] = p.ppid()
-                    rss += p.memory_info().rss
                     try:
                         io = p.io_counters()
                         io_now[pid] = (io.read_bytes, io.write_bytes)
@@ -383,6 +440,7 @@ class RunSampler:
                 del self._procs[pid]
             except psutil.AccessDenied:
                 del self._procs[pid]
+        mem = self._read_memory(tot_now)
         if not self._primed:
             self._primed = True
             self._remember(now_m, tot_now, parent_now, io_now)
@@ -424,7 +482,7 @@ class RunSampler:
             interval_s=round(wall, 3),
             cpu_pct=round(cpu_pct, 2),
             cpu_share_pct=round(share, 2) if share is not None else None,
-            rss_bytes=rss,
+            rss_bytes=mem.used if mem else None,
             read_bytes=rd if io_ok else None,
             write_bytes=wr if io_ok else None,
             net_rx_bytes=net[0] if net else None,
@@ -435,6 +493,24 @@ class RunSampler:
         )
         self._remember(now_m, tot_now, parent_now, io_now)
         self._emit(sample)
+
+    def _read_memory(self, alive: dict[int, float]):
+        """The run's memory counted once (see :func:`run_memory`); feeds the kernel's peak to the summary."""
+        if not alive:
+            return None
+        try:
+            mem = run_memory(self.pid, MemoryGroup.open(self.record.flow_run_id),
+                             [self._procs[pid] for pid in alive if pid in self._procs])
+        except Exception as exc:  # pragma: no cover - defensive
+            self.log.debug("memory reading failed for run %s: %s", self.record.flow_run_id, exc)
+            return None
+        if mem.peak > mem.used:  # the kernel's peak, between our ticks
+            self._acc.note_peak_memory(mem.peak)
+        if self.memory_source != mem.source:
+            self.memory_source = mem.source
+            extra = {**self.record.extra, "memory_measure": mem.source}
+            self.record = self.record.model_copy(update={"extra": extra})
+        return mem
 
     def _remember(self, now_m, tot_now, parent_now, io_now) -> None:
         self._prev_m = now_m
@@ -482,6 +558,7 @@ class RunSampler:
             if self.store is None:
                 return
             retry_at = 0.0
+            closing_failures = 0
             while True:
                 closing = self._closing.is_set()
                 now = time.monotonic()
@@ -501,8 +578,10 @@ class RunSampler:
                         lo, hi = self.retry_backoff_s
                         backoff = min(hi, lo * 2 ** min(self._failures - 1, 20))
                         retry_at = time.monotonic() + backoff
-                        if closing:
-                            time.sleep(min(0.25 * self._failures, max(0.0, self._close_deadline - time.monotonic())))
+                        if closing:  # short waits: the run is over and stop() is waiting
+                            closing_failures += 1
+                            time.sleep(min(0.25 * closing_failures, 1.0,
+                                           max(0.0, self._close_deadline - time.monotonic())))
                             continue
                 wait = self.flush_interval_s
                 if retry_at:
@@ -524,8 +603,11 @@ class RunSampler:
             if batch:
                 self.store.record_samples(batch)
                 with self._lock:
-                    # drop what was sent; samples lost to overflow meanwhile left from the left
+                    # drop what was sent. Samples pushed out of the full buffer while this batch was
+                    # in flight were counted lost, but those in the batch were stored after all.
                     sent = set(map(id, batch))
+                    kept = set(map(id, self._buffer))
+                    self.lost_samples -= sum(1 for s in batch if id(s) not in kept)
                     self._buffer = deque(s for s in self._buffer if id(s) not in sent)
                 self.stored_samples += len(batch)
         except Exception as exc:
