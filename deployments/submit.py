@@ -19,6 +19,7 @@ from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError
 from prefect_launch.workers.run_tags import launch_tags
+from prefect_launch.workers.secret_env import check_secret_blocks, parse_secret_env
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -34,16 +35,18 @@ class SubmitRequest(BaseModel):
     priority: Optional[str] = None
     params: dict[str, Any] = Field(default_factory=dict)
     env: Union[dict[str, str], list[str]] = Field(default_factory=dict)
+    # NAME=secret-block-name: only the block name is stored; the agent reads the value at start
+    secret_env: Union[dict[str, str], list[str]] = Field(default_factory=dict)
     name: Optional[str] = None
     count: int = Field(1, ge=1, le=1000)
     agent: Optional[str] = None
     owner: Optional[str] = None
-
-
-class Submitted(BaseModel):
     idempotency_key: Optional[str] = Field(
         None, description="Names this submission: repeating it with the same key returns the same runs")
     timeout: Optional[str] = None  # e.g. "90s", "2h": the agent ends the run Failed after this long
+
+
+class Submitted(BaseModel):
     run_ids: list[str]
     names: list[str]
     job: str
@@ -198,15 +201,21 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     if priority not in spec.priorities:
         raise LaunchValidationError(f"unknown priority {priority!r}; queue {queue!r} has {', '.join(spec.priorities)}")
     run_vars = {k: v for k, v in {"preset": req.preset, "cpu": req.cpu, "memory": req.memory, "gpu": req.gpu,
-                                  "shm_size": req.shm_size, "agent": req.agent}.items() if v is not None}
+                                  "shm_size": req.shm_size, "agent": req.agent,
+                                  "timeout": str(req.timeout) if req.timeout is not None else None}.items()
+                if v is not None}
     resolved = resolve_request(spec, deployment.job_variables or {}, run_vars)
     env = parse_env(req.env)
+    secret_env = parse_secret_env(req.secret_env, env)
+    check_secret_blocks(client, secret_env)
     params = validate_params(req.params, deployment.parameter_openapi_schema, req.job)
     check_capacity(client, queue, resolved)
 
     job_variables = dict(run_vars)
     if env:  # per-run env overlays the deployment's env, key by key
         job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
+    if secret_env:  # block names only, never values; overlays the deployment's references
+        job_variables["secret_env"] = {**((deployment.job_variables or {}).get("secret_env") or {}), **secret_env}
     owner = req.owner or getpass.getuser()
     tags = launch_tags(owner, resolved.preset)
 

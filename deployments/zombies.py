@@ -68,7 +68,9 @@ def ensure_zombie_automation(client: Any, within_s: int | None = None) -> Zombie
     current = existing[0]
     for extra in existing[1:]:
         client.delete_automation(extra.id)
-    if current.trigger.within == wanted.trigger.within and current.enabled:
+    within = getattr(current.trigger, "within", None)
+    seconds = within.total_seconds() if hasattr(within, "total_seconds") else within
+    if seconds == within_s and current.enabled and current.actions and current.actions[0].type == "change-flow-run-state":
         return ZombieSetup(name=NAME, within_s=within_s, action="kept")
     client.update_automation(current.id, wanted)
     return ZombieSetup(name=NAME, within_s=within_s, action="updated")

@@ -6,6 +6,7 @@ go to stderr with what to do next and a non-zero exit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -41,15 +42,24 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+@contextlib.contextmanager
 def _client():
     from prefect import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
 
     if not os.environ.get("PREFECT_API_URL"):
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
             _fail("PREFECT_API_URL is not set; start a server (`make demo`) or export PREFECT_API_URL")
-    return get_client(sync_client=True)
+    try:
+        with get_client(sync_client=True) as client:
+            yield client
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code != 401:
+            raise
+        _fail("the Prefect server refused the request (401 Unauthorized): it requires an auth string; export "
+              "PREFECT_API_AUTH_STRING=user:password (the server's PREFECT_SERVER_API_AUTH_STRING)")
 
 
 def _print_json(data: Any) -> None:
@@ -150,10 +160,16 @@ def submit_cmd(
     priority: Optional[str] = typer.Option(None, "--priority", help="critical, high, medium or low"),
     param: Optional[List[str]] = typer.Option(None, "--param", help="k=v (JSON values allowed); repeatable"),
     env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=value; repeatable"),
+    secret_env: Optional[List[str]] = typer.Option(
+        None, "--secret-env", help="NAME=secret-block: the agent sets NAME from that Prefect Secret block at start; "
+                                   "only the block name is stored; repeatable"),
     name: Optional[str] = typer.Option(None, "--name", help="Run (session) name"),
     count: int = typer.Option(1, "--count", min=1, max=1000, help="How many identical runs"),
     agent: Optional[str] = typer.Option(None, "--agent", help="Run only on this agent"),
     owner: Optional[str] = typer.Option(None, "--owner", help="Owner tag (default: your user name)"),
+    timeout: Optional[str] = typer.Option(None, "--timeout",
+                                          help="End the run Failed after it ran this long, e.g. 90s, 30m, 2h "
+                                               "(default: the queue's timeout, if any)"),
     as_json: bool = typer.Option(False, "--json", help="Print the created run ids as JSON."),
 ) -> None:
     """Validate and enqueue run(s) of JOB; nothing is enqueued when anything is wrong."""
@@ -163,7 +179,8 @@ def submit_cmd(
     try:
         req = SubmitRequest(job=job, queue=queue, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
                             shm_size=shm_size, priority=priority, params=parse_params(param or []),
-                            env=list(env or []), name=name, count=count, agent=agent, owner=owner)
+                            env=list(env or []), secret_env=list(secret_env or []), name=name, count=count, agent=agent, owner=owner,
+                            timeout=timeout)
         with _client() as client:
             result = submit(client, req)
     except LaunchValidationError as exc:
@@ -186,6 +203,9 @@ def agent_start(
     capacity: Optional[str] = typer.Option(None, "--capacity", help="e.g. cpu=8,memory=32Gi,gpu=2"),
     name: Optional[str] = typer.Option(None, "--name", help="Agent name (default: host name)"),
     no_cgroups: bool = typer.Option(False, "--no-cgroups", help="Enforce memory by watching RSS only"),
+    on_exit: str = typer.Option("drain", "--on-exit",
+                                help="On Ctrl-C/SIGTERM: 'drain' (let running runs finish; a second signal "
+                                     "cancels them) or 'cancel' (cancel them at once)"),
 ) -> None:
     """Start one agent serving every --queue with one capacity ledger."""
     if ctx.invoked_subcommand is not None:
@@ -196,7 +216,7 @@ def agent_start(
     from prefect_launch.workers.resources import LaunchValidationError
 
     try:
-        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups)
+        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit)
     except (LaunchValidationError, LookupError) as exc:
         _fail(str(exc))
 
@@ -282,7 +302,11 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
 @app.command("setup")
 def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
                                                      help="SQLAlchemy URL of the metrics store (default: SQLite "
-                                                          "beside the Prefect database)"),
+                                                          "beside the Prefect database); a password in it is "
+                                                          "moved to the block's encrypted password field"),
+          metrics_password_secret: Optional[str] = typer.Option(
+              None, "--metrics-password-secret", help="Name of a Prefect Secret block holding the store's "
+                                                      "database password (read at connect time)"),
           as_json: bool = typer.Option(False, "--json", help="Print what was registered as JSON.")) -> None:
     """Register prefect-launch's block types and the default metrics store (idempotent)."""
     from prefect_launch.blocks.metrics_store import RunMetricsStore
@@ -296,23 +320,33 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
     for block in (RunMetricsStore, QueueLinks):
         block.register_type_and_schema()
     name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
+    from prefect_launch.blocks.metrics_store import configure_store
+
     try:
-        store = RunMetricsStore.load(name)
-        action = "kept"
-        if metrics_url and store.url != metrics_url:
-            store = RunMetricsStore(url=metrics_url)
-            store.save(name, overwrite=True)
-            action = "updated"
-    except ValueError:
-        store = RunMetricsStore(url=metrics_url)
-        store.save(name)
-        action = "created"
-    version = store.schema_version()
-    url = store.url or "(SQLite beside the Prefect database)"
+        store, action = configure_store(name, metrics_url, metrics_password_secret)
+    except ValueError as exc:
+        _fail(str(exc))
+    try:
+        version = store.schema_version()
+    except ValueError as exc:
+        _fail(store.redact(str(exc)))
+    except Exception as exc:  # the store does not answer: say so, never with its password
+        _fail(f"cannot open the metrics store {store.display_url()}: "
+              f"{store.redact(f'{type(exc).__name__}: {exc}').splitlines()[0]}")
+    url = store.display_url()
+    from prefect_launch.deployments.zombies import ensure_zombie_automation
+
+    with _client() as client:
+        zombies = ensure_zombie_automation(client)
     if as_json:
-        _print_json({"metrics_block": name, "action": action, "url": url, "schema_version": version})
+        _print_json({"metrics_block": name, "action": action, "url": url, "password": store.password_source(),
+                     "schema_version": version,
+                     "zombie_automation": zombies.model_dump()})
     else:
-        console.print(f"metrics store block [bold]{name}[/]: {action}; {url}; schema v{version}", highlight=False)
+        console.print(f"metrics store block [bold]{name}[/]: {action}; {url} (password: {store.password_source()}); "
+                      f"schema v{version}", highlight=False)
+        console.print(f"automation [bold]{zombies.name}[/]: {zombies.action}; a run silent for "
+                      f"{zombies.within_s} s is marked Crashed", highlight=False)
 
 
 # ---------------------------------------------------------------------------- monitor
@@ -371,12 +405,6 @@ def monitor_status(sync: bool = typer.Option(True, "--sync/--no-sync", help="Syn
                   f"last sync {out['last_sync']}", highlight=False)
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    app()
 # ----------------------------------------------------------------------------- store
 def _store():
     from prefect_launch.blocks.metrics_store import RunMetricsStore
@@ -424,3 +452,9 @@ def store_purge(older_than_days: Optional[float] = typer.Option(
                       f"{days:g} days ago", highlight=False)
 
 
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -188,3 +188,59 @@ def test_pinned_run_to_offline_agent_says_so(tmp_path: Path, unique_name: str):
             time.sleep(0.5)
         assert _label(rid, "launch.waiting") == want
         assert read_runs([rid])[0].state.is_scheduled()
+
+
+@pytest.fixture
+def own_server(tmp_path_factory):
+    """A second server for a test that changes server-wide automations; the session's server is restored after."""
+    import prefect.context
+
+    from prefect_launch.local_server import local_prefect_server
+
+    keep = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    try:
+        with local_prefect_server(tmp_path_factory.mktemp("zombie-home")) as url:
+            yield url
+    finally:
+        for k, v in keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        prefect.context.refresh_global_settings_context()
+
+
+def test_run_whose_engine_and_agent_both_die_is_crashed_by_zombie_automation(tmp_path: Path, unique_name: str,
+                                                                            own_server: str):
+    env_within = "40"  # heartbeats come every 30 s (Prefect's minimum); the product default waits 90 s
+    os.environ["LAUNCH_ZOMBIE_AFTER_SECONDS"] = env_within
+    try:
+        setup = cli_json("setup")
+        again = cli_json("setup")
+    finally:
+        os.environ.pop("LAUNCH_ZOMBIE_AFTER_SECONDS")
+    assert setup["zombie_automation"]["within_s"] == 40 and setup["zombie_automation"]["action"] == "created"
+    assert again["zombie_automation"]["action"] == "kept"  # idempotent
+    q = apply_queue(tmp_path, {"name": f"zb-{unique_name}", "presets": PRESETS, "default_preset": "c1"})
+    job = deploy_probe(q, f"probe-{unique_name}")
+    name = f"zb-{unique_name}"
+    args = [*CLI, "agent", "--name", name, "--capacity", "cpu=2,memory=4Gi", "--queue", q]
+    with background_process(args, tmp_path / "agent.log") as proc:
+        from launch_helpers import wait_agent_online
+
+        wait_agent_online(name, [q])
+        rid = _submit(job, q, tmp_path, seconds=600)
+        pid = wait_running(rid)
+        time.sleep(3)  # the engine's first heartbeat goes out as the flow starts
+        os.killpg(proc.pid, signal.SIGKILL)  # the host "dies": agent and engine at once
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        proc.wait()
+    killed = time.time()
+    deadline = killed + 150
+    run = read_runs([rid])[0]
+    while not run.state.is_final() and time.time() < deadline:
+        time.sleep(2)
+        run = read_runs([rid])[0]
+    assert run.state.is_crashed(), run.state
+    assert "no heartbeat for 40 s" in run.state.message
+    assert time.time() - killed >= 10  # crashed for its silence, not by anything at kill time

@@ -13,7 +13,7 @@ from typing import Any
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resources import format_size, parse_size
 
-LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent")
+LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "secret_env")
 
 
 def _worker_template(pool_type: str) -> dict[str, Any]:
@@ -57,6 +57,10 @@ def build_base_job_template(spec: QueueSpec) -> dict[str, Any]:
     props["cpu"].update(type="number", exclusiveMinimum=0)
     props["gpu"].update(type="integer", minimum=0)
     props["memory"]["type"] = props["shm_size"]["type"] = props["agent"]["type"] = "string"
+    props["timeout"]["type"] = "string"
+    props["secret_env"].update(type="object", additionalProperties={"type": "string"})  # NAME -> Secret block
+    if spec.timeout:
+        props["timeout"]["description"] += f" Queue default: {spec.timeout}."
     b = spec.bounds
     if b.cpu.min is not None:
         props["cpu"]["minimum"] = b.cpu.min
