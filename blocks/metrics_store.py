@@ -33,10 +33,11 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
+from urllib.parse import quote_plus
 from uuid import UUID
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 from sqlalchemy.engine import Connection, Engine
 
 from prefect.blocks.core import Block
@@ -348,18 +349,67 @@ class RunMetricsStore(Block):
     password: Optional[SecretStr] = Field(
         default=None, description="Database password, put into the URL at connect time (kept out of `url`)."
     )
+    password_secret: Optional[str] = Field(
+        default=None, description="Name of a Prefect Secret block holding the database password, read at "
+        "connect time (instead of `password`).",
+    )
     retention_days: Optional[int] = Field(
         default=90, description="purge() without an argument deletes runs that ended longer ago than this."
     )
 
     # ------------------------------------------------------------ connection
 
-    def resolved_url(self) -> str:
-        url = self.url or default_store_url()
+    _secret_password: Optional[str] = PrivateAttr(None)  # the Secret block's value, read once per instance
+
+    def _password_value(self) -> Optional[str]:
         if self.password is not None:
-            u = sa.engine.make_url(url).set(password=self.password.get_secret_value())
+            return self.password.get_secret_value()
+        if not self.password_secret:
+            return None
+        if self._secret_password is None:
+            from prefect.blocks.system import Secret
+
+            try:
+                secret = Secret.load(self.password_secret, _sync=True)
+            except ValueError:
+                raise ValueError(f"the metrics store's password Secret block {self.password_secret!r} does not "
+                                 "exist; create it or run `prefect-launch setup --metrics-password-secret NAME`") from None
+            self._secret_password = str(secret.get())
+        return self._secret_password
+
+    def resolved_url(self) -> str:
+        """The URL to connect with, password included: never print or log it (see :meth:`display_url`)."""
+        url = self.url or default_store_url()
+        password = self._password_value()
+        if password is not None:
+            u = sa.engine.make_url(url).set(password=password)
             url = u.render_as_string(hide_password=False)
         return url
+
+    def display_url(self) -> str:
+        """The URL for people: a password in it shows as ``***``."""
+        if not self.url:
+            return "(SQLite beside the Prefect database)"
+        try:
+            return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+        except Exception:
+            return "(unparseable URL)"
+
+    def redact(self, text: str) -> str:
+        """``text`` with this store's password (and URLs holding it) masked: for error messages."""
+        try:
+            password = self._password_value()
+        except Exception:
+            password = None
+        for secret in filter(None, [password, quote_plus(password) if password else None]):
+            text = text.replace(secret, "***")
+        return text
+
+    def password_source(self) -> str:
+        """Where the password comes from: ``none``, ``block`` (encrypted field) or ``secret:<block name>``."""
+        if self.password is not None:
+            return "block"
+        return f"secret:{self.password_secret}" if self.password_secret else "none"
 
     @property
     def engine(self) -> Engine:
@@ -772,3 +822,79 @@ class RunMetricsStore(Block):
     async def aseries(self, flow_run_id: Any, **kw: Any) -> list[dict[str, Any]]:
         return await asyncio.to_thread(lambda: self.series(flow_run_id, **kw))
 
+
+
+# ------------------------------------------------------------------- set-up
+
+
+def split_password(url: str) -> tuple[str, Optional[str]]:
+    """``url`` without its password, and the password (None when it has none).
+
+    Raises ValueError without repeating the URL (it may hold a password).
+    """
+    try:
+        u = sa.engine.make_url(url)
+    except Exception:
+        raise ValueError("malformed metrics store URL: expected e.g. postgresql+psycopg://user@host:5432/db "
+                         "or sqlite:///path/launch-metrics.db") from None
+    if u.password is None:
+        return url, None
+    return u._replace(password=None).render_as_string(hide_password=False), str(u.password)
+
+
+def configure_store(name: str, url: Optional[str] = None,
+                    password_secret: Optional[str] = None) -> tuple["RunMetricsStore", str]:
+    """Create or update the store block ``name``; returns it and ``created``/``updated``/``kept``.
+
+    A password inside ``url`` is moved to the block's encrypted ``password`` field (the saved
+    ``url`` never holds it); ``password_secret`` names a Secret block read at connect time
+    instead. Given a ``url``, the password settings are this call's; given only
+    ``password_secret``, the stored URL is kept. A stored URL that still holds a password is
+    rewritten the same way. Raises ValueError (without any password) on bad input.
+    """
+    from prefect.blocks.system import Secret
+
+    clean, password = split_password(url) if url else (None, None)
+    if password is not None and password_secret:
+        raise ValueError("give the store's password either inside --metrics-url or as --metrics-password-secret, "
+                         "not both")
+    if password_secret:
+        try:
+            Secret.load(password_secret, _sync=True)
+        except ValueError:
+            raise ValueError(f"no Secret block named {password_secret!r} for the metrics store's password; create it "
+                             f"first, e.g. Secret(value='...').save({password_secret!r})") from None
+    try:
+        current: Optional[RunMetricsStore] = RunMetricsStore.load(name, _sync=True)
+    except ValueError:
+        current = None
+    if current is None:
+        store = RunMetricsStore(url=clean, password=password, password_secret=password_secret)
+        store.save(name)
+        return store, "created"
+    want = {"url": current.url, "password": current.password, "password_secret": current.password_secret}
+    if url:
+        want = {"url": clean, "password": SecretStr(password) if password is not None else None,
+                "password_secret": password_secret}
+    elif password_secret:
+        want.update(password=None, password_secret=password_secret)
+    if want["url"]:
+        stored_clean, stored_password = split_password(want["url"])
+        if stored_password is not None:  # an old block with the password inside its URL
+            want["url"] = stored_clean
+            if want["password"] is None and not want["password_secret"]:
+                want["password"] = SecretStr(stored_password)
+
+    def plain(v: dict) -> tuple:
+        pw = v["password"]
+        return v["url"], pw.get_secret_value() if pw is not None else None, v["password_secret"]
+
+    if plain(want) == plain({"url": current.url, "password": current.password,
+                             "password_secret": current.password_secret}):
+        return current, "kept"
+    store = RunMetricsStore(retention_days=current.retention_days, **want)
+    store.save(name, overwrite=True)
+    return store, "updated"
+
+
+__all__ += ["configure_store", "split_password"]

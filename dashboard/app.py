@@ -250,6 +250,30 @@ def panel_errors(v: D.View) -> None:
                      column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
 
 
+def _links_unlocked() -> bool:
+    """The login gate before Manage Links writes (off unless configured, see dashboard/links_auth.py)."""
+    from prefect_launch.dashboard import links_auth
+
+    if not links_auth.gate_enabled() or st.session_state.get("links_authed"):
+        return True
+    with st.form("links_login"):
+        st.caption("Changing links needs the monitor's password.")
+        given = st.text_input("Password", type="password", key="links_password")
+        sign_in = st.form_submit_button("Sign in")
+    if sign_in:
+        try:
+            ok = links_auth.check_password(given)
+        except links_auth.GateUnavailable as exc:
+            st.error(f"Sign-in unavailable: {exc}")
+            return False
+        if ok:
+            st.session_state["links_authed"] = True
+            st.session_state["links_open"] = True
+            st.rerun()
+        st.error("Wrong password.")
+    return False
+
+
 def panel_links(v: D.View, opts: dict) -> None:
     QueueLinks = _links_block()
     with st.container(key="panel-links", border=True):
@@ -266,6 +290,8 @@ def panel_links(v: D.View, opts: dict) -> None:
         with st.expander("Manage Links", expanded=bool(st.session_state.get("links_open"))):
             if not opts["queues"]:
                 st.info("No queue exists yet.")
+                return
+            if not _links_unlocked():
                 return
             q = st.selectbox("Queue", opts["queues"], key="links_queue")
             blk = QueueLinks.for_queue(q)
