@@ -51,13 +51,15 @@ def deploy_probe(queue: str, name: str, job_variables: Optional[dict] = None) ->
 
 @contextlib.contextmanager
 def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tuple[str, ...] = (),
-          on_exit: str = "cancel", log_name: Optional[str] = None) -> Iterator[subprocess.Popen]:
+          on_exit: str = "cancel", log_name: Optional[str] = None,
+          wait_online: bool = True) -> Iterator[subprocess.Popen]:
     """An agent for the test; leaving the block stops it and (by default) cancels what it still runs."""
     args = [*CLI, "agent", "--name", name, "--capacity", capacity, "--on-exit", on_exit, *extra]
     for q in queues:
         args += ["--queue", q]
     with background_process(args, log_dir / (log_name or f"agent-{name}.log")) as proc:
-        wait_agent_online(name, queues)
+        if wait_online:
+            wait_agent_online(name, queues)
         yield proc
 
 
