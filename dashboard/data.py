@@ -31,7 +31,7 @@ import httpx
 import pandas as pd
 
 from prefect_launch.workers.agent_registry import ONLINE_WINDOW_S
-from prefect_launch.workers.run_tags import tag_value
+from prefect_launch.workers.run_tags import LAUNCH_TAG, OWNER, PRESET, WAIT_LABEL, tag, tag_value
 
 UTC = dt.timezone.utc
 PAGE = 200  # the API's maximum page size for flow runs
@@ -190,8 +190,8 @@ def _iso(t: dt.datetime) -> str:
 
 def tag_combos(spec: ViewSpec) -> list[tuple[str, ...]]:
     """Owner x preset filters as tag sets to AND (one request each; the sets are disjoint)."""
-    owners = [f"owner:{o}" for o in spec.owners] or [None]
-    presets = [f"preset:{p}" for p in spec.presets] or [None]
+    owners = [tag(OWNER, o) for o in spec.owners] or [None]
+    presets = [tag(PRESET, p) for p in spec.presets] or [None]
     return [tuple(t for t in (o, p) if t) for o in owners for p in presets]
 
 
@@ -307,8 +307,8 @@ def runs_frame(raw: list[dict], deployments: Optional[dict[str, dict]] = None, n
                 owner=owner, preset=str(preset), state_type=stype, state_name=r.get("state_name") or state.get("name"),
                 status=STATUS_OF_TYPE.get(stype, stype.lower()), expected_start=_parse_ts(r.get("expected_start_time")),
                 start=_parse_ts(r.get("start_time")), end=_parse_ts(r.get("end_time")),
-                message=state.get("message") or "", waiting=(r.get("labels") or {}).get("launch.waiting", ""),
-                cpu=jv.get("cpu"), memory=jv.get("memory"), gpu=jv.get("gpu"), launched="launch" in tags,
+                message=state.get("message") or "", waiting=(r.get("labels") or {}).get(WAIT_LABEL, ""),
+                cpu=jv.get("cpu"), memory=jv.get("memory"), gpu=jv.get("gpu"), launched=LAUNCH_TAG in tags,
             )
         )
     cols = ["id", "name", "job", "queue", "priority", "owner", "preset", "state_type", "state_name", "status",
@@ -385,9 +385,9 @@ def run_matches(r: dict, spec: ViewSpec, deployments: dict[str, dict]) -> bool:
     tags = r.get("tags") or []
     if spec.queues and r.get("work_pool_name") not in spec.queues:
         return False
-    if spec.owners and not any(f"owner:{o}" in tags for o in spec.owners):
+    if spec.owners and not any(tag(OWNER, o) in tags for o in spec.owners):
         return False
-    if spec.presets and not any(f"preset:{p}" in tags for p in spec.presets):
+    if spec.presets and not any(tag(PRESET, p) in tags for p in spec.presets):
         return False
     if spec.jobs and (deployments.get(r.get("deployment_id") or "") or {}).get("name") not in spec.jobs:
         return False
@@ -1157,7 +1157,7 @@ def options(api_url: Optional[str] = None) -> dict[str, list[str]]:
     api = get_api(api_url)
     pools = sorted(p["name"] for p in fetch_pools(api))
     deps = fetch_deployments(api)
-    recent = api.post("/flow_runs/filter", {"flow_runs": {"tags": {"all_": ["launch"]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE})
-    owners = sorted({t.split(":", 1)[1] for r in recent for t in r.get("tags", []) if t.startswith("owner:")})
-    presets = sorted({t.split(":", 1)[1] for r in recent for t in r.get("tags", []) if t.startswith("preset:")})
+    recent = api.post("/flow_runs/filter", {"flow_runs": {"tags": {"all_": [LAUNCH_TAG]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE})
+    owners = sorted({t.split(":", 1)[1] for r in recent for t in r.get("tags", []) if t.startswith(tag(OWNER, ""))})
+    presets = sorted({t.split(":", 1)[1] for r in recent for t in r.get("tags", []) if t.startswith(tag(PRESET, ""))})
     return dict(queues=pools, jobs=sorted({d["name"] for d in deps.values()}), owners=owners, presets=presets)
