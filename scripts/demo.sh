@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 BIN="$ROOT/.venv/bin"
-STATE="$ROOT/.launch"
+STATE="${LAUNCH_DEMO_STATE:-$ROOT/.launch}"  # where the demo keeps its state (default .launch)
 mkdir -p "$STATE/logs"
 
 DB="${DB:-sqlite}"
