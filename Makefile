@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,postgres]'
+	$(BIN)/pip install -q -e '.[dev,postgres,sessions]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -7,6 +7,7 @@ input with the same message before anything reaches the queue.
 from __future__ import annotations
 
 import getpass
+from datetime import datetime
 import json
 import re
 from typing import Any, Optional, Union
@@ -44,6 +45,10 @@ class SubmitRequest(BaseModel):
     idempotency_key: Optional[str] = Field(
         None, description="Names this submission: repeating it with the same key returns the same runs")
     timeout: Optional[str] = None  # e.g. "90s", "2h": the agent ends the run Failed after this long
+    scheduled_time: Optional[datetime] = None  # never starts before (a batch session's --starts-at)
+    extra_tags: list[str] = Field(default_factory=list)  # e.g. a session's type
+    extra_labels: dict[str, str] = Field(default_factory=dict)
+    dry_run: bool = False  # validate and resolve everything, create nothing
 
 
 class Submitted(BaseModel):
@@ -54,6 +59,8 @@ class Submitted(BaseModel):
     priority: str
     preset: str
     resources: str
+    timeout_s: Optional[float] = None
+    dry_run: bool = False
 
 
 def parse_params(items: list[str]) -> dict[str, str]:
@@ -217,16 +224,27 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     if secret_env:  # block names only, never values; overlays the deployment's references
         job_variables["secret_env"] = {**((deployment.job_variables or {}).get("secret_env") or {}), **secret_env}
     owner = req.owner or getpass.getuser()
-    tags = launch_tags(owner, resolved.preset)
+    tags = launch_tags(owner, resolved.preset) + list(req.extra_tags)
+    names = [req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None) for i in range(req.count)]
+    if req.dry_run:
+        return Submitted(run_ids=[], names=[n or "" for n in names], job=req.job, queue=queue, priority=priority,
+                         preset=resolved.preset, resources=resolved.resources.describe(),
+                         timeout_s=resolved.timeout_s, dry_run=True)
 
     def run_kwargs(i: int) -> dict[str, Any]:
-        return dict(parameters=params, job_variables=job_variables, work_queue_name=priority, tags=tags,
-                    name=req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None),
-                    labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset})
+        kw = dict(parameters=params, job_variables=job_variables, work_queue_name=priority, tags=tags, name=names[i],
+                  labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset,
+                          **req.extra_labels})
+        if req.scheduled_time is not None:
+            from prefect.states import Scheduled
+
+            kw["state"] = Scheduled(scheduled_time=req.scheduled_time)
+        return kw
 
     # idempotency keys make retries on a busy server safe; all or none (see submit_retry)
     created = create_runs(client, deployment.id, req.count, run_kwargs, key=req.idempotency_key)
     return Submitted(
         run_ids=[str(fr.id) for fr in created], names=[fr.name for fr in created], job=req.job, queue=queue,
         priority=priority, preset=resolved.preset, resources=resolved.resources.describe(),
+        timeout_s=resolved.timeout_s,
     )

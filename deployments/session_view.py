@@ -1,0 +1,114 @@
+"""What `session ls` / `session show` print: rows built from the session runs' own records."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.deployments.sessions import SESSION_TAG
+from prefect_launch.workers.run_tags import tag_value
+
+WAIT_LABEL = "launch.waiting"
+PLACED_LABEL = "launch.placement"
+
+
+class SessionRow(BaseModel):
+    id: str
+    name: str
+    owner: Optional[str] = None
+    status: str
+    type: Optional[str] = None
+    queue: Optional[str] = None
+    resources: Optional[str] = None
+    agent: Optional[str] = None
+    created: Optional[datetime] = None
+    started: Optional[datetime] = None
+    ended: Optional[datetime] = None
+    elapsed_s: Optional[float] = None  # running (or ran) for
+    waited_s: Optional[float] = None  # queued for, while waiting
+    position: Optional[int] = None  # 1 = next in its queue
+    reason: Optional[str] = None  # why it waits, or how it ended
+    ports: list[int] = []
+
+
+def row_of(fr: Any, now: datetime, position: Optional[int] = None) -> SessionRow:
+    labels = fr.labels or {}
+    placed = labels.get(PLACED_LABEL) or ""
+    agent = placed.split(":", 1)[0].removeprefix("agent ") if placed else None
+    state = fr.state.type.value if fr.state else "UNKNOWN"
+    end = fr.end_time or (now if state == "RUNNING" else None)
+    reason = None
+    if state == "SCHEDULED":
+        reason = labels.get(WAIT_LABEL) or None
+        if fr.expected_start_time and fr.expected_start_time > now:
+            reason = f"starts at {fr.expected_start_time:%Y-%m-%d %H:%M:%S} UTC"
+    elif fr.state and fr.state.message and state in ("FAILED", "CRASHED", "CANCELLED"):
+        reason = fr.state.message
+    ports = [int(p) for p in str(labels.get("launch.session.ports") or "").split(",") if p.strip().isdigit()]
+    return SessionRow(
+        id=str(fr.id), name=fr.name, owner=tag_value(fr.tags, "owner"), status=fr.state_name or state,
+        type=tag_value(fr.tags, "session-type"), queue=fr.work_pool_name, resources=labels.get("launch.resources"),
+        agent=agent, created=fr.created, started=fr.start_time, ended=fr.end_time,
+        elapsed_s=(end - fr.start_time).total_seconds() if fr.start_time and end else None,
+        waited_s=(now - fr.expected_start_time).total_seconds()
+        if state == "SCHEDULED" and fr.expected_start_time and fr.expected_start_time <= now else None,
+        position=position, reason=reason, ports=ports,
+    )
+
+
+def positions(scheduled: list[Any], priorities: dict[str, int]) -> dict[str, int]:
+    """Queue position of each waiting run: priority, then submit time, as the agents place them (pure)."""
+    far = datetime.max.replace(tzinfo=timezone.utc)
+    out: dict[str, int] = {}
+    by_queue: dict[str, list[Any]] = {}
+    for fr in scheduled:
+        by_queue.setdefault(fr.work_pool_name or "", []).append(fr)
+    for runs in by_queue.values():
+        runs.sort(key=lambda r: (priorities.get(r.work_queue_name or "", 99), r.expected_start_time or far))
+        for i, r in enumerate(runs, 1):
+            out[str(r.id)] = i
+    return out
+
+
+def list_sessions(client: Any, owner: Optional[str] = None, include_ended: bool = False,
+                  limit: int = 100) -> list[SessionRow]:
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    tags = [SESSION_TAG] + ([f"owner:{owner}"] if owner else [])
+    state = None if include_ended else FlowRunFilterState(type=FlowRunFilterStateType(any_=[
+        StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]))
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=tags), state=state),
+                                 sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
+    now = datetime.now(timezone.utc)
+    pos: dict[str, int] = {}
+    queues = sorted({r.work_pool_name for r in runs if r.state_type == StateType.SCHEDULED and r.work_pool_name})
+    if queues:  # position among every waiting run of the queue (jobs too), not only sessions
+        waiting = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.SCHEDULED]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=queues)), limit=200)
+        prios: dict[str, int] = {}
+        for q in queues:
+            prios.update({wq.name: wq.priority for wq in client.read_work_queues(work_pool_name=q)})
+        pos = positions([w for w in waiting if not w.expected_start_time or w.expected_start_time <= now], prios)
+    return [row_of(r, now, pos.get(str(r.id))) for r in runs]
+
+
+def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:
+    """A session by id, id prefix (8+) or name among the owner's sessions (newest first)."""
+    rows = list_sessions(client, owner=owner, include_ended=True, limit=200)
+    hits = [r for r in rows if r.id == text or (len(text) >= 8 and r.id.startswith(text))]
+    if not hits:
+        hits = [r for r in rows if r.name == text]
+        live = [r for r in hits if r.status in ("Scheduled", "Pending", "Running", "Cancelling", "Late")]
+        hits = live or hits[:1]
+    if len(hits) != 1:
+        raise LookupError(f"no session {text!r}" + (f" of {owner}" if owner else "") +
+                          "; list them with `prefect-launch session ls`" if not hits else
+                          f"{text!r} names several sessions; use the id")
+    return client.read_flow_run(hits[0].id)

@@ -1,0 +1,159 @@
+"""The built-in compute-session flow: a batch command or interactive apps, on launch hardware.
+
+A session is a flow run of this flow, deployed on every launch queue by `queue apply`
+and submitted through the same path as jobs, so presets, bounds, placement, pinning,
+metrics, timeouts and the monitor apply unchanged. Like every launch job it needs
+nothing from prefect-launch: only Prefect and the standard library.
+
+- batch: runs ``startup_command`` in the session's scratch folder; exit 0 completes the
+  run (``task-finished``), any other exit fails it with the code (``task-failed``).
+- interactive: serves JupyterLab (with its terminal) on the first of the session's ports,
+  bound to 127.0.0.1 by default, protected by a token kept in a Prefect Secret block
+  (``session-token-<run id>``) that `prefect-launch session show` reads; lives until it is
+  terminated or reclaimed.
+
+The scratch folder is deleted when the session ends; mounts (host folders) are linked
+into it and outlive it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+
+class SessionFailed(Exception):
+    """The batch command exited non-zero (Backend.AI's ``task-failed``)."""
+
+
+def _scratch_root() -> Path:
+    return Path(os.environ.get("LAUNCH_SCRATCH_ROOT") or Path(tempfile.gettempdir()) / "prefect-launch-sessions")
+
+
+def _link_mounts(scratch: Path, mounts: list[str]) -> list[str]:
+    """``SRC:DST``: DST (relative to the scratch folder) links to the host folder SRC."""
+    linked = []
+    for m in mounts:
+        src, dst = m.split(":", 1)
+        target = scratch / dst.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(src).mkdir(parents=True, exist_ok=True)
+        target.symlink_to(Path(src).resolve(), target_is_directory=True)
+        linked.append(f"{src} -> {target}")
+    return linked
+
+
+def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode} before it listened on {host}:{port}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"the app did not listen on {host}:{port} within {timeout:.0f} s")
+
+
+def _store_token(run_id: str, token: str) -> None:
+    from prefect.blocks.system import Secret
+
+    Secret(value=token).save(f"session-token-{run_id}", overwrite=True)
+
+
+def _drop_token(run_id: str) -> None:
+    try:
+        from prefect.blocks.system import Secret
+
+        Secret.delete(f"session-token-{run_id}")
+    except Exception:
+        pass
+
+
+def _jupyter(scratch: Path, port: int, host: str, token: str) -> subprocess.Popen:
+    env = dict(os.environ, JUPYTER_TOKEN=token)
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ip={host}", f"--port={port}",
+         "--port-retries=0", f"--ServerApp.root_dir={scratch}", "--ServerApp.allow_remote_access=False",
+         f"--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True"],
+        cwd=scratch, env=env, stdout=sys.stdout, stderr=sys.stderr,
+    )
+
+
+@flow(name="launch-session", log_prints=True)
+def session(session_type: str = "interactive", startup_command: str = "", ports: list[int] | None = None,
+            mounts: list[str] | None = None, apps: list[str] | None = None, bind_host: str = "127.0.0.1") -> dict:
+    log = get_run_logger()
+    run_id = str(flow_run.id)
+    scratch = _scratch_root() / run_id
+    scratch.mkdir(parents=True, exist_ok=True)
+    ports = list(ports or [])
+    stop = {"signal": None}
+    # session variables for the command and the apps (Backend.AI's BACKENDAI_SESSION_* equivalents)
+    os.environ.update(LAUNCH_SESSION_ID=run_id, LAUNCH_SESSION_NAME=str(flow_run.name),
+                      LAUNCH_SESSION_PORTS=",".join(map(str, ports)), LAUNCH_SESSION_SCRATCH=str(scratch))
+    if os.environ.get("LAUNCH_OMP_THREADS"):  # --omp-threads; otherwise the agent's default: the session's CPUs
+        os.environ["OMP_NUM_THREADS"] = os.environ["LAUNCH_OMP_THREADS"]
+
+    def on_term(signum, _frame):  # a terminate: stop the apps, clean up, end
+        stop["signal"] = signum
+        raise KeyboardInterrupt
+
+    try:
+        linked = _link_mounts(scratch, list(mounts or []))
+        if linked:
+            log.info("mounts: %s", "; ".join(linked))
+        else:
+            log.warning("no mounts: nothing in the scratch folder %s is kept after the session ends", scratch)
+        if session_type == "batch":
+            log.info("startup command: %s", startup_command)
+            proc = subprocess.run(startup_command, shell=True, cwd=scratch)
+            if proc.returncode != 0:
+                raise SessionFailed(f"task-failed: the startup command exited with code {proc.returncode}")
+            return {"result": "task-finished", "exit_code": 0}
+        apps = list(apps or ["jupyterlab"])
+        if not ports:
+            raise ValueError("an interactive session needs at least one port for its apps")
+        token = secrets.token_urlsafe(24)
+        _store_token(run_id, token)
+        children = []
+        for app, port in zip(apps, ports):
+            if app != "jupyterlab":
+                raise ValueError(f"unknown app {app!r}; sessions serve: jupyterlab")
+            children.append(_jupyter(scratch, port, bind_host, token))
+            _wait_port(bind_host, port, children[-1])
+            log.info("%s ready on http://%s:%s/lab (token in Secret block session-token-%s)", app, bind_host, port, run_id)
+        previous = signal.signal(signal.SIGTERM, on_term)
+        try:
+            while all(c.poll() is None for c in children):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            for c in children:
+                if c.poll() is None:
+                    c.terminate()
+            for c in children:
+                try:
+                    c.wait(10)
+                except subprocess.TimeoutExpired:
+                    c.kill()
+        if stop["signal"] is None:
+            raise RuntimeError("the session's app exited on its own")
+        return {"result": "terminated"}
+    finally:
+        _drop_token(run_id)
+        shutil.rmtree(scratch, ignore_errors=True)
