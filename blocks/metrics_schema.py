@@ -27,6 +27,15 @@ Tables (current version):
 ``launch_index_meta``
     (v3) one row per Prefect API URL: how far back the index covers, and the
     sync cursors.
+
+Version 4 adds what the monitor's occupancy and cost panels need: on the run index,
+the time a run entered its queue for its latest scheduling (``queued_us``), its first
+Pending after it (``pending_us``) and the agent's placement label; on samples, the
+energy of the interval (``gpu_energy_j`` from NVML, ``cpu_energy_j`` from RAPL, NULL
+where it cannot be measured); on summaries, the utilisation-weighted GPU-seconds
+(``gpu_used_s``) and the run's energy. Databases whose run index already got its v4
+columns from ``run_index.migrate_4`` (applied by the index itself before v4 was
+registered here) are upgraded by adding only the columns they lack.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = sa.MetaData()
 
@@ -98,6 +107,9 @@ samples = sa.Table(
     sa.Column("net_rx_bytes", sa.BigInteger),
     sa.Column("net_tx_bytes", sa.BigInteger),
     sa.Column("num_procs", sa.Integer),
+    # v4: energy over the interval (J); NULL where it cannot be measured
+    sa.Column("gpu_energy_j", sa.Float),  # allocated GPUs, NVML energy counter (else power x interval)
+    sa.Column("cpu_energy_j", sa.Float),  # RAPL package energy x the run's share of the host's busy CPU time
     sqlite_with_rowid=False,
 )
 
@@ -127,6 +139,10 @@ summaries = sa.Table(
     sa.Column("wasteful", sa.Boolean),
     sa.Column("waste_reasons", sa.Text),
     sa.Column("written_ms", sa.BigInteger),
+    # v4
+    sa.Column("gpu_used_s", sa.Float),  # GPU-seconds used: sum of utilisation x interval x GPUs
+    sa.Column("gpu_energy_j", sa.Float),
+    sa.Column("cpu_energy_j", sa.Float),
 )
 
 run_index = sa.Table(
@@ -153,6 +169,10 @@ run_index = sa.Table(
     sa.Column("gpu", sa.Float),
     sa.Column("launched", sa.Boolean),
     sa.Column("synced_ms", sa.BigInteger, nullable=False),  # when this row was last written
+    # v4 (occupancy)
+    sa.Column("queued_us", sa.BigInteger),  # entered the queue (latest scheduling before it first left it)
+    sa.Column("pending_us", sa.BigInteger),  # first Pending after queued_us (the agent's claim)
+    sa.Column("placement", sa.Text),  # label launch.placement: "agent A: cpu=..,gpu=..; gpus 0,1; cores 2,3"
 )
 sa.Index("ix_launch_run_index_expected", run_index.c.expected_start_us)
 sa.Index("ix_launch_run_index_synced", run_index.c.synced_ms)
@@ -175,7 +195,8 @@ index_meta = sa.Table(
 def _v1_tables() -> list[sa.Table]:
     """The version-1 schema: runs and samples, without the v2 columns."""
     md = sa.MetaData()
-    skip = {"launch_runs": {"extra"}, "launch_samples": {"net_rx_bytes", "net_tx_bytes", "num_procs"}}
+    skip = {"launch_runs": {"extra"},
+            "launch_samples": {"net_rx_bytes", "net_tx_bytes", "num_procs", *V4_COLUMNS["launch_samples"]}}
     out = []
     for table in (runs, samples):
         cols = [c._copy() for c in table.columns if c.name not in skip[table.name]]
@@ -196,20 +217,52 @@ def _add_column(conn: Connection, table: sa.Table, name: str) -> None:
     conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {ddl}")
 
 
+V4_COLUMNS = {
+    "launch_samples": ("gpu_energy_j", "cpu_energy_j"),
+    "launch_summaries": ("gpu_used_s", "gpu_energy_j", "cpu_energy_j"),
+    "launch_run_index": ("queued_us", "pending_us", "placement"),
+}
+
+
+def _without(table: sa.Table, skip: tuple[str, ...]) -> sa.Table:
+    """``table`` as an earlier version created it: the same, less the columns ``skip``."""
+    md = sa.MetaData()
+    kw = {"sqlite_with_rowid": False} if table is samples else {}
+    out = sa.Table(table.name, md, *[c._copy() for c in table.columns if c.name not in skip], **kw)
+    for ix in table.indexes:
+        if all(c.name not in skip for c in ix.columns):
+            sa.Index(ix.name, *[out.c[c.name] for c in ix.columns])
+    return out
+
+
 def _migrate_2(conn: Connection) -> None:
     _add_column(conn, runs, "extra")
     for name in ("net_rx_bytes", "net_tx_bytes", "num_procs"):
         _add_column(conn, samples, name)
-    summaries.create(conn, checkfirst=True)
+    _without(summaries, V4_COLUMNS[summaries.name]).create(conn, checkfirst=True)
     ix_runs_started.create(conn, checkfirst=True)
 
 
 def _migrate_3(conn: Connection) -> None:
-    run_index.create(conn, checkfirst=True)
+    _without(run_index, V4_COLUMNS[run_index.name]).create(conn, checkfirst=True)
     index_meta.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3}
+def add_missing_columns(conn: Connection, table: sa.Table, names: tuple[str, ...]) -> list[str]:
+    """Add those of ``names`` that ``table`` lacks in the database; returns the ones added."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    added = [n for n in names if n not in have]
+    for name in added:
+        _add_column(conn, table, name)
+    return added
+
+
+def _migrate_4(conn: Connection) -> None:
+    for table in (samples, summaries, run_index):
+        add_missing_columns(conn, table, V4_COLUMNS[table.name])
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

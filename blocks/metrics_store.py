@@ -142,6 +142,8 @@ class MetricSample(BaseModel):
     gpu_util_pct: Optional[float] = None  # mean over allocated GPUs, 0-100
     gpu_mem_bytes: Optional[int] = None  # sum over allocated GPUs
     num_procs: Optional[int] = None
+    gpu_energy_j: Optional[float] = None  # energy of the allocated GPUs over the interval (NVML); None: not measured
+    cpu_energy_j: Optional[float] = None  # the run's share of the CPU packages' energy (RAPL); None: not measured
 
     @field_validator("flow_run_id", mode="before")
     @classmethod
@@ -176,6 +178,9 @@ class RunSummary(BaseModel):
     write_bytes: Optional[int] = None
     net_rx_bytes: Optional[int] = None
     net_tx_bytes: Optional[int] = None
+    gpu_used_s: Optional[float] = None  # GPU-seconds used: sum of utilisation x interval x allocated GPUs
+    gpu_energy_j: Optional[float] = None  # None: not measured (see the record's extra "gpu_energy")
+    cpu_energy_j: Optional[float] = None  # None: not measured (see the record's extra "cpu_energy")
     samples: int = 0
     lost_samples: int = 0
     exit_state: Optional[str] = None
@@ -288,6 +293,8 @@ _SAMPLE_FIELDS = [
     "gpu_util_pct",
     "gpu_mem_bytes",
     "num_procs",
+    "gpu_energy_j",
+    "cpu_energy_j",
 ]
 _SUMMARY_FIELDS = [
     c.name for c in S.summaries.columns if c.name not in ("run_id", "waste_reasons", "written_ms", "exit_state")
@@ -582,6 +589,8 @@ class RunMetricsStore(Block):
             "gpu_util_pct": sa.func.avg(c.gpu_util_pct),
             "gpu_mem_bytes": sa.func.max(c.gpu_mem_bytes),
             "num_procs": sa.func.max(c.num_procs),
+            "gpu_energy_j": sa.func.sum(c.gpu_energy_j),
+            "cpu_energy_j": sa.func.sum(c.cpu_energy_j),
         }
         stmt = (
             sa.select(
@@ -601,7 +610,7 @@ class RunMetricsStore(Block):
             for f in _SAMPLE_FIELDS:
                 v = m[f]
                 if v is not None:
-                    v = float(v) if f.endswith("_pct") else int(v)
+                    v = float(v) if f.endswith(("_pct", "_j")) else int(v)
                 d[f] = v
             result.append(d)
         return result

@@ -27,17 +27,10 @@ from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.run_tags import tag_value
 
 # Schema v4 of the run index (occupancy): the time a run entered its queue for its latest
-# scheduling, its first Pending after it, and the agent's placement label. The store's
-# migrations live in ``metrics_schema`` (v1-v3); until v4 is registered there,
-# :func:`migrate_4` is applied by :class:`RunIndex` itself, once per database, inside a
-# write transaction (idempotent: only missing columns are added).
-OCCUPANCY_COLUMNS = (
-    sa.Column("queued_us", sa.BigInteger),  # entered the queue (latest scheduling before it first left it)
-    sa.Column("pending_us", sa.BigInteger),  # first Pending after queued_us (the agent's claim)
-    sa.Column("placement", sa.Text),  # label launch.placement: "agent A: cpu=..,gpu=..; gpus 0,1; cores 2,3"
-)
-_MD = sa.MetaData()
-T = sa.Table(S.run_index.name, _MD, *[c._copy() for c in S.run_index.columns], *[c._copy() for c in OCCUPANCY_COLUMNS])
+# scheduling, its first Pending after it, and the agent's placement label. They are part of
+# the store's schema (``metrics_schema``, migration 4), which every store applies on first use.
+OCCUPANCY_COLUMNS = tuple(S.run_index.c[n] for n in S.V4_COLUMNS[S.run_index.name])
+T = S.run_index
 COLUMNS = [c.name for c in T.columns]
 # what every view filters, groups and buckets by (read for the whole range); the rest of
 # the columns are read by id for the runs a view lists
@@ -71,15 +64,9 @@ def _num(v: Any) -> Optional[float]:
 
 
 def migrate_4(conn: sa.engine.Connection) -> None:
-    """Schema v4: the occupancy columns on ``launch_run_index`` (missing ones only)."""
-    have = {c["name"] for c in sa.inspect(conn).get_columns(T.name)}
-    for col in OCCUPANCY_COLUMNS:
-        if col.name not in have:
-            ddl = sa.schema.CreateColumn(T.c[col.name]).compile(dialect=conn.dialect)
-            conn.exec_driver_sql(f"ALTER TABLE {T.name} ADD COLUMN {ddl}")
-
-
-_MIGRATED: set[str] = set()
+    """The occupancy columns on ``launch_run_index`` (missing ones only); kept for callers of the
+    time before schema v4 was registered in ``metrics_schema`` (where its migration now lives)."""
+    S.add_missing_columns(conn, T, S.V4_COLUMNS[T.name])
 
 
 def _state_time(state: dict) -> Optional[int]:
@@ -179,12 +166,7 @@ class RunIndex:
     """Reads and writes the run index in a :class:`RunMetricsStore`'s database."""
 
     def __init__(self, store: RunMetricsStore) -> None:
-        self.store = store
-        key = store.resolved_url()
-        if key not in _MIGRATED:
-            with store._write() as conn:
-                migrate_4(conn)
-            _MIGRATED.add(key)
+        self.store = store  # the store's engine brings its schema (v4 included) up to date on first use
 
     def key(self) -> str:
         return self.store.resolved_url()

@@ -8,13 +8,22 @@ Indices are NVML's (physical) indices, the same ones the worker puts into
 ``CUDA_VISIBLE_DEVICES`` (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
 
 Tests inject :class:`FakeNVML`, which implements exactly the handful of
-``pynvml`` functions used here.
+``pynvml`` functions used here: directly, or in processes a test starts (an agent)
+through ``LAUNCH_FAKE_NVML``, a JSON spec of the fake's devices (see
+:meth:`FakeNVML.from_spec`) that the shared instance is then built on.
+
+Energy: :meth:`Nvml.energy_mj` reads ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the
+driver loaded, Volta and newer); :meth:`Nvml.power_mw` reads ``nvmlDeviceGetPowerUsage`` for
+devices without the counter. Both return None where NVML cannot tell.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -212,6 +221,37 @@ class Nvml:
             per_gpu=per_gpu,
         )
 
+    # --------------------------------------------------------------- energy
+
+    def energy_mj(self, indices: Iterable[int]) -> Optional[int]:
+        """The GPUs' energy counters summed (mJ since the driver loaded); None when NVML has
+        no counter for one of them (pre-Volta, some virtual GPUs) or cannot be read."""
+        indices = list(indices)
+        if not self.available or not indices:
+            return None
+        total = 0
+        with self._lock:
+            try:
+                for i in indices:
+                    total += int(self.nv.nvmlDeviceGetTotalEnergyConsumption(self._handle(i)))
+            except Exception:
+                return None
+        return total
+
+    def power_mw(self, indices: Iterable[int]) -> Optional[float]:
+        """The GPUs' power draw now, summed (mW); None when one of them cannot report it."""
+        indices = list(indices)
+        if not self.available or not indices:
+            return None
+        total = 0.0
+        with self._lock:
+            try:
+                for i in indices:
+                    total += float(self.nv.nvmlDeviceGetPowerUsage(self._handle(i)))
+            except Exception:
+                return None
+        return total
+
     def shutdown(self) -> None:
         if self.available:
             try:
@@ -232,7 +272,8 @@ def get_nvml(module: Any = None) -> Nvml:
         return module if isinstance(module, Nvml) else Nvml(module)
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = Nvml()
+            spec = os.environ.get("LAUNCH_FAKE_NVML")
+            _SHARED = Nvml(FakeNVML.from_spec(json.loads(spec))) if spec else Nvml()
         return _SHARED
 
 
@@ -255,6 +296,12 @@ class FakeNVML:
     set ``util[i]``, ``mem_used[i]`` and ``processes[i] = [(pid, used_bytes, sm_util)]``
     to script what the device reports. ``process_util_supported=False`` makes
     nvmlDeviceGetProcessUtilization raise NotSupported as consumer GPUs do.
+
+    Energy: ``power_w[i]`` is device i's draw; its energy counter
+    (``nvmlDeviceGetTotalEnergyConsumption``, mJ) advances by that power over the time
+    that really passes (the monotonic clock), as a device's does. ``energy_supported=False``
+    makes the counter raise NotSupported (pre-Volta), ``power_supported=False`` the power
+    reading too.
     """
 
     class _Mem:
@@ -278,15 +325,53 @@ class FakeNVML:
 
     NVMLError = FakeNVMLError
 
-    def __init__(self, gpus: list[dict] | None = None, available: bool = True, process_util_supported: bool = True):
+    def __init__(self, gpus: list[dict] | None = None, available: bool = True, process_util_supported: bool = True,
+                 energy_supported: bool = True, power_supported: bool = True):
         self.gpus = gpus or []
         self.available = available
         self.process_util_supported = process_util_supported
+        self.energy_supported = energy_supported
+        self.power_supported = power_supported
+        self.power_w: dict[int, float] = {}
+        self._energy_mj: dict[int, float] = {}
+        self._energy_t: dict[int, float] = {}
         self.util: dict[int, float] = {}
         self.mem_used: dict[int, int] = {}
         self.processes: dict[int, list[tuple[int, int, float]]] = {}
         self.calls: list[str] = []
         self._ts = 1_000_000
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "FakeNVML":
+        """``{"gpus": [...], "util": {"0": 80}, "mem_used": {...}, "power_w": {"0": 300},
+        "energy_supported": true, ...}`` (the ``LAUNCH_FAKE_NVML`` environment variable)."""
+        fake = cls(gpus=spec.get("gpus"), available=spec.get("available", True),
+                   process_util_supported=spec.get("process_util_supported", True),
+                   energy_supported=spec.get("energy_supported", True), power_supported=spec.get("power_supported", True))
+        fake.util = {int(k): float(v) for k, v in (spec.get("util") or {}).items()}
+        fake.mem_used = {int(k): int(v) for k, v in (spec.get("mem_used") or {}).items()}
+        fake.power_w = {int(k): float(v) for k, v in (spec.get("power_w") or {}).items()}
+        return fake
+
+    def _advance_energy(self, h: int) -> float:
+        now = time.monotonic()
+        last = self._energy_t.get(h)
+        e = self._energy_mj.get(h, 1.0e9 + 1.0e6 * h)  # counters start from the driver's load, not 0
+        if last is not None:
+            e += self.power_w.get(h, 0.0) * (now - last) * 1000.0
+        self._energy_mj[h], self._energy_t[h] = e, now
+        return e
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        self.calls.append(f"energy:{h}")
+        if not self.energy_supported:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return int(self._advance_energy(h))
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        if not self.power_supported:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return int(self.power_w.get(h, 0.0) * 1000)
 
     def nvmlInit(self) -> None:
         self.calls.append("nvmlInit")

@@ -111,6 +111,10 @@ class SummaryAccumulator:
         self._gpu_n = 0
         self.max_gpu_util_pct: Optional[float] = None
         self.peak_gpu_mem_bytes: Optional[int] = None
+        self._gpu_util_s = 0.0  # sum of utilisation (0-1) x interval: GPU-seconds used per allocated GPU
+        self._gpu_util_wall = 0.0
+        self.gpu_energy_j: Optional[float] = None  # sums of the samples' energy; None: never measured
+        self.cpu_energy_j: Optional[float] = None
         self._io: dict[str, Optional[int]] = dict.fromkeys(
             ("read_bytes", "write_bytes", "net_rx_bytes", "net_tx_bytes")
         )
@@ -140,6 +144,9 @@ class SummaryAccumulator:
         if s.gpu_util_pct is not None:
             self._gpu_sum += s.gpu_util_pct
             self._gpu_n += 1
+            if s.interval_s:
+                self._gpu_util_s += s.gpu_util_pct / 100.0 * s.interval_s
+                self._gpu_util_wall += s.interval_s
             self.max_gpu_util_pct = (
                 s.gpu_util_pct if self.max_gpu_util_pct is None else max(self.max_gpu_util_pct, s.gpu_util_pct)
             )
@@ -147,6 +154,10 @@ class SummaryAccumulator:
             self.peak_gpu_mem_bytes = (
                 s.gpu_mem_bytes if self.peak_gpu_mem_bytes is None else max(self.peak_gpu_mem_bytes, s.gpu_mem_bytes)
             )
+        if s.gpu_energy_j is not None:
+            self.gpu_energy_j = (self.gpu_energy_j or 0.0) + s.gpu_energy_j
+        if s.cpu_energy_j is not None:
+            self.cpu_energy_j = (self.cpu_energy_j or 0.0) + s.cpu_energy_j
         for k in self._io:
             v = getattr(s, k)
             if v is not None:
@@ -203,6 +214,9 @@ class SummaryAccumulator:
             allocated_cpus=record.cpu,
             allocated_memory_bytes=record.memory_bytes,
             allocated_gpus=gpus,
+            gpu_used_s=(self._gpu_util_s * gpus if gpus and self._gpu_util_wall > 0 else None),
+            gpu_energy_j=self.gpu_energy_j,
+            cpu_energy_j=self.cpu_energy_j,
             samples=self.samples,
             lost_samples=lost_samples,
             exit_state=exit_state,

@@ -10,6 +10,13 @@ One :class:`RunSampler` per run, two daemon threads:
   the figure the agent's memory watch uses; stored as ``rss_bytes``), network
   bytes when the run has its own network namespace, and the allocated GPUs'
   utilisation and memory through NVML;
+* energy, where it can be measured: the allocated GPUs' energy counters through NVML
+  (``nvmlDeviceGetTotalEnergyConsumption``; power readings integrated over the interval
+  on GPUs without the counter) and the run's share of the CPU packages' RAPL energy
+  (:mod:`~prefect_launch.workers.rapl`: package energy x the run's CPU time / the host's
+  busy CPU time). Each sample carries the interval's joules, or None; the record's
+  ``extra`` says how each figure was measured or why it is unavailable
+  (``gpu_energy``, ``cpu_energy``);
 * the *writer* thread upserts the :class:`RunRecord` first, then sends the
   buffered samples to the store in batches. When the store is down, samples stay
   in a bounded buffer and are retried with exponential backoff; samples pushed
@@ -52,6 +59,7 @@ import psutil
 from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, RunSummary
 from prefect_launch.workers.limits import MemoryGroup, run_memory
 from prefect_launch.workers.nvml import Nvml, get_nvml
+from prefect_launch.workers.rapl import RaplReader
 from prefect_launch.workers.run_summary import SummaryAccumulator, WasteThresholds
 
 try:  # one scan of /proc for all parent links (what Process.children uses internally)
@@ -210,6 +218,9 @@ class RunSampler:
         self.gpu_source: Optional[str] = None  # "process" / "device" once GPU data was read
         self.gpu_mem_total_bytes: Optional[int] = None
         self.memory_source: Optional[str] = None  # "cgroup" or "pss" once memory was read
+        self.gpu_energy_source: Optional[str] = None  # "counter" / "power" / None (not measured)
+        self._rapl: Optional[RaplReader] = None
+        self._energy_prev: tuple[Any, Any] = (None, None)  # (GPU reading, RAPL reading) at the last tick
 
         # sampling-thread state
         self._acc = SummaryAccumulator()
@@ -366,6 +377,7 @@ class RunSampler:
                         self.gpu_mem_total_bytes = self._nvml.memory_total(self.gpu_indices)
                 except Exception as exc:  # pragma: no cover - defensive
                     self.log.warning("NVML unavailable for run %s: %s", self.record.flow_run_id, exc)
+            self._init_energy()
             own = _net_ns("self")
             theirs = _net_ns(self.pid)
             self._own_netns = bool(own and theirs and own != theirs)
@@ -416,9 +428,61 @@ class RunSampler:
                 except psutil.Error:
                     pass
 
+    # --------------------------------------------------------------- energy
+
+    def _init_energy(self) -> None:
+        """Decide how this run's energy is measured, and say so in the record's extra."""
+        notes: dict[str, str] = {}
+        if self.gpu_indices:
+            nv = self._nvml
+            if nv is None or not nv.available:
+                notes["gpu_energy"] = "unavailable: NVML not available" + (f" ({nv.error})" if nv is not None and nv.error else "")
+            elif nv.energy_mj(self.gpu_indices) is not None:
+                self.gpu_energy_source = "counter"
+                notes["gpu_energy"] = "nvml energy counter"
+            elif nv.power_mw(self.gpu_indices) is not None:
+                self.gpu_energy_source = "power"
+                notes["gpu_energy"] = "nvml power readings integrated over each interval (no energy counter)"
+            else:
+                notes["gpu_energy"] = "unavailable: NVML reports neither energy nor power for these GPUs"
+        try:
+            rapl = RaplReader()
+        except Exception as exc:  # pragma: no cover - defensive
+            rapl = None
+            notes["cpu_energy"] = f"unavailable: {exc}"
+        if rapl is not None:
+            if rapl.unavailable:
+                notes["cpu_energy"] = f"unavailable: {rapl.unavailable}"
+            else:
+                self._rapl = rapl
+                notes["cpu_energy"] = "rapl: package energy x the run's share of the host's busy CPU time"
+        self.record = self.record.model_copy(update={"extra": {**self.record.extra, **notes}})
+
+    def _read_energy(self) -> tuple[Any, Any]:
+        gpu = None
+        if self.gpu_energy_source == "counter":
+            gpu = self._nvml.energy_mj(self.gpu_indices)
+        elif self.gpu_energy_source == "power":
+            gpu = self._nvml.power_mw(self.gpu_indices)
+        return gpu, (self._rapl.read() if self._rapl is not None else None)
+
+    def _energy_since(self, prev: tuple[Any, Any], cur: tuple[Any, Any], wall: float,
+                      cpu_s: float) -> tuple[Optional[float], Optional[float]]:
+        """(GPU joules, CPU joules) of the interval between two readings; None where unmeasured."""
+        gpu_j = None
+        if prev[0] is not None and cur[0] is not None:
+            if self.gpu_energy_source == "counter":
+                gpu_j = (cur[0] - prev[0]) / 1000.0 if cur[0] >= prev[0] else None  # a reset counter: not this run's
+            else:  # power (mW): trapezoid over the interval
+                gpu_j = (prev[0] + cur[0]) / 2.0 * wall / 1000.0
+        cpu_j = self._rapl.interval(prev[1], cur[1], cpu_s) if self._rapl is not None else None
+        return (round(gpu_j, 3) if gpu_j is not None else None), (round(cpu_j, 3) if cpu_j is not None else None)
+
     def _tick(self) -> None:
         now_m = time.monotonic()
         ts = datetime.now(timezone.utc)
+        energy_prev, energy_now = self._energy_prev, self._read_energy()
+        self._energy_prev = energy_now
         self._discover()
         tot_now: dict[int, float] = {}
         parent_now: dict[int, Optional[int]] = {}
@@ -476,6 +540,7 @@ class RunSampler:
                     gpu_util, gpu_mem, self.gpu_source = usage.util_pct, usage.mem_bytes, usage.source
             except Exception as exc:  # pragma: no cover - defensive
                 self.log.debug("NVML sample failed: %s", exc)
+        gpu_j, cpu_j = self._energy_since(energy_prev, energy_now, wall, cpu)
         sample = MetricSample(
             flow_run_id=self.record.flow_run_id,
             ts=ts,
@@ -490,6 +555,8 @@ class RunSampler:
             gpu_util_pct=gpu_util,
             gpu_mem_bytes=gpu_mem,
             num_procs=len(tot_now),
+            gpu_energy_j=gpu_j,
+            cpu_energy_j=cpu_j,
         )
         self._remember(now_m, tot_now, parent_now, io_now)
         self._emit(sample)
