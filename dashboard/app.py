@@ -23,6 +23,7 @@ from prefect_launch.dashboard import data as D
 CACHE_TTL_S = 30
 
 st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
+st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer menu for the people who read the page
 
 
 @st.cache_data(ttl=60, show_spinner=False)
@@ -33,6 +34,32 @@ def _options() -> dict:
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="Reading queues…", max_entries=32)
 def _view(spec: D.ViewSpec) -> D.View:
     return D.load_view(spec)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
+def _costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFrame:
+    """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`)."""
+    from prefect_launch.dashboard import cost as C
+
+    store = D.metrics_store()
+    if store is None:
+        raise RuntimeError("no metrics store")
+    try:
+        deployments = D.fetch_deployments(D.get_api())  # job names for records that hold only the id
+    except Exception:
+        deployments = {}
+    return C.run_costs(store, since, until, queues, deployments=deployments)
+
+
+def _view_costs(v: D.View):
+    """(cost rows filtered like the page, error text or None)."""
+    from prefect_launch.dashboard import cost as C
+
+    try:
+        runs = _costs(v.spec.since, v.spec.until, tuple(v.spec.queues))
+    except Exception as exc:
+        return None, str(exc).splitlines()[0][:200]
+    return C.filter_runs(runs, v.spec.owners, v.spec.jobs, v.spec.presets), None
 
 
 def _links_block():
@@ -65,6 +92,7 @@ def sidebar(opts: dict) -> D.ViewSpec:
         if st.button("Refresh now", key="refresh"):
             _view.clear()
             _options.clear()
+            _costs.clear()
             D.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
     return D.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
@@ -73,34 +101,27 @@ def sidebar(opts: dict) -> D.ViewSpec:
 def panel_summary(v: D.View) -> None:
     with st.container(key="panel-summary", border=True):
         st.subheader("Queue summary")
-        pools = v.pools[v.pools["queue"].isin(v.spec.queues)] if v.spec.queues else v.pools
-        counts = v.now_counts.set_index("queue") if not v.now_counts.empty else pd.DataFrame(columns=["queued", "pending", "running"])
-        online = v.workers[v.workers["status"] == "ONLINE"].groupby("queue")["worker"].count() if not v.workers.empty else pd.Series(dtype=int)
-        rows = []
-        for _, p in pools.iterrows():
-            q = p["queue"]
-            c = counts.loc[q] if q in counts.index else {"queued": 0, "pending": 0, "running": 0}
-            ag = v.agents[(v.agents["queue"] == q) & v.agents["online"]] if not v.agents.empty else v.agents
-            busy = int(c["running"]) + int(c["pending"]) > 0
-            rows.append(dict(
-                queue=q, type=p["type"], now="busy" if busy else "idle", queued=int(c["queued"]), pending=int(c["pending"]),
-                running=int(c["running"]), agents_online=int(online.get(q, 0)) + (0 if ag.empty else 0),
-                free_cpu=None if ag.empty else float(ag["free_cpu"].sum()), free_gpu=None if ag.empty else int(ag["free_gpu"].sum()),
-                free_memory_gib=None if ag.empty else round(float(ag["free_memory_gib"].sum()), 1),
-                concurrency_limit=p["concurrency_limit"], status=p["status"],
-            ))
-        summary = pd.DataFrame(rows)
+        from prefect_launch.dashboard.summary import summary_frame
+
+        summary = summary_frame(v.pools, v.now_counts, v.workers, v.agents, v.runs, tuple(v.spec.queues))
         occ = v.occupancy
         load, idle, share = occ.load, occ.idle, occ.share
-        c1, c2, c3, c4, c5 = st.columns(5)
-        c1.metric("Busy now", f"{int((summary['now'] == 'busy').sum()) if not summary.empty else 0} / {len(summary)} queues")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("Queues busy now", f"{int((summary['now'] == 'busy').sum()) if not summary.empty else 0} / {len(summary)}")
         c2.metric("Queued now", int(summary["queued"].sum()) if not summary.empty else 0)
         c3.metric("Running now", int(summary["running"].sum()) if not summary.empty else 0)
         c4.metric("Runs in range", f"{v.totals['runs']:,}")
-        cap_txt = " · ".join(f"{k.upper()} {share[k]:.0f}%" for k in ("gpu", "cpu") if share.get(k) is not None)
-        c5.metric("Capacity held", cap_txt or "n/a",
-                  help="GPU- and CPU-seconds runs held over the range / what the online agents publish for these queues "
-                       "x the range; n/a without agents")
+        used = _capacity_used(v)
+        cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
+                    "(n/a without agents)")
+        k1, k2, k3, k4 = st.columns(4)
+        for col, key, label, what in ((k1, "gpu", "GPU capacity held", "GPU-seconds runs held"),
+                                      (k2, "gpu", "GPU capacity used", "GPU-seconds used (utilisation-weighted, measured)"),
+                                      (k3, "cpu", "CPU capacity held", "CPU-seconds runs held"),
+                                      (k4, "cpu", "CPU capacity used", "CPU-seconds used (measured)")):
+            val = share.get(key) if "held" in label else used.get(key)
+            col.metric(label, f"{val:.0f}%" if val is not None else "n/a",
+                       help=cap_help.format(what=what, unit="GPUs" if key == "gpu" else "CPUs"))
         st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
@@ -120,6 +141,68 @@ def panel_summary(v: D.View) -> None:
                 st.info("No runs in this range.")
             else:
                 st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")
+
+
+def _capacity_used(v: D.View) -> dict:
+    """Share (%) of the agents' GPU- and CPU-seconds over the range that runs used (measured)."""
+    runs, _ = _view_costs(v)
+    cap = v.occupancy.capacity
+    span_s = (min(v.spec.until, v.now) - v.spec.since).total_seconds()
+    out = {}
+    for key, col in (("gpu", "gpu_used_h"), ("cpu", "cpu_used_h")):
+        c = cap.get(key)
+        ok = runs is not None and not runs.empty and runs[col].notna().any()
+        out[key] = 100.0 * float(runs[col].sum()) * 3600 / (c * span_s) if c and span_s > 0 and ok else None
+    return out
+
+
+def panel_cost(v: D.View) -> None:
+    from prefect_launch.dashboard import cost as C
+
+    with st.container(key="panel-cost", border=True):
+        st.subheader("Cost and waste")
+        runs, error = _view_costs(v)
+        if runs is None:
+            st.info(f"Metrics store not readable: {error}")
+            return
+        if runs.empty:
+            st.info("No measured runs in this range.")
+            return
+        by = st.radio("By", C.BY, index=C.BY.index(v.spec.grouping) if v.spec.grouping in C.BY else 0,
+                      horizontal=True, key=f"cost_by_{v.spec.grouping}")  # follows the sidebar's grouping
+        table = C.cost_table(runs, by)
+        total = table.iloc[-1]
+        idle = C.idle_share(runs)
+
+        def num(x, fmt="{:,.2f}"):
+            return "unavailable" if x is None or x != x else fmt.format(x)
+
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("GPU-h held / used", f"{num(total['gpu_alloc_h'], '{:,.1f}')} / {num(total['gpu_used_h'], '{:,.1f}')}",
+                  help="GPUs held x time; used = utilisation-weighted, from the agents' samples")
+        c2.metric("Held GPU time idle", num(idle, "{:.0f}%") if idle is not None else "n/a",
+                  help="Of the GPU time held by runs whose GPUs were measured, the share not used")
+        c3.metric("Core-h held / used", f"{num(total['cpu_alloc_h'], '{:,.1f}')} / {num(total['cpu_used_h'], '{:,.1f}')}")
+        c4.metric("Energy GPU · CPU (Wh)", f"{num(total['gpu_energy_wh'], '{:,.0f}')} · {num(total['cpu_energy_wh'], '{:,.0f}')}",
+                  help="GPU: NVML energy counters; CPU: the runs' share of RAPL package energy. 'unavailable' where the "
+                       "agents could not measure it (never estimated)")
+        notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
+        notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
+        st.caption("Allocated vs used over the range, by " + by + ". " + "; ".join(notes))
+        left, right = st.columns([2, 3])
+        with left:
+            st.altair_chart(charts.cost_chart(table, by), width="stretch")
+        with right:
+            shown = table.astype(object).where(table.notna(), "unavailable")
+            st.dataframe(shown, hide_index=True, width="stretch", key="cost_table")
+        st.caption("Top wasters: runs that left the most of what they held idle (GPU-hours, then core-hours)")
+        w = C.wasters(runs)
+        if w.empty:
+            st.success("No run left held hardware idle in this range.")
+        else:
+            st.dataframe(w.assign(link=[D.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
+                         key="wasters_table",
+                         column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
 
 
 def _partial_note(v: D.View) -> str:
@@ -355,6 +438,7 @@ def main() -> None:
         panel_queued(v)
     panel_runs(v)
     panel_metrics(v)
+    panel_cost(v)
     panel_errors(v)
     panel_links(v, opts)
 

@@ -211,3 +211,28 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
         .add_params(brush)
         .properties(height=min(max(18 * n, 160), 640))
     )
+
+
+# ------------------------------------------------------------------------ cost
+
+
+def cost_chart(table: pd.DataFrame, by: str, n: int = 12) -> alt.Chart:
+    """GPU-hours held and used per group (bars side by side); groups without GPUs: core-hours."""
+    t = table[table[by] != "total"].head(n)
+    gpu = float(t["gpu_alloc_h"].sum()) > 0
+    held, used, unit = ("gpu_alloc_h", "gpu_used_h", "GPU-hours") if gpu else ("cpu_alloc_h", "cpu_used_h", "core-hours")
+    long = t[[by, held, used]].melt(id_vars=[by], value_vars=[held, used], var_name="series", value_name="hours")
+    long["series"] = long["series"].map({held: "held", used: "used"})
+    return (
+        alt.Chart(long.dropna(subset=["hours"]))
+        .mark_bar()
+        .encode(
+            y=alt.Y(f"{by}:N", title=by, sort=list(t[by])),
+            x=alt.X("hours:Q", title=unit),
+            yOffset=alt.YOffset("series:N"),
+            color=alt.Color("series:N", title=None, scale=alt.Scale(domain=["held", "used"], range=["#9ecae1", "#08519c"]),
+                            legend=alt.Legend(orient="top")),
+            tooltip=[alt.Tooltip(f"{by}:N"), "series:N", alt.Tooltip("hours:Q", title=unit, format=",.3f")],
+        )
+        .properties(height=min(max(34 * len(t), 120), 480))
+    )

@@ -452,6 +452,69 @@ def store_purge(older_than_days: Optional[float] = typer.Option(
                       f"{days:g} days ago", highlight=False)
 
 
+# ----------------------------------------------------------------------------- report
+@app.command("report")
+def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or queue."),
+           since: str = typer.Option("7d", "--since", help="Start of the range: 7d, 12h, 30m, or an ISO time (UTC)."),
+           until: Optional[str] = typer.Option(None, "--until", help="End of the range (default now)."),
+           queue: Optional[List[str]] = typer.Option(None, "--queue", "-q", help="Only these queues."),
+           as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+           as_csv: bool = typer.Option(False, "--csv", help="Print as CSV.")) -> None:
+    """Cost and waste: GPU-hours and CPU core-hours allocated vs used, and energy, per owner/job/queue.
+
+    The monitor's "Cost and waste" table, from the metrics store the agents write
+    (LAUNCH_METRICS_URL, else the block LAUNCH_METRICS_BLOCK, default "default"). Energy the
+    agents could not measure is shown as unavailable, never estimated.
+    """
+    from prefect_launch.dashboard import cost as C
+    from prefect_launch.dashboard import data as D
+
+    if by not in C.BY:
+        _fail(f"--by must be one of {', '.join(C.BY)}")
+    if as_json and as_csv:
+        _fail("give --json or --csv, not both")
+    try:
+        t0, t1 = C.parse_since(since), (C.parse_since(until) if until else None)
+    except ValueError as exc:
+        _fail(str(exc))
+    store = D.metrics_store()
+    if store is None:
+        _fail("no metrics store: set LAUNCH_METRICS_URL or run `prefect-launch setup`")
+    try:
+        deployments = D.fetch_deployments(D.get_api())  # names the jobs of runs whose record has only the id
+    except Exception:
+        deployments = {}
+    try:
+        table = C.report(store, by, t0, t1, queues=queue or (), deployments=deployments)
+    except Exception as exc:
+        _fail(f"cannot read the metrics store: {str(exc).splitlines()[0][:300]}")
+    if as_json:
+        _print_json({"by": by, "since": t0.isoformat(), "until": (t1 or D.dt.datetime.now(D.UTC)).isoformat(),
+                     "rows": C.report_rows(table)})
+        return
+    if as_csv:
+        sys.stdout.write(table.to_csv(index=False, float_format="%.4f", na_rep="unavailable"))
+        return
+    if table.empty:
+        console.print(f"no runs measured since {t0:%Y-%m-%d %H:%M} UTC")
+        return
+    t = Table(title=f"Cost by {by} since {t0:%Y-%m-%d %H:%M} UTC")
+    cols = [(by, by), ("runs", "runs"), ("gpu_alloc_h", "GPU-h held"), ("gpu_used_h", "GPU-h used"),
+            ("gpu_used_pct", "GPU used %"), ("cpu_alloc_h", "core-h held"), ("cpu_used_h", "core-h used"),
+            ("gpu_energy_wh", "GPU Wh"), ("cpu_energy_wh", "CPU Wh"), ("peak_memory_gib", "peak mem GiB")]
+    for _, title in cols:
+        t.add_column(title, justify="left" if title == by else "right")
+    for rec in C.report_rows(table):
+        t.add_row(*["unavailable" if rec[k] is None else f"{rec[k]:,.2f}" if isinstance(rec[k], float) else str(rec[k])
+                    for k, _ in cols])
+    console.print(t)
+
+
+from prefect_launch.session_cli import session_app  # noqa: E402  (its commands use this module's helpers)
+
+app.add_typer(session_app, name="session")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
