@@ -87,7 +87,8 @@ def _jupyter(scratch: Path, port: int, host: str, token: str) -> subprocess.Pope
     return subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ip={host}", f"--port={port}",
          "--port-retries=0", f"--ServerApp.root_dir={scratch}", "--ServerApp.allow_remote_access=False",
-         f"--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True"],
+         "--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True", "--LabApp.extension_manager=readonly",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
         cwd=scratch, env=env, stdout=sys.stdout, stderr=sys.stderr,
     )
 

@@ -121,7 +121,7 @@ def _app_urls(client, fr) -> list[str]:
     if row.type != "interactive" or not fr.state or fr.state.type.value != "RUNNING":
         return []
     try:
-        token = Secret.load(f"session-token-{fr.id}", client=client).get()
+        token = Secret.load(f"session-token-{fr.id}").get()
     except Exception:
         return []
     return [f"http://127.0.0.1:{p}/lab?token={token}" for p in row.ports[:1]]
