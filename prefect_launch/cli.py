@@ -86,6 +86,10 @@ def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
                 results.append(apply_queue(client, spec))
             except ValueError as exc:
                 _fail(str(exc))
+            if spec.target == "process":  # the built-in session flow on every process queue
+                from prefect_launch.deployments.sessions import deploy_session_flow
+
+                deploy_session_flow(spec.name, spec.default_priority)
     if as_json:
         _print_json([r.model_dump() for r in results])
     else:
@@ -283,6 +287,9 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
             run_id = resolve_run_id(client, run)
         except LookupError as exc:
             _fail(str(exc))
+        state = client.read_flow_run(run_id).state  # why it ended, in Prefect's own words
+        ended_why = (state.message if state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
+                     else None)
         try:
             store = RunMetricsStore.load(os.environ.get("LAUNCH_METRICS_BLOCK", "default"))
         except Exception:
@@ -294,9 +301,12 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     summary = store.get_summary(run_id)
     series = store.series(run_id, max_points=120)
     if as_json:
-        _print_json(report_dict(record, summary, series))
+        _print_json({**report_dict(record, summary, series), "state": state.name if state else None,
+                     "reason": ended_why})
     else:
         console.print(render_run_report(record, summary, series), highlight=False, markup=False)
+        if ended_why:
+            console.print(f"ended: {state.name}: {ended_why}", highlight=False, markup=False)
 
 
 @app.command("setup")
