@@ -29,6 +29,7 @@ class SessionRow(BaseModel):
     elapsed_s: Optional[float] = None  # running (or ran) for
     waited_s: Optional[float] = None  # queued for, while waiting
     position: Optional[int] = None  # 1 = next in its queue
+    eta: Optional[datetime] = None  # predicted start (placement replayed forward); None: cannot be told
     reason: Optional[str] = None  # why it waits, or how it ended
     ports: list[int] = []
 
@@ -96,7 +97,15 @@ def list_sessions(client: Any, owner: Optional[str] = None, include_ended: bool 
         for q in queues:
             prios.update({wq.name: wq.priority for wq in client.read_work_queues(work_pool_name=q)})
         pos = positions([w for w in waiting if not w.expected_start_time or w.expected_start_time <= now], prios)
-    return [row_of(r, now, pos.get(str(r.id))) for r in runs]
+        try:
+            from prefect_launch.deployments.eta_reader import predicted_starts
+
+            etas = predicted_starts(client, queues, now)
+        except Exception:
+            etas = {}
+    else:
+        etas = {}
+    return [row_of(r, now, pos.get(str(r.id))).model_copy(update={"eta": etas.get(str(r.id))}) for r in runs]
 
 
 def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:

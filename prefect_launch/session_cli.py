@@ -102,12 +102,12 @@ def session_ls(owner: Optional[str] = typer.Option(None, "--owner", help="Defaul
         C._print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="sessions")
-    for col in ("id", "name", "status", "type", "queue", "resources", "time", "agent", "position", "why"):
+    for col in ("id", "name", "status", "type", "queue", "resources", "time", "agent", "position", "eta", "why"):
         table.add_column(col, overflow="fold")
     for r in rows:
         t = f"ran {r.elapsed_s:.0f}s" if r.elapsed_s is not None else (f"waited {r.waited_s:.0f}s" if r.waited_s else "-")
         table.add_row(r.id[:8], r.name, r.status, r.type or "-", r.queue or "-", r.resources or "-", t,
-                      r.agent or "-", str(r.position or "-"), r.reason or "")
+                      r.agent or "-", str(r.position or "-"), f"{r.eta:%H:%M:%S}" if r.eta else "-", r.reason or "")
     C.console.print(table)
 
 

@@ -134,3 +134,28 @@ def test_pinned_run_says_its_agent_is_offline():
     assert got["a"] == "waiting: pinned to agent ghost, which is offline since 2026-11-30 11:50:00 UTC"
     assert got["b"] == "waiting: pinned to agent nobody, which has never been seen on this server"
     assert got["c"] == "waiting: pinned to agent live2"
+
+
+def test_eta_replays_placement_forward():
+    from prefect_launch.deployments.eta import AgentCap, Running, Waiting, median_runtime, predict
+
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    g = lambda n: Resources(cpu=1, memory=2**30, gpu=n)  # noqa: E731
+    agents = [AgentCap(name="a", queues=["q"], capacity=Resources(cpu=4, memory=8 * 2**30, gpu=2))]
+    running = [Running(run_id="r1", agent="a", resources=g(1), started=now - timedelta(seconds=60), expected_s=100),
+               Running(run_id="r2", agent="a", resources=g(1), started=now - timedelta(seconds=10), expected_s=100)]
+    waiting = [Waiting(run_id="w1", queue="q", resources=g(1), submitted=now, expected_s=50),
+               Waiting(run_id="w2", queue="q", resources=g(2), submitted=now + timedelta(seconds=1), expected_s=10),
+               Waiting(run_id="w3", queue="q", resources=g(0), submitted=now + timedelta(seconds=2), expected_s=10)]
+    got = predict(now, agents, running, waiting)
+    assert got["w1"] == now + timedelta(seconds=40)  # r1 frees a GPU at +40
+    assert got["w2"] == now + timedelta(seconds=90)  # needs both: r2 ends +90, w1 ends +90
+    assert got["w3"] == now + timedelta(seconds=90)  # strict FIFO: behind w2 though it fits now
+    got_bf = predict(now, agents, running, waiting, backfill={"q": True})
+    assert got_bf["w3"] == now  # backfill lets it pass
+    unknown = [running[0].model_copy(update={"expected_s": None}), running[1]]
+    got_u = predict(now, agents, unknown, waiting)
+    assert got_u["w1"] == now + timedelta(seconds=90) and got_u["w2"] is None  # never guesses an unknown end
+    later = [Waiting(run_id="s", queue="q", resources=g(0), submitted=now, not_before=now + timedelta(hours=1))]
+    assert predict(now, agents, [], later)["s"] == now + timedelta(hours=1)
+    assert median_runtime([3, 1, 2]) == 2 and median_runtime([]) is None
