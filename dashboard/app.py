@@ -114,14 +114,15 @@ def panel_summary(v: D.View) -> None:
         used = _capacity_used(v)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
                     "(n/a without agents)")
-        k1, k2, k3, k4 = st.columns(4)
-        for col, key, label, what in ((k1, "gpu", "GPU capacity held", "GPU-seconds runs held"),
-                                      (k2, "gpu", "GPU capacity used", "GPU-seconds used (utilisation-weighted, measured)"),
-                                      (k3, "cpu", "CPU capacity held", "CPU-seconds runs held"),
-                                      (k4, "cpu", "CPU capacity used", "CPU-seconds used (measured)")):
-            val = share.get(key) if "held" in label else used.get(key)
-            col.metric(label, f"{val:.0f}%" if val is not None else "n/a",
-                       help=cap_help.format(what=what, unit="GPUs" if key == "gpu" else "CPUs"))
+        figures = [("GPU capacity held", share.get("gpu"), "GPU-seconds runs held", "GPUs"),
+                   ("GPU capacity used", used.get("gpu"), "GPU-seconds used (utilisation-weighted, measured)", "GPUs"),
+                   ("CPU capacity held", share.get("cpu"), "CPU-seconds runs held", "CPUs"),
+                   ("CPU capacity used", used.get("cpu"), "CPU-seconds used (measured)", "CPUs")]
+        if any(val is not None for _, val, _, _ in figures):
+            for col, (label, val, what, unit) in zip(st.columns(4), figures):
+                col.metric(label, f"{val:.0f}%" if val is not None else "n/a", help=cap_help.format(what=what, unit=unit))
+        else:
+            st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
         st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
@@ -174,18 +175,21 @@ def panel_cost(v: D.View) -> None:
         total = table.iloc[-1]
         idle = C.idle_share(runs)
 
-        def num(x, fmt="{:,.2f}"):
-            return "unavailable" if x is None or x != x else fmt.format(x)
+        def num(x, fmt="{:,.1f}"):  # short: a metric's value is cut off past ~10 characters at laptop width
+            return "n/a" if x is None or x != x else fmt.format(x)
 
         c1, c2, c3, c4 = st.columns(4)
-        c1.metric("GPU-h held / used", f"{num(total['gpu_alloc_h'], '{:,.1f}')} / {num(total['gpu_used_h'], '{:,.1f}')}",
-                  help="GPUs held x time; used = utilisation-weighted, from the agents' samples")
-        c2.metric("Held GPU time idle", num(idle, "{:.0f}%") if idle is not None else "n/a",
+        c1.metric("GPU-hours used / held", f"{num(total['gpu_used_h'])} / {num(total['gpu_alloc_h'])}",
+                  help="Held: GPUs x time. Used: utilisation-weighted, from the agents' samples (n/a: not measured). "
+                       f"Core-hours: {num(total['cpu_used_h'])} used of {num(total['cpu_alloc_h'])} held.")
+        c2.metric("Held GPU time idle", num(idle, "{:.0f}%"),
                   help="Of the GPU time held by runs whose GPUs were measured, the share not used")
-        c3.metric("Core-h held / used", f"{num(total['cpu_alloc_h'], '{:,.1f}')} / {num(total['cpu_used_h'], '{:,.1f}')}")
-        c4.metric("Energy GPU · CPU (Wh)", f"{num(total['gpu_energy_wh'], '{:,.0f}')} · {num(total['cpu_energy_wh'], '{:,.0f}')}",
-                  help="GPU: NVML energy counters; CPU: the runs' share of RAPL package energy. 'unavailable' where the "
-                       "agents could not measure it (never estimated)")
+        c3.metric("GPU energy", num(total["gpu_energy_wh"], "{:,.0f} Wh"),
+                  help=f"NVML energy counters of the runs' GPUs; measured for {total['gpu_energy_runs']} GPU runs "
+                       "(n/a: none could be measured; never estimated)")
+        c4.metric("CPU energy", num(total["cpu_energy_wh"], "{:,.0f} Wh"),
+                  help=f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
+                       "(n/a: RAPL not readable by the agents; never estimated)")
         notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
         notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
         st.caption("Allocated vs used over the range, by " + by + ". " + "; ".join(notes))
@@ -236,6 +240,11 @@ def panel_queued(v: D.View) -> None:
             st.altair_chart(charts.occupancy_queued_chart(qt, v.spec.grouping), width="stretch")
 
 
+def _when(t: pd.Timestamp) -> str:
+    """A brush edge to the millisecond (a span of seconds can hold many runs)."""
+    return f"{t:%Y-%m-%d %H:%M:%S}.{t.microsecond // 1000:03d}"
+
+
 def panel_runs(v: D.View) -> None:
     with st.container(key="panel-runs", border=True):
         st.subheader("Job runs")
@@ -259,7 +268,7 @@ def panel_runs(v: D.View) -> None:
             rng = next(iter(brush.values()))
             lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
             sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-            st.caption(f"Selected {lo:%Y-%m-%d %H:%M} – {hi:%Y-%m-%d %H:%M}: {len(sel)} runs")
+            st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} runs")
         table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
             ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
         st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
@@ -280,7 +289,7 @@ def _panel_lanes(v: D.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
         rng = next(iter(brush.values()))
         lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-        st.caption(f"Selected {lo:%Y-%m-%d %H:%M} – {hi:%Y-%m-%d %H:%M}: {len(sel)} of the newest {len(v.runs):,} runs")
+        st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} of the newest {len(v.runs):,} runs")
     table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
         ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
     st.dataframe(table, hide_index=True, width="stretch", key="runs_table",

@@ -98,3 +98,84 @@ def test_every_panel_renders_with_data(dashboard):
         finally:
             browser.close()
     assert (out / "dashboard.png").stat().st_size > 10_000
+
+
+def _flow_runs_started() -> list:
+    """Every run on the server that started (what the page's Gantt can draw), from Prefect itself."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    out, offset = [], 0
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(is_null_=False)),
+                                         limit=200, offset=offset)
+            out += page
+            if len(page) < 200:
+                return out
+            offset += 200
+
+
+def test_gantt_brush_fills_the_details_table(dashboard):
+    """Drag across the runs Gantt in the browser: the details table holds exactly the runs under the brush."""
+    import csv
+    import datetime as dt
+    import io
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    url, seeded = dashboard
+    out = ROOT / "test-output"
+    out.mkdir(exist_ok=True)
+    caption_re = re.compile(r"Selected (\S+ \S+) – (\S+ \S+) UTC: (\d+) ")
+    utc = dt.timezone.utc
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 7000}, accept_downloads=True)
+            page.add_init_script("delete window.showSaveFilePicker")  # CSV download as a plain download
+            page.goto(url, wait_until="domcontentloaded")
+            panel = page.locator(".st-key-panel-runs")
+            panel.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=120_000)
+            box = panel.locator(".vega-embed").first.bounding_box()
+            y = box["y"] + box["height"] * 0.45
+            proper = 0
+            for a, b in ((0.55, 0.8), (0.25, 0.6), (0.4, 0.97)):
+                page.mouse.click(box["x"] + box["width"] * 0.99, y)  # outside the brush: clears it
+                page.mouse.move(box["x"] + box["width"] * a, y)
+                page.mouse.down()
+                page.mouse.move(box["x"] + box["width"] * b, y, steps=10)
+                page.mouse.up()
+                cap = panel.get_by_text(caption_re)
+                cap.wait_for(timeout=60_000)
+                page.wait_for_function(  # the rerun for this brush has drawn the table
+                    "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+                lo_s, hi_s, n = caption_re.search(cap.inner_text()).groups()
+                lo = dt.datetime.fromisoformat(lo_s).replace(tzinfo=utc)
+                hi = dt.datetime.fromisoformat(hi_s).replace(tzinfo=utc)
+                table = panel.locator('[data-testid="stDataFrame"]').first
+                table.hover()
+                with page.expect_download(timeout=30_000) as dl:
+                    table.get_by_role("button", name="Download as CSV").click()
+                rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
+                shown = {r["link"].rsplit("/", 1)[-1] for r in rows}
+                want = {str(r.id) for r in _flow_runs_started()
+                        if r.start_time <= hi and (r.end_time is None or r.end_time >= lo)}
+                assert len(rows) == int(n) and shown == want, (lo, hi, sorted(shown ^ want))
+                proper += 0 < len(want) < len(_flow_runs_started())
+            page.screenshot(path=str(out / "dashboard-brush.png"), full_page=True)
+            assert proper >= 1, "no brush selected a part of the runs"
+            # at a laptop's width no headline figure is cut off ("1 / 3 que…")
+            page.set_viewport_size({"width": 1280, "height": 7000})
+            page.wait_for_timeout(1500)
+            cut = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMetricValue"]')]
+                .filter(e => [e, ...e.querySelectorAll('*')].some(x => x.scrollWidth > x.clientWidth + 1))
+                .map(e => e.innerText)""")
+            page.screenshot(path=str(out / "dashboard-laptop.png"), full_page=True)
+            assert page.locator('[data-testid="stMetricValue"]').count() >= 8
+            assert cut == [], f"metric values cut off at 1280 px: {cut}"
+            # no Deploy button / developer menu for the page's readers
+            assert page.get_by_role("button", name="Deploy").count() == 0
+        finally:
+            browser.close()
