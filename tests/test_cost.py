@@ -267,9 +267,10 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
             assert row["cpu_energy_wh"] == "unavailable"
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Held GPU time idle"] == f"{C.idle_share(runs):.0f}%"
+    assert metrics["GPU energy"] == f"{want.loc['total', 'gpu_energy_wh']:,.0f} Wh"
     if not RAPL_READABLE:
-        assert metrics["Energy GPU · CPU (Wh)"].endswith("· unavailable")
-    wasters = next(d.value for d in at.dataframe if "gpu_idle_h" in d.value.columns)
+        assert metrics["CPU energy"] == "n/a"
+    wasters = next(d.value for d in at.dataframe if "cpu_idle_h" in d.value.columns)
     assert wasters.iloc[0]["id"] == ran["ids"]["bob_gpu2"]
     # the agent published 2 GPUs: the capacity figures are percentages, not n/a
     assert metrics["GPU capacity held"].endswith("%") and metrics["GPU capacity used"].endswith("%")

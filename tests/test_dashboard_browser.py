@@ -179,3 +179,48 @@ def test_gantt_brush_fills_the_details_table(dashboard):
             assert page.get_by_role("button", name="Deploy").count() == 0
         finally:
             browser.close()
+
+
+def test_heatmap_cells_match_occupancy(dashboard):
+    """Every cell of the hour x weekday heatmap drawn in the browser holds the occupancy
+    module's figure for the page's range (the module is checked against the runs' own
+    state histories in test_dashboard_occupancy.py)."""
+    import datetime as dt
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    from prefect_launch.dashboard import data as D
+
+    url, seeded = dashboard
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 7000})
+            page.goto(url, wait_until="domcontentloaded")
+            cells = page.locator('.st-key-panel-summary .vega-embed svg path[aria-label*="hour"]')
+            page.wait_for_function("""() => document.querySelectorAll(
+                '.st-key-panel-summary .vega-embed svg path[aria-label*="hour"]').length >= 168""", timeout=120_000)
+            labels = cells.evaluate_all("els => els.map(e => e.getAttribute('aria-label'))")
+            caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
+        finally:
+            browser.close()
+    shown = {}
+    for text in labels:
+        f = dict(part.split(": ", 1) for part in text.split("; "))
+        shown[(f["weekday"], int(f["hour"]))] = float(f["avg runs holding a slot"])
+    # the page's range: the last 7 days up to its 10 s step (its caption gives the minute)
+    now = dt.datetime.now(D.UTC).replace(microsecond=0)
+    now = now + dt.timedelta(seconds=10 - now.second % 10)
+    since, until = D.time_window("Last 7 days", now)
+    assert caption.startswith(f"{since:%Y-%m-%d %H:%M} – ") or caption.startswith(
+        f"{since - dt.timedelta(minutes=1):%Y-%m-%d %H:%M} – "), caption
+    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"))
+    want = {(r.weekday, int(r.hour)): float(r.busy) for r in v.occupancy.heatmap.itertuples()}
+    assert set(shown) == set(want) and len(shown) == 168
+    assert any(val > 0 for val in want.values())
+    current = (["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][now.weekday()], now.hour)
+    for cell, val in want.items():
+        # the hour now moves on while runs hold slots (a few seconds apart: < 0.01 of an hour per run)
+        tol = 0.01 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
+        assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)
