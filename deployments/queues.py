@@ -10,9 +10,9 @@ from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
 from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
 from prefect_launch.workers.resources import Resources
 from prefect_launch.workers.template import build_base_job_template
-from prefect_launch.workers.worker import WAIT_LABEL
+from prefect_launch.workers.run_tags import WAIT_LABEL
 
-LAUNCH_POOL_TYPES = ("launch-process", "docker", "kubernetes")
+LAUNCH_POOL_TYPES = ("launch-process", "launch-docker", "docker", "kubernetes")
 
 
 class ApplyResult(BaseModel):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages the tests need when they are missing (CI runs as root).
+# Installs the system packages the tests need when they are missing (CI runs as root):
+# chromium, PostgreSQL, git, docker.io and debootstrap.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -8,6 +9,9 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
   need+=(postgresql)
 fi
 command -v git >/dev/null 2>&1 || need+=(git)
+# Docker back end tests: a private dockerd (started by tests/docker_env.py) and debootstrap for the local base image.
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${need[*]}"

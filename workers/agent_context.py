@@ -21,6 +21,7 @@ class AgentContext:
 
         self.ledger = ledger
         self.queues: set[str] = set()
+        self.workers: dict[str, object] = {}  # queue -> the worker (back end) serving it
         self._listeners: list[Callable[[], None]] = []
         self._plan_lock: Optional[asyncio.Lock] = None
         if warm_engines is None:

@@ -1,4 +1,4 @@
-"""Run one agent: a launch-process worker per queue, all sharing one capacity ledger."""
+"""Run one agent: a launch worker per queue (process or docker back end), all sharing one capacity ledger."""
 
 from __future__ import annotations
 
@@ -12,28 +12,38 @@ from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.resources import detect_capacity
 
 
+def worker_types() -> dict[str, type]:
+    """Pool type -> launch worker class, for every back end an agent can serve."""
+    from prefect_launch.workers.docker_worker import LaunchDockerWorker
+    from prefect_launch.workers.worker import LaunchProcessWorker
+
+    return {w.type: w for w in (LaunchProcessWorker, LaunchDockerWorker)}
+
+
 async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool,
                  on_exit: str = "drain") -> None:
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from prefect_launch.workers.worker import LaunchProcessWorker
-
+    backends = worker_types()
+    kinds: dict[str, type] = {}
+    await _wait_for_server(get_client)
     async with get_client() as client:
         for q in queues:
             try:
                 pool = await client.read_work_pool(q)
             except ObjectNotFound:
                 raise LookupError(f"unknown queue {q!r}; create it with `prefect-launch queue apply FILE`") from None
-            if pool.type != LaunchProcessWorker.type:
+            if pool.type not in backends:
                 raise LookupError(
-                    f"queue {q!r} has target type {pool.type!r}; a process agent serves 'launch-process' queues"
+                    f"queue {q!r} has target type {pool.type!r}; an agent serves {', '.join(sorted(backends))} "
+                    "queues (re-apply the queue file to move a docker queue to launch-docker)"
                 )
+            kinds[q] = backends[pool.type]
     agent = AgentContext.detect(capacity)
     print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}", flush=True)
     workers = [
-        LaunchProcessWorker(work_pool_name=q, name=name, agent=agent, create_pool_if_not_found=False,
-                            use_cgroups=use_cgroups)
+        kinds[q](work_pool_name=q, name=name, agent=agent, create_pool_if_not_found=False, use_cgroups=use_cgroups)
         for q in queues
     ]
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
@@ -74,6 +84,26 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
         for w in workers:
             tg.start_soon(w.start)
     print(f"agent {name!r}: stopped", flush=True)
+
+
+async def _wait_for_server(get_client, retry_s: float = 3.0) -> None:
+    """An agent started before its server (or during an outage) waits for it instead of exiting."""
+    import os
+
+    told = False
+    while True:
+        try:
+            async with get_client() as client:
+                await client.hello()
+            if told:
+                print("agent: the Prefect server answers; starting", flush=True)
+            return
+        except Exception as exc:
+            if not told:
+                print(f"agent: waiting for the Prefect server at {os.environ.get('PREFECT_API_URL')} "
+                      f"({type(exc).__name__}); retrying every {retry_s:g} s - Ctrl-C to give up", flush=True)
+                told = True
+            await anyio.sleep(retry_s)
 
 
 def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[str] = None,

@@ -17,7 +17,7 @@ from prefect_launch.workers.resources import LaunchValidationError, Resources, f
 
 PRIORITIES: tuple[str, ...] = ("critical", "high", "medium", "low")
 DEFAULT_PRIORITY = "medium"
-TARGET_POOL_TYPES = {"process": "launch-process", "docker": "docker", "kubernetes": "kubernetes"}
+TARGET_POOL_TYPES = {"process": "launch-process", "docker": "launch-docker", "kubernetes": "kubernetes"}
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-_]{0,62}$")
 
 

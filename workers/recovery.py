@@ -19,11 +19,10 @@ from pydantic import BaseModel
 
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.run_journal import JournalEntry, RunJournal, parse_alloc_label
+from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL  # noqa: F401  (re-exported)
 
 logger = logging.getLogger("prefect_launch.recovery")
 
-ALLOC_LABEL = "launch.alloc"
-WORKER_LABEL = "prefect.worker.name"
 LIVE_STATES = ("PENDING", "RUNNING", "CANCELLING")
 GONE_REASON = "agent {agent} restarted; the run's process was gone"
 NEVER_STARTED = "agent {agent} restarted before the run's process started; the run is back in its queue"
@@ -41,6 +40,7 @@ class Found(BaseModel):
     pid_started: Optional[float] = None
     started_at: Optional[datetime] = None
     queue: Optional[str] = None
+    container: Optional[str] = None
 
 
 class Recovery(BaseModel):
@@ -51,6 +51,7 @@ class Recovery(BaseModel):
     pid: Optional[int] = None
     pid_started: Optional[float] = None
     started_at: Optional[datetime] = None
+    container: Optional[str] = None
 
 
 def process_is_run(pid: Optional[int], pid_started: Optional[float], run_id: str) -> bool:
@@ -111,7 +112,8 @@ def decide(found: list[Found], alive: dict[str, bool], agent: str) -> list[Recov
     """What to do with each run: adopt the live, crash the vanished, requeue the never started."""
     out: list[Recovery] = []
     for f in found:
-        common = dict(run_id=f.run_id, alloc=f.alloc, pid=f.pid, pid_started=f.pid_started, started_at=f.started_at)
+        common = dict(run_id=f.run_id, alloc=f.alloc, pid=f.pid, pid_started=f.pid_started, started_at=f.started_at,
+                      container=f.container)
         if alive.get(f.run_id):
             if f.alloc is None:  # live but nothing says what it holds: hold nothing, crash nothing
                 out.append(Recovery(action="forget", reason="live process without a recorded allocation", **common))
@@ -161,6 +163,7 @@ async def gather(client: Any, agent: str, pools: list[str], journal: RunJournal)
             pid=pid, pid_started=pid_started,
             started_at=(fr.start_time if fr is not None else None) or (entry.started_at if entry else None),
             queue=(alloc.queue if alloc else None) or (fr.work_pool_name if fr is not None else None),
+            container=entry.container if entry else None,
         ))
     unlocated = {f.run_id for f in out if not f.pid}
     for rid, (pid, started) in find_run_processes(unlocated).items():

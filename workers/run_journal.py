@@ -30,6 +30,7 @@ class JournalEntry(BaseModel):
     pid: Optional[int] = None
     pid_started: Optional[float] = None  # psutil create_time of pid, to reject a recycled pid
     started_at: Optional[datetime] = None
+    container: Optional[str] = None  # docker back end: the container's id (its labels name the run too)
     written_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 
@@ -68,11 +69,11 @@ class RunJournal:
         self.write(entry)
         return entry
 
-    def set_pid(self, run_id: str, pid: int, pid_started: Optional[float]) -> None:
+    def set_pid(self, run_id: str, pid: int, pid_started: Optional[float], container: Optional[str] = None) -> None:
         entry = self.get(run_id)
         if entry is None:
             return
-        self.write(entry.model_copy(update={"pid": pid, "pid_started": pid_started,
+        self.write(entry.model_copy(update={"pid": pid, "pid_started": pid_started, "container": container,
                                             "started_at": datetime.now(timezone.utc)}))
 
     def get(self, run_id: str) -> Optional[JournalEntry]:

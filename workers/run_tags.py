@@ -1,7 +1,11 @@
-"""How a launch run is tagged: ``launch``, ``owner:<user>``, ``preset:<name>``.
+"""Every tag and label prefect-launch writes on a Prefect run or a container, in one place.
 
-Written by `submit`, read by the CLI, the agent's metrics records and the monitor;
-one place so the convention cannot drift between them.
+Tags (written by `submit`): ``launch``, ``owner:<user>``, ``preset:<name>``.
+Flow-run labels (written by the agent): ``launch.waiting`` (why a run waits),
+``launch.placement`` (where it runs, for people), ``launch.alloc`` (the same for
+machines: enough to rebuild the ledger after a restart). Container labels: the
+run id, so a restarted agent finds its live containers. The CLI, the agent, the
+metrics store and the monitor import these names so the convention cannot drift.
 """
 
 from __future__ import annotations
@@ -9,6 +13,17 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 LAUNCH_TAG = "launch"
+OWNER = "owner"
+PRESET = "preset"
+
+WAIT_LABEL = "launch.waiting"
+PLACED_LABEL = "launch.placement"
+ALLOC_LABEL = "launch.alloc"
+WORKER_LABEL = "prefect.worker.name"  # Prefect's own label: the worker that claimed the run
+
+RUN_ID_LABEL = "io.prefect-launch.run-id"  # on containers and pods: the flow run they execute
+AGENT_LABEL = "io.prefect-launch.agent"
+QUEUE_LABEL = "io.prefect-launch.queue"
 
 
 def tag(key: str, value: str) -> str:
@@ -16,7 +31,7 @@ def tag(key: str, value: str) -> str:
 
 
 def launch_tags(owner: str, preset: str) -> list[str]:
-    return [LAUNCH_TAG, tag("owner", owner), tag("preset", preset)]
+    return [LAUNCH_TAG, tag(OWNER, owner), tag(PRESET, preset)]
 
 
 def tag_value(tags: Optional[Iterable[str]], key: str) -> Optional[str]:

@@ -21,6 +21,10 @@ def _worker_template(pool_type: str) -> dict[str, Any]:
         from prefect_launch.workers.worker import LaunchProcessWorker
 
         return LaunchProcessWorker.get_default_base_job_template()
+    if pool_type == "launch-docker":
+        from prefect_launch.workers.docker_worker import LaunchDockerWorker
+
+        return LaunchDockerWorker.get_default_base_job_template()
     if pool_type == "docker":
         from prefect_docker.worker import DockerWorker
 

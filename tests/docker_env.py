@@ -1,0 +1,217 @@
+"""A Docker daemon and a local base image for the docker back end's tests and benchmark.
+
+No registry is reachable from the test machines, so the base image is built here:
+
+1. ``debootstrap`` a minimal Debian (python3, venv) once, kept as a tarball in the cache;
+2. ``docker import`` it as ``prefect-launch-debian:<suite>``;
+3. build ``prefect-launch-base:<key>`` FROM it with Prefect, prefect-docker and this
+   project's wheel installed from wheels downloaded on the host (``pip download``;
+   the image itself never reaches PyPI). ``<key>`` hashes the wheel's inputs and the pinned
+   requirements, so a changed project rebuilds and an unchanged one is reused.
+
+`docker_daemon()` uses a daemon that answers (``DOCKER_HOST`` or the default
+socket); otherwise it starts ``dockerd --bridge=none --iptables=false`` on its own
+socket under /tmp with its data root in the cache (images survive between test
+sessions) and stops it afterwards. Containers use host networking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("LAUNCH_DOCKER_CACHE", Path.home() / ".cache" / "prefect-launch" / "docker"))
+SUITE = "bookworm"
+MIRROR = os.environ.get("LAUNCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+IMAGE_PYTHON = "3.11.2"  # Debian bookworm's python3
+# needed under the image's older python3 (markers on python_full_version), which pip evaluates against the host's
+MARKER_EXTRAS = ("async-timeout>=4.0.3",)
+OWN_SOCKET_DIR = Path(tempfile.gettempdir()) / "prefect-launch-dockerd"
+
+
+def _client(base_url: Optional[str] = None):
+    import docker
+
+    return docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
+
+
+def _answers(base_url: Optional[str]) -> bool:
+    try:
+        c = _client(base_url)
+        c.ping()
+        c.close()
+        return True
+    except Exception:
+        return False
+
+
+def why_no_docker() -> Optional[str]:
+    """None when a daemon can be used or started here; else what is missing."""
+    if _answers(os.environ.get("DOCKER_HOST")):
+        return None
+    if not shutil.which("dockerd"):
+        return "dockerd is not installed (apt-get install docker.io; make system-deps does it as root)"
+    if os.geteuid() != 0:
+        return "dockerd must be started as root and no Docker daemon answers"
+    return None
+
+
+@contextlib.contextmanager
+def docker_daemon() -> Iterator[str]:
+    """Yield a DOCKER_HOST URL that answers; start (and later stop) a private dockerd when none does."""
+    env_host = os.environ.get("DOCKER_HOST")
+    if _answers(env_host):
+        yield env_host or "unix:///var/run/docker.sock"
+        return
+    OWN_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
+    url = f"unix://{OWN_SOCKET_DIR}/docker.sock"
+    if _answers(url):  # left by another session of ours: share it, do not stop it
+        yield url
+        return
+    data = CACHE / "data-root"
+    data.mkdir(parents=True, exist_ok=True)
+    log = open(OWN_SOCKET_DIR / "dockerd.log", "ab")
+    proc = subprocess.Popen(
+        ["dockerd", "--bridge=none", "--iptables=false", "--ip-masq=false", f"--host={url}",
+         f"--data-root={data}", f"--exec-root={OWN_SOCKET_DIR}/exec", f"--pidfile={OWN_SOCKET_DIR}/dockerd.pid"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while not _answers(url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"dockerd exited with {proc.returncode}; see {OWN_SOCKET_DIR}/dockerd.log")
+            if time.time() > deadline:
+                raise RuntimeError(f"dockerd did not answer on {url} within 60 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _run(cmd: list[str], **kw) -> None:
+    subprocess.run(cmd, check=True, **kw)
+
+
+def debian_image(client) -> str:
+    """``prefect-launch-debian:<suite>``: debootstrap once (cached tarball), then ``docker import``."""
+    import docker.errors
+
+    tag = f"prefect-launch-debian:{SUITE}"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    tarball = CACHE / f"rootfs-{SUITE}.tar"
+    if not tarball.exists():
+        if not shutil.which("debootstrap"):
+            raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
+        with tempfile.TemporaryDirectory(prefix="launch-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,procps",
+                  SUITE, str(rootfs), MIRROR], stdout=subprocess.DEVNULL)
+            _run(["rm", "-rf", str(rootfs / "var/cache/apt/archives"), str(rootfs / "var/lib/apt/lists")])
+            CACHE.mkdir(parents=True, exist_ok=True)
+            _run(["tar", "-C", str(rootfs), "-cf", str(tarball) + ".part", "."])
+            os.replace(str(tarball) + ".part", tarball)
+    client.api.import_image_from_file(str(tarball), repository="prefect-launch-debian", tag=SUITE)
+    return tag
+
+
+def _requirements() -> list[str]:
+    """What the image needs besides our wheel, pinned to the host's versions."""
+    from importlib.metadata import version
+
+    return [f"prefect=={version('prefect')}", f"prefect-docker=={version('prefect-docker')}",
+            f"psutil=={version('psutil')}", f"pyyaml=={version('pyyaml')}", f"nvidia-ml-py=={version('nvidia-ml-py')}"]
+
+
+def _project_wheel(out: Path) -> Path:
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+         stdout=subprocess.DEVNULL)
+    return next(out.glob("prefect_launch-*.whl"))
+
+
+SOURCE_DIRS = ("prefect_launch", "blocks", "deployments", "workers", "dashboard")
+
+
+def _source_key() -> bytes:
+    """What the project's wheel is built from: pyproject.toml and the packages' files (no build needed)."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    for d in SOURCE_DIRS:
+        for path in sorted((ROOT / d).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".yaml", ".json", ".toml"):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.digest()
+
+
+def _dependency_wheels(reqs: list[str]) -> Path:
+    """The dependencies' wheels for the image's Python, downloaded on the host once per requirement set."""
+    key = hashlib.sha256("\n".join([IMAGE_PYTHON, *reqs, *MARKER_EXTRAS]).encode()).hexdigest()[:12]
+    folder = CACHE / f"wheels-{key}"
+    if not (folder / ".complete").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(folder), "--only-binary=:all:",
+              "--python-version", IMAGE_PYTHON, "--platform", "manylinux2014_x86_64", "--platform",
+              "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--implementation", "cp",
+              *reqs, *MARKER_EXTRAS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (folder / ".complete").touch()
+    return folder
+
+
+def base_image(client) -> str:
+    """``prefect-launch-base:<key>``: Prefect and this project on the local Debian, built once per key.
+
+    ``<key>`` hashes the wheel's inputs (pyproject.toml and the packages' source), the pinned
+    requirements and the Debian image, so an unchanged project reuses the image in about a second.
+    """
+    import docker.errors
+
+    debian = debian_image(client)
+    reqs = _requirements()
+    key = hashlib.sha256(_source_key() + "\n".join(reqs + [debian]).encode()).hexdigest()[:12]
+    tag = f"prefect-launch-base:{key}"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    with tempfile.TemporaryDirectory(prefix="launch-image-") as tmp:
+        ctx = Path(tmp)
+        shutil.copytree(_dependency_wheels(reqs), ctx / "wheels", ignore=shutil.ignore_patterns(".complete"))
+        own = ctx / "own"
+        own.mkdir()
+        ours = _project_wheel(own)
+        # two layers: the dependencies' layer is reused from dockerd's build cache while they are unchanged
+        (ctx / "Dockerfile").write_text(
+            f"FROM {debian}\n"
+            "COPY wheels /wheels\n"
+            "RUN python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-index --find-links /wheels "
+            f"{' '.join(repr(r) for r in reqs)} && rm -rf /wheels /root/.cache\n"
+            "COPY own /own\n"
+            f"RUN /opt/venv/bin/pip install -q --no-index --no-deps /own/{ours.name} && rm -rf /own /root/.cache\n"
+            "ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1\n"
+            "WORKDIR /opt/prefect\n"
+        )
+        try:
+            client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, forcerm=True)
+        except docker.errors.BuildError as exc:
+            log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
+            raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
+        client.images.get(tag).tag("prefect-launch-base", "latest")
+    return tag

@@ -1,0 +1,637 @@
+"""What every launch back end does around a run: intake, dispatch, pinning, watching, ends, recovery.
+
+`LaunchWorkerCore` is mixed in front of a Prefect worker class (ProcessWorker,
+DockerWorker, ...). It owns the agent-wide pieces - the ledger (through
+`AgentContext`), the journal, event wake-ups, the dispatch cycle
+(`dispatch.dispatch_cycle`), the run's environment, limits watch, metrics
+sampler and summary artifact, timeouts, cancel on exit, restart recovery and
+the published agent state - and asks its back end only four things about a
+running run, through a `RunHandle`:
+
+- ``_handle_alive(run_id, handle)``: is it still running;
+- ``_terminate(run_id, handle, force)``: ask it to stop (SIGTERM-like) or kill it;
+- ``_found_alive(found)`` / ``_adopt_handle(rec)``: after a restart, is it still
+  there and what is its handle now;
+- ``_adopted_end(run_id, handle, limits)``: why a re-adopted run ended, if the
+  agent knows better than the run's own final state.
+
+Capacity is released exactly once per run, on every end, by `_release_allocation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Optional
+from uuid import UUID
+
+import anyio
+import anyio.to_thread
+
+from prefect.states import Cancelled, Crashed, Failed, State
+from prefect.utilities.engine import propose_state
+
+from prefect_launch.workers.agent_context import AgentContext
+from prefect_launch.workers.agent_registry import AgentRun, AgentState, offline_reasons, publish, read_agents
+from prefect_launch.workers.dispatch import DispatchHooks, WaitNotes, dispatch_cycle
+from prefect_launch.workers.durations import format_duration
+from prefect_launch.workers.ledger import Allocation
+from prefect_launch.workers.limits import run_environment
+from prefect_launch.workers.queue_spec import Preset, QueueSpec, queue_spec_of
+from prefect_launch.workers.recovery import Found, Recovery, process_is_run
+from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.run_journal import JournalEntry, alloc_label
+from prefect_launch.workers.run_tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL
+from prefect_launch.workers.secret_env import resolve_secret_env
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.client.schemas.responses import WorkerFlowRunResponse
+
+PUBLISH_DEBOUNCE_S = 1.0
+TIMEOUT_GRACE_S = float(os.environ.get("LAUNCH_TIMEOUT_GRACE_SECONDS", "10"))
+HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's minimum; the zombie automation waits 3x
+
+DEFAULT_SPEC = QueueSpec(
+    name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
+)
+
+
+@dataclass
+class RunHandle:
+    """Where a started run lives: its host pid (the container's init for docker) and/or container id."""
+
+    pid: Optional[int] = None
+    pid_started: Optional[float] = None
+    container: Optional[str] = None
+
+
+class LaunchWorkerCore:
+    """Mixin: put it before the Prefect worker class, e.g. ``class W(LaunchWorkerCore, ProcessWorker)``."""
+
+    def __init__(self, *args: Any, agent: Optional[AgentContext] = None, capacity: Optional[str] = None,
+                 use_cgroups: bool = True, **kwargs: Any):
+        kwargs.setdefault("name", socket.gethostname())
+        super().__init__(*args, **kwargs)
+        self.agent = agent or AgentContext.detect(capacity)
+        self.ledger = self.agent.ledger
+        self.warm_pool = self.agent.warm_pool
+        self.agent.queues.add(self._work_pool_name)
+        self.agent.workers[self._work_pool_name] = self
+        self.agent.on_release(self._wake_up)
+        self.use_cgroups = use_cgroups
+        self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
+        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
+        self._wait_notes = WaitNotes()
+        self._limits: dict[UUID, Any] = {}
+        self._kill_reasons: dict[UUID, str] = {}
+        self._end_states: dict[UUID, State] = {}  # why the agent ended a run (timeout, cancel on exit)
+        self._ended: set[UUID] = set()  # runs whose end state the agent recorded itself
+        self._requests: dict[UUID, ResolvedRequest] = {}  # resolved once by dispatch, read by run()
+        self._handles: dict[UUID, RunHandle] = {}
+        self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
+        self.journal = self.agent.journal(self.name)
+        self._priorities: dict[str, int] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._publish_wanted: Optional[asyncio.Event] = None
+        self._samplers: dict[UUID, Any] = {}
+        self._metrics_store: Any = None
+        self._background_started = False
+
+    # ------------------------------------------------------------------ set-up
+    async def _initialize_after_sync(self) -> None:
+        await super()._initialize_after_sync()
+        await self._refresh_priorities()
+        if self._metrics_store is None:
+            from prefect_launch.workers.run_metrics import load_store
+
+            self._metrics_store = await load_store()
+        if self._work_pool is not None and not self._background_started:
+            self._background_started = True
+            self._wake = asyncio.Event()
+            self._publish_wanted = asyncio.Event()
+            self._refill_warm_pool()
+            for loop in (self._wake_loop, self._event_loop, self._publish_loop):
+                scope = anyio.CancelScope()
+                self._scheduled_task_scopes.add(scope)
+                self._runs_task_group.start_soon(self._in_scope, scope, loop)
+        if self._work_pool is not None and not self.agent.recovery_started:
+            self.agent.recovery_started = True
+            try:
+                await self._recover()
+                self.agent.recovered.set()
+            except Exception:
+                self.agent.recovery_started = False  # the next sync tries again; nothing is placed meanwhile
+                self._logger.exception("rebuilding the ledger failed; placing nothing until it succeeds")
+        await self._publish_state()
+
+    async def _in_scope(self, scope: anyio.CancelScope, fn) -> None:
+        with scope:
+            await fn()
+
+    def _refill_warm_pool(self) -> None:
+        """Only the process back end keeps warm engines."""
+
+    async def _refresh_priorities(self) -> None:
+        try:
+            queues = await self.client.read_work_queues(work_pool_name=self._work_pool_name)
+            self._priorities = {q.name: q.priority for q in queues}
+        except Exception as exc:  # keep the last known priorities
+            self._logger.debug("could not read work queues: %s", exc)
+
+    def queue_spec(self) -> QueueSpec:
+        """The queue declaration carried by the pool's base job template."""
+        spec = queue_spec_of(self._work_pool) if self._work_pool else None
+        return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
+
+    # ------------------------------------------------------------------ intake
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _wake_loop(self) -> None:
+        """Place runs when an event or a released run says so, and at least every few seconds.
+
+        Events are the fast path; the short poll bounds the delay when the event stream lags
+        (a busy server) - Prefect's own 10 s poll keeps running underneath as well.
+        """
+        while True:
+            with anyio.move_on_after(self.poll_seconds):
+                await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.get_and_submit_flow_runs()
+            except Exception:
+                self._logger.exception("event-driven poll failed; polling continues")
+
+    async def _event_loop(self) -> None:
+        """Wake on flow-run events for this pool; the regular poll stays as the fallback."""
+        from prefect.events.clients import get_events_subscriber
+        from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+        pool_id = self._work_pool.id
+        event_filter = EventFilter(
+            event=EventNameFilter(prefix=["prefect.flow-run."]),
+            related=EventRelatedFilter(resources_in_roles=[(f"prefect.work-pool.{pool_id}", "work-pool")]),
+        )
+        while True:
+            try:
+                async with get_events_subscriber(filter=event_filter, reconnect_on_clean_close=True) as sub:
+                    async for event in sub:
+                        if event.event in ("prefect.flow-run.Scheduled", "prefect.flow-run.Pending",
+                                           "prefect.flow-run.Cancelled", "prefect.flow-run.Late"):
+                            self._wake_up()
+            except Exception as exc:
+                self._logger.debug("event subscription dropped (%s); retrying", exc)
+                await asyncio.sleep(2)
+
+    async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
+        if self.agent.draining:
+            return []
+        await self.agent.recovered.wait()  # never place from a ledger that is not rebuilt yet
+        async with self.agent.plan_lock:
+            if self.agent.draining:
+                return []
+            return await super().get_and_submit_flow_runs()
+
+    async def _pinned_agents(self) -> tuple[dict[str, str], set[str]]:
+        """Offline agents (and since when) and all known agents, re-read at most every 10 s."""
+        at, offline, known = self._agents_seen
+        if time.monotonic() - at > 10:
+            try:
+                agents = await read_agents(self.client)
+                offline, known = offline_reasons(agents), {a.name for a in agents}
+                self._agents_seen = (time.monotonic(), offline, known)
+            except Exception as exc:
+                self._logger.debug("could not read agents: %s", exc)
+        return offline, known
+
+    async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
+        if deployment_id is None:
+            return {}
+        cached = self._deployments.get(deployment_id)
+        if cached and time.monotonic() - cached[0] < 30:
+            return cached[1]
+        deployment = await self.client.read_deployment(deployment_id)
+        values = dict(deployment.job_variables or {})
+        self._deployments[deployment_id] = (time.monotonic(), values)
+        return values
+
+    # ---------------------------------------------------------------- dispatch
+    async def _submit_scheduled_flow_runs(
+        self, flow_run_response: list["WorkerFlowRunResponse"]
+    ) -> list["FlowRun"]:
+        runs = [entry.flow_run for entry in flow_run_response
+                if entry.flow_run.id not in self._submitting_flow_run_ids]
+        hooks = DispatchHooks(
+            deployment_vars=self._deployment_vars, pinned_agents=self._pinned_agents,
+            start=self._start, wait=self._note_waiting, reject=self._reject,
+            booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
+            log=self._logger.debug,
+        )
+        result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
+                                      self._priorities, hooks)
+        if result.started:
+            self._publish_soon()
+        return result.started
+
+    def _start(self, flow_run: "FlowRun", alloc: Allocation, request: ResolvedRequest) -> None:
+        self._wait_notes.forget(flow_run.id)
+        self._requests[flow_run.id] = request
+        self.get_flow_run_logger(flow_run).info(
+            f"Agent '{self.name}' starting flow run with {alloc.resources.describe()}"
+            f" gpus={alloc.gpu_indices} cores={alloc.cpu_cores}")
+        self._submitting_flow_run_ids.add(flow_run.id)
+        if self._cancelling_observer is not None:
+            self._cancelling_observer.add_in_flight_flow_run_id(flow_run.id)
+        self._runs_task_group.start_soon(self._submit_run, flow_run)
+
+    async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
+        """Put the one-line reason on the Prefect run, only when it changes."""
+        if not self._wait_notes.changed(flow_run, reason):
+            return
+        try:
+            await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
+        except Exception as exc:
+            self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+
+    async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
+        """A run the queue can never serve as given fails now, with the reason."""
+        message = f"Rejected by agent {self.name}: {reason}"
+        self.get_flow_run_logger(flow_run).error(message)
+        try:
+            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
+        except Exception as exc:
+            self._logger.warning("could not reject run %s: %s", flow_run.id, exc)
+
+    # --------------------------------------------------------------- lifecycle
+    def _allocation_of(self, flow_run: "FlowRun") -> Allocation:
+        alloc = self.ledger.get(str(flow_run.id))
+        if alloc is None:  # e.g. an ad-hoc submission that bypassed placement
+            raise RuntimeError(f"flow run {flow_run.id} has no allocation on agent {self.name}")
+        return alloc
+
+    async def _run_env(self, alloc: Allocation, secret_env: Optional[dict[str, str]]) -> dict[str, str]:
+        """Pinning (GPUs, threads, the allocation), secrets read now, and heartbeats for the zombie automation."""
+        env = run_environment(alloc, self.name)
+        env.update(await resolve_secret_env({"secret_env": secret_env}))
+        env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", HEARTBEAT_S)
+        return env
+
+    def _on_started(self, flow_run: "FlowRun", alloc: Allocation, handle: RunHandle, limits: Any = None) -> None:
+        """The run exists: journal its handle, apply limits, start the sampler and the deadline."""
+        run_id = flow_run.id
+        self._handles[run_id] = handle
+        if handle.pid:
+            self.journal.set_pid(str(run_id), handle.pid, handle.pid_started, container=handle.container)
+        if limits is not None:
+            self._limits[run_id] = limits
+            if handle.pid:
+                limits.apply(handle.pid)
+        if handle.pid:
+            self._after_start(flow_run, alloc, handle.pid)
+        request = self._requests.pop(run_id, None)
+        self._arm_deadline(flow_run, handle, request.timeout_s if request else None, time.time())
+
+    async def _on_finished(self, flow_run: "FlowRun", status_code: Optional[int], limits: Any = None,
+                           reason: Optional[str] = None) -> None:
+        """Record why the agent ended the run (limits, timeout, cancel), stop sampling, publish the summary."""
+        reason = (limits.finish() if limits is not None else None) or reason
+        if limits is not None:
+            self._note_peak(flow_run.id, limits)
+        self._limits.pop(flow_run.id, None)
+        self._requests.pop(flow_run.id, None)
+        with anyio.CancelScope(shield=True):
+            if reason:
+                self._kill_reasons[flow_run.id] = reason
+                await self._mark_stopped(flow_run, Crashed(message=reason))
+            elif flow_run.id in self._end_states:
+                await self._mark_stopped(flow_run, self._end_states[flow_run.id])
+            await self._after_finish(flow_run, status_code)
+
+    async def _mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
+        """The run's executor already reported a bare signal; record the agent's reason instead."""
+        self.get_flow_run_logger(flow_run).error(state.message)
+        self._ended.add(flow_run.id)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, state, force=True)
+        except Exception as exc:
+            self._logger.warning("could not record why run %s was stopped: %s", flow_run.id, exc)
+
+    def _note_peak(self, run_id: UUID, limits: Any) -> None:
+        """The kernel's final peak reaches the summary (finish() removes the cgroup before the last sample)."""
+        sampler = self._samplers.get(run_id)
+        if sampler is not None and getattr(limits, "peak_rss", None):
+            sampler.note_peak_memory(limits.peak_rss)
+
+    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int,
+                     started_at: Optional[datetime] = None) -> None:
+        """Start sampling the run's process tree from outside (no change to the job)."""
+        from prefect_launch.workers.run_metrics import start_sampler
+
+        sampler = start_sampler(self._metrics_store, flow_run, alloc, self.name, alloc.queue or self._work_pool_name,
+                                pid, self._logger, started_at=started_at)
+        if sampler is not None:
+            self._samplers[flow_run.id] = sampler
+        if self._runs_task_group is not None:  # off the start path: the run is already running
+            self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
+
+    def _placement_text(self, alloc: Allocation) -> str:
+        return (f"agent {self.name}: {alloc.resources.describe()}; gpus "
+                f"{','.join(map(str, alloc.gpu_indices)) or 'none'}; cores {','.join(map(str, alloc.cpu_cores))}")
+
+    async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """Show on the Prefect run where it runs, and clear its old waiting reason.
+
+        Deferred a moment: on a SQLite server a write that collides with the engine's own
+        Running transition makes one of them wait out a 2 s client retry.
+        """
+        await asyncio.sleep(PUBLISH_DEBOUNCE_S)
+        entry = self.journal.get(str(flow_run.id))
+        machine = alloc_label(alloc, self.name, entry.pid if entry else None, entry.pid_started if entry else None)
+        try:
+            await self.client.update_flow_run_labels(flow_run.id, {PLACED_LABEL: self._placement_text(alloc),
+                                                                   WAIT_LABEL: "", ALLOC_LABEL: machine})
+        except Exception as exc:
+            self._logger.debug("could not label run %s: %s", flow_run.id, exc)
+
+    async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
+        """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
+        sampler = self._samplers.pop(flow_run.id, None)
+        if sampler is None:
+            return
+        from prefect_launch.workers.run_metrics import publish_summary_artifact
+
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+            exit_state = state.type.value if state else "UNKNOWN"
+            if state is None or not state.is_final():  # the worker marks crashes after this point
+                exit_state = "CRASHED" if status_code not in (0, None) else exit_state
+        except Exception:
+            exit_state = "CRASHED" if status_code not in (0, None) else "UNKNOWN"
+        summary = await anyio.to_thread.run_sync(sampler.stop, exit_state)
+        try:
+            await publish_summary_artifact(self.client, flow_run.id, summary, sampler.record)
+        except Exception as exc:
+            self._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
+
+    async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
+        reason = self._kill_reasons.pop(flow_run.id, None)
+        if flow_run.id in self._ended:  # the agent already recorded why (memory, timeout, cancel on exit)
+            self._ended.discard(flow_run.id)
+            return
+        await super()._propose_crashed_state(flow_run, reason or message, client)
+
+    def _release_limit_slot(self, flow_run_id: UUID) -> None:
+        super()._release_limit_slot(flow_run_id)
+        self._release_allocation(flow_run_id)
+
+    def _release_allocation(self, flow_run_id: UUID) -> None:
+        self._handles.pop(flow_run_id, None)
+        self._requests.pop(flow_run_id, None)
+        if self.ledger.release(str(flow_run_id)) is not None:
+            self.journal.remove(str(flow_run_id))
+            self._end_states.pop(flow_run_id, None)
+            self.agent.released()
+            self._publish_soon()
+
+    # ------------------------------------------------- back-end hooks (process)
+    async def _handle_alive(self, run_id: str, handle: RunHandle) -> bool:
+        return process_is_run(handle.pid, handle.pid_started, run_id)
+
+    async def _terminate(self, run_id: str, handle: RunHandle, force: bool) -> None:
+        """Ask the run to stop (``force=False``: SIGTERM to its group) or kill it."""
+        from prefect_launch.workers.limits import kill_tree
+
+        if handle.pid is None:
+            return
+        if force:
+            kill_tree(handle.pid)
+        else:
+            _signal_group(handle.pid, signal.SIGTERM)
+
+    async def _found_alive(self, found: Found) -> bool:
+        return process_is_run(found.pid, found.pid_started, found.run_id)
+
+    async def _adopt_handle(self, rec: Recovery) -> tuple[RunHandle, Any]:
+        """The handle of a re-adopted run, and its limits watch (re-attached to its existing group)."""
+        from prefect_launch.workers.limits import RunLimits
+
+        limits = RunLimits(rec.run_id, rec.alloc, use_cgroup=self.use_cgroups)
+        limits.attach(rec.pid)
+        return RunHandle(pid=rec.pid, pid_started=rec.pid_started), limits
+
+    async def _adopted_end(self, run_id: str, handle: RunHandle, limits: Any) -> Optional[str]:
+        return limits.finish() if limits is not None else None
+
+    # --------------------------------------------------------------- timeouts
+    def _arm_deadline(self, flow_run: "FlowRun", handle: RunHandle, seconds: Optional[float], started: float,
+                      task_group: Any = None) -> None:
+        """One timeout mechanism for every run of the agent (placed or re-adopted), on every back end."""
+        tg = task_group or self._runs_task_group
+        if seconds and tg is not None:
+            tg.start_soon(self._enforce_deadline, flow_run, handle, seconds, started)
+
+    async def _enforce_deadline(self, flow_run: "FlowRun", handle: RunHandle, seconds: float, started: float) -> None:
+        run_id = str(flow_run.id)
+        await asyncio.sleep(max(0.0, started + seconds - time.time()))
+        if self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle):
+            return  # it ended in time
+        message = (f"timeout after {seconds:g} s ({format_duration(seconds)}): the run was stopped by agent "
+                   f"{self.name}; submit with a longer --timeout or split the job")
+        self._end_states[flow_run.id] = Failed(message=message)
+        self.get_flow_run_logger(flow_run).error(message)
+        await self._terminate(run_id, handle, force=False)
+        deadline = time.time() + TIMEOUT_GRACE_S
+        while time.time() < deadline and await self._handle_alive(run_id, handle):
+            await asyncio.sleep(0.2)
+        await self._terminate(run_id, handle, force=True)
+
+    def running(self) -> int:
+        return len(self._handles)
+
+    async def cancel_running(self, reason: str, grace_s: float = 10.0) -> None:
+        """Stop every run this worker holds (SIGTERM, then SIGKILL) and record them Cancelled with why."""
+        handles = dict(self._handles)
+        for run_id, handle in handles.items():
+            self._end_states[run_id] = Cancelled(message=reason)
+            await self._terminate(str(run_id), handle, force=False)
+
+        async def any_alive() -> bool:
+            for r, h in handles.items():
+                if await self._handle_alive(str(r), h):
+                    return True
+            return False
+
+        deadline = time.time() + grace_s
+        while time.time() < deadline and await any_alive():
+            await asyncio.sleep(0.2)
+        for run_id, handle in handles.items():
+            if await self._handle_alive(str(run_id), handle):
+                await self._terminate(str(run_id), handle, force=True)
+        while time.time() < deadline + 15 and any(r in self._handles for r in handles):
+            await asyncio.sleep(0.2)  # run() records the Cancelled state and releases
+
+    # --------------------------------------------------------------- recovery
+    def _owner_of(self, queue: Optional[str]) -> "LaunchWorkerCore":
+        """The worker of this agent that serves ``queue`` (its back end knows how to find the run)."""
+        return self.agent.workers.get(queue or "", self)
+
+    async def _recover(self) -> None:
+        """Rebuild the ledger from Prefect and the live processes/containers before placing anything."""
+        from prefect_launch.workers.recovery import apply_end, decide, gather
+
+        pools = sorted(self.agent.queues)
+        found = await gather(self.client, self.name, pools, self.journal)
+        alive = {f.run_id: await self._owner_of(f.queue)._found_alive(f) for f in found}
+        for rec in decide(found, alive, self.name):
+            self._logger.warning("recovery: run %s -> %s (%s)", rec.run_id, rec.action, rec.reason)
+            if rec.action == "adopt":
+                if self.ledger.get(rec.run_id) is not None:  # adopted by an earlier, interrupted attempt
+                    continue
+                try:
+                    self.ledger.adopt(rec.alloc)
+                except ValueError as exc:
+                    self._logger.error("recovery: %s", exc)
+                    continue
+                self.journal.write(self.journal.get(rec.run_id) or _entry_for(rec, self.name))
+                owner = self._owner_of(rec.alloc.queue)
+                self._runs_task_group.start_soon(owner._watch_adopted, rec, self._runs_task_group)
+                continue
+            try:
+                await apply_end(self.client, self._metrics_store, rec)
+            except Exception as exc:  # leave the journal entry: the next start tries again
+                self._logger.error("recovery: could not record run %s as %s: %s", rec.run_id, rec.action, exc)
+                continue
+            self.journal.remove(rec.run_id)
+        if found:
+            print(f"agent {self.name!r}: recovered {sum(alive.values())} live run(s), "
+                  f"{len(found) - sum(alive.values())} ended while it was away", flush=True)
+
+    async def _watch_adopted(self, rec: Recovery, task_group: Any = None) -> None:
+        """A run started by a previous life of this agent: limits, sampler, timeout, end state, release."""
+        run_id = UUID(rec.run_id)
+        alloc = rec.alloc
+        try:
+            flow_run = await self.client.read_flow_run(run_id)
+        except Exception:
+            flow_run = None
+        try:
+            handle, limits = await self._adopt_handle(rec)
+            self._handles[run_id] = handle
+            if limits is not None:
+                self._limits[run_id] = limits
+            if flow_run is not None:
+                if handle.pid:
+                    self._after_start(flow_run, alloc, handle.pid, started_at=rec.started_at)
+                timeout = await self._timeout_of(flow_run)
+                started = (rec.started_at or flow_run.start_time)
+                self._arm_deadline(flow_run, handle, timeout, started.timestamp() if started else time.time(),
+                                   task_group=task_group)
+            while await self._handle_alive(rec.run_id, handle):
+                await asyncio.sleep(0.5)
+            reason = await self._adopted_end(rec.run_id, handle, limits)
+            if limits is not None:
+                self._note_peak(run_id, limits)
+            if flow_run is None:  # deleted from the server meanwhile: only the hardware to give back
+                return
+            await asyncio.sleep(1.0)  # the engine reports its own final state as it exits
+            state = (await self.client.read_flow_run(run_id)).state
+            if reason:
+                await self._mark_stopped(flow_run, Crashed(message=reason))
+            elif run_id in self._end_states:
+                await self._mark_stopped(flow_run, self._end_states[run_id])
+            elif state is None or not state.is_final():
+                await self._mark_stopped(flow_run, Crashed(message=(
+                    f"the run's {'container' if handle.container else 'process'} ended without reporting a final "
+                    f"state; agent {self.name} had re-adopted it after a restart, so its exit code is unknown")))
+            await self._after_finish(flow_run, None)
+        except Exception:
+            self._logger.exception("watching re-adopted run %s failed", rec.run_id)
+        finally:
+            self._limits.pop(run_id, None)
+            self._release_allocation(run_id)
+
+    async def _timeout_of(self, flow_run: "FlowRun") -> Optional[float]:
+        try:
+            req = resolve_request(self.queue_spec(), await self._deployment_vars(flow_run.deployment_id),
+                                  flow_run.job_variables or {})
+            return req.timeout_s
+        except Exception:
+            return None
+
+    # ------------------------------------------------------------- publishing
+    async def teardown(self, *exc_info: Any) -> None:
+        await super().teardown(*exc_info)
+
+    async def sync_with_backend(self) -> None:
+        await super().sync_with_backend()
+        await self._refresh_priorities()
+        await self._publish_state()
+
+    def _publish_soon(self) -> None:
+        """Ask for a publish; the publisher coalesces bursts so starts are not slowed by extra writes."""
+        if self._publish_wanted is not None:
+            self._publish_wanted.set()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._publish_wanted.wait()
+            await asyncio.sleep(PUBLISH_DEBOUNCE_S)
+            self._publish_wanted.clear()
+            await self._publish_state()
+
+    async def _publish_state(self) -> None:
+        if self._client is None:
+            return
+        state = AgentState(
+            name=self.name,
+            queues=sorted(self.agent.queues),
+            capacity=self.ledger.capacity,
+            free=self.ledger.free(),
+            runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,
+                           gpu_indices=a.gpu_indices) for a in self.ledger.allocations()],
+            heartbeat=datetime.now(timezone.utc),
+        )
+        try:
+            await publish(self.client, state)
+        except Exception as exc:
+            self._logger.debug("could not publish agent state: %s", exc)
+
+
+class PidHook:
+    """Wraps the task status Prefect hands to ``run`` to learn the run's pid (or container id) first."""
+
+    def __init__(self, inner: Any, on_started):
+        self._inner = inner
+        self._on_started = on_started
+
+    def started(self, value: Any = None) -> None:
+        if value is not None:
+            self._on_started(value)
+        self._inner.started(value)
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal the run's process group (its own session), never the agent's."""
+    try:
+        pgid = os.getpgid(pid)
+        if pgid != os.getpgid(0):
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _entry_for(rec: Recovery, agent: str) -> JournalEntry:
+    return JournalEntry(run_id=rec.run_id, agent=agent, allocation=rec.alloc, pid=rec.pid,
+                        pid_started=rec.pid_started, started_at=rec.started_at, container=rec.container)
