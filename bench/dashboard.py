@@ -29,7 +29,11 @@ several times (medians printed):
 The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speedup_cold (the
 index path), and queue_s, owner_s, job_s, preset_s, status_s, grouping_s, refresh_s,
 index_build_s, api_cold_s, api_filter_s (the API-only path), occupancy_s (the occupancy panels of
-the 7-day view, computed from the index's rows).
+the 7-day view, computed from the index's rows), and page_cold_s, page_warm_s: what a person waits
+for, from navigation to a fully drawn page (every panel there, every chart drawn, the script done)
+in headless Chromium through Playwright - cold: the first visit after `streamlit run` started
+(its caches empty, the run index already built); warm: a new visit (new session) right after
+(null where Chromium or Playwright is missing, or with --no-page).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import uuid
 from pathlib import Path
 
 
-from prefect_launch.local_server import free_port, local_prefect_server
+from prefect_launch.local_server import background_process, free_port, local_prefect_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -232,12 +236,58 @@ def naive_read(api_url: str, since: dt.datetime, until: dt.datetime) -> int:
 print = functools.partial(print, flush=True)  # noqa: A001  (progress shows up when piped)
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
+    && !document.querySelector('[data-testid="stStatusWidget"]')
+    && document.querySelectorAll('.vega-embed').length >= 9
+    && [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))"""
+
+
+def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
+    """(cold, warm) seconds from navigation to a fully drawn page in headless Chromium, one fresh
+    `streamlit run` per repeat; ([], []) without Chromium or Playwright."""
+    if not Path(CHROMIUM).exists():
+        return [], []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return [], []
+    colds: list[float] = []
+    warms: list[float] = []
+    for k in range(repeat):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
+                "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                "--server.fileWatcherType", "none"]
+        log = home / f"streamlit-{k}.log"
+        with background_process(args, log, cwd=ROOT) as proc:
+            wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+                try:
+                    for out in (colds, warms):
+                        page = browser.new_page(viewport={"width": 1600, "height": 7000})
+                        t = time.perf_counter()
+                        page.goto(url, wait_until="commit")
+                        page.wait_for_function(DRAWN_JS, timeout=300_000, polling=50)
+                        out.append(time.perf_counter() - t)
+                        page.close()
+                finally:
+                    browser.close()
+    return colds, warms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--naive-repeat", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the server's PREFECT_HOME")
+    ap.add_argument("--page-repeat", type=int, default=2, help="fresh `streamlit run`s timed in the browser")
+    ap.add_argument("--no-page", action="store_true", help="skip the browser timing (page_cold_s, page_warm_s)")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
@@ -337,13 +387,22 @@ def main() -> None:
         print(f"naive paging (stock client) median {naive:.3f} s  ({counted / naive:.0f} runs/s)")
         print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x "
               f"(API-aggregation path: cold {naive / figures['api']['cold']:.1f}x, filter {naive / figures['api']['filt']:.1f}x)")
+        page_cold, page_warm = page_times(home, args.page_repeat) if not args.no_page else ([], [])
+        page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
+        page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
+        if page_cold:
+            print(f"page drawn in Chromium     cold median {page_cold_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_cold)}), "
+                  f"warm median {page_warm_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_warm)})")
+        else:
+            print("page drawn in Chromium     not timed (" + ("--no-page" if args.no_page else f"{CHROMIUM} or Playwright missing") + ")")
         print(
             json.dumps(
                 dict(runs=args.runs, cold_s=round(ours["cold"], 3), filter_s=round(ours["filt"], 3), naive_s=round(naive, 3),
                      speedup_cold=round(naive / ours["cold"], 1), speedup_filter=round(naive / ours["filt"], 1),
                      **{f"{k}_s": round(v, 3) for k, v in ours["med"].items()}, refresh_s=round(ours["refresh"], 3),
                      index_build_s=round(t_build, 1), api_cold_s=round(figures["api"]["cold"], 3),
-                     api_filter_s=round(figures["api"]["filt"], 3), occupancy_s=round(occupancy_s, 3))
+                     api_filter_s=round(figures["api"]["filt"], 3), occupancy_s=round(occupancy_s, 3),
+                     page_cold_s=page_cold_s, page_warm_s=page_warm_s)
             )
         )
     finally:

@@ -274,3 +274,18 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     assert wasters.iloc[0]["id"] == ran["ids"]["bob_gpu2"]
     # the agent published 2 GPUs: the capacity figures are percentages, not n/a
     assert metrics["GPU capacity held"].endswith("%") and metrics["GPU capacity used"].endswith("%")
+    # the usage panels show what the agent measured: the GPU-use chart's data holds each GPU run's summary
+    import pyarrow as pa
+
+    frames = []
+    for el in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")]:
+        blobs = [d.data.data for d in el.proto.datasets] + ([el.proto.data.data] if el.proto.data.data else [])
+        frames += [pa.ipc.open_stream(b).read_all().to_pandas() for b in blobs if b]
+    gpu_use = next(f for f in frames if "gpu_util_pct" in f.columns and "id" in f.columns)
+    for kind in ("alice_gpu1", "bob_gpu2"):
+        s = ran["store"].get_summary(ran["ids"][kind])
+        row = gpu_use[gpu_use["id"] == ran["ids"][kind]]
+        assert len(row) == 1 and row["gpu_util_pct"].iloc[0] == pytest.approx(s.avg_gpu_util_pct)
+        idx = ran["store"].get_run(ran["ids"][kind]).gpu_indices
+        assert idx and s.avg_gpu_util_pct == pytest.approx(sum(UTIL[i] for i in idx) / len(idx))
+    assert ran["ids"]["alice_cpu2"] not in set(gpu_use["id"])  # no GPU: not on the GPU-use chart
