@@ -28,6 +28,9 @@ class Preset(BaseModel):
     memory: str = "1Gi"
     gpu: int = Field(0, ge=0)
     shm_size: Optional[str] = None
+    # Kubernetes queues only: where the preset's pods may run
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict] = Field(default_factory=list)
 
     @field_validator("memory", "shm_size")
     @classmethod
