@@ -19,8 +19,31 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "prefect_launch.cli"]
 
 
-def cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+def _cli_in_process(args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """The CLI's own Typer app called in this process: the same code path as the console script,
+    without paying Python's and Prefect's import time (seconds of CPU) for every call."""
+    import traceback
+
+    import prefect.context
+    from typer.testing import CliRunner
+
+    from prefect_launch.cli import app
+
+    prefect.context.refresh_global_settings_context()  # honour what the test put in os.environ
+    res = CliRunner().invoke(app, list(args), catch_exceptions=True)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, stderr)
+
+
+def cli(*args: str, check: bool = True, timeout: float = 120, subprocess_: bool = False) -> subprocess.CompletedProcess:
+    """Run ``prefect-launch ARGS``: in process by default (LAUNCH_TEST_CLI_SUBPROCESS=1 or
+    ``subprocess_=True`` runs the real console entry point in a child process)."""
+    if subprocess_ or os.environ.get("LAUNCH_TEST_CLI_SUBPROCESS") == "1":
+        proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    else:
+        proc = _cli_in_process(args)
     if check and proc.returncode != 0:
         raise AssertionError(f"prefect-launch {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -39,13 +62,13 @@ def apply_queue(tmp_path: Path, spec: dict) -> str:
 
 def deploy_probe(queue: str, name: str, job_variables: Optional[dict] = None) -> str:
     """Deploy flows/probe.py to ``queue``; returns the job reference probe/<name>."""
-    code = (
-        "from prefect import flow\n"
-        f"flow.from_source(source={str(ROOT / 'flows')!r}, entrypoint='probe.py:probe').deploy("
-        f"name={name!r}, work_pool_name={queue!r}, work_queue_name='medium', build=False, push=False,"
-        f" print_next_steps=False, job_variables={job_variables or {}!r})\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=os.environ.copy(), timeout=120)
+    import prefect.context
+    from prefect import flow
+
+    prefect.context.refresh_global_settings_context()
+    flow.from_source(source=str(ROOT / "flows"), entrypoint="probe.py:probe").deploy(
+        name=name, work_pool_name=queue, work_queue_name="medium", build=False, push=False,
+        print_next_steps=False, job_variables=job_variables or {})
     return f"probe/{name}"
 
 
@@ -63,10 +86,20 @@ def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tup
         yield proc
 
 
+def _agents() -> list[dict]:
+    """What `agent ls --json` prints, read in process (tests poll this often)."""
+    from prefect import get_client
+
+    from prefect_launch.workers.agent_registry import read_agents_sync
+
+    with get_client(sync_client=True) as client:
+        return [dict(a.model_dump(mode="json"), online=a.online()) for a in read_agents_sync(client)]
+
+
 def wait_agent_online(name: str, queues: list[str], timeout: float = 60) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        agents = {a["name"]: a for a in cli_json("agent", "ls")}
+        agents = {a["name"]: a for a in _agents()}
         a = agents.get(name)
         if a and a["online"] and set(queues) <= set(a["queues"]):
             return
@@ -115,7 +148,7 @@ def wait_agent_free(name: str, gpu: int, timeout: float = 30) -> dict:
     """The agent's published state once it shows ``gpu`` free GPUs and no runs (published within ~1 s)."""
     deadline = time.time() + timeout
     while True:
-        a = {x["name"]: x for x in cli_json("agent", "ls")}.get(name)
+        a = {x["name"]: x for x in _agents()}.get(name)
         if a and a["free"]["gpu"] == gpu and a["runs"] == []:
             return a
         if time.time() > deadline:
