@@ -57,6 +57,21 @@ def _chunks(seq: Sequence[Any], n: int = 500):
         yield seq[i : i + n]
 
 
+def _raw_rows(conn: Any, q: Any) -> list[tuple]:
+    """The rows of ``q`` as plain tuples through the driver's cursor: 100k SQLAlchemy rows
+    cost pandas several times more to take apart (as in :meth:`RunIndex.frame`)."""
+    c = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        if conn.dialect.paramstyle in ("qmark", "numeric", "format"):
+            cur.execute(str(c), tuple(c.params[k] for k in c.positiontup))
+        else:
+            cur.execute(str(c), c.params)
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
 def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequence[str] = (),
               now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
     """One row per run of the store that lived inside ``[since, until)`` (see the module doc).
@@ -88,58 +103,53 @@ def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequen
         sa.func.count().label("n"),
     ]
     with store._read() as conn:
-        runs = [dict(row._mapping) for row in conn.execute(q)]
+        x = pd.DataFrame.from_records(_raw_rows(conn, q), columns=[c.name for c in q.selected_columns])
+        if x.empty:
+            return pd.DataFrame(columns=RUN_COLUMNS)
         # runs to read from samples: cut by the range, still going, or without a summary
-        partial = [x["id"] for x in runs if not (x["has_summary"] is not None and x["ended_ms"] is not None
-                                                  and x["started_ms"] >= lo and x["ended_ms"] <= hi)]
-        agg: dict[int, dict] = {}
+        whole = x["has_summary"].notna() & x["ended_ms"].notna() & (x["started_ms"] >= lo) & (x["ended_ms"] <= hi)
+        partial = x.loc[~whole, "id"].astype(int).tolist()
+        agg_rows = []
         for chunk in _chunks(partial):
             stmt = sa.select(*agg_cols).where(sm.run_id.in_(list(chunk)), sm.ts_ms >= lo, sm.ts_ms < hi).group_by(sm.run_id)
-            for row in conn.execute(stmt):
-                agg[row.run_id] = dict(row._mapping)
-    out = []
-    for x in runs:
-        start, end = x["started_ms"], x["ended_ms"]
-        stop = end if end is not None else now_ms
-        held_h = max(0.0, (min(stop, hi) - max(start, lo)) / 3.6e6)
-        gpus = float(x["alloc_gpus"] or 0)
-        cpus = float(x["alloc_cpus"]) if x["alloc_cpus"] is not None else None
-        extra = json.loads(x["extra"]) if x["extra"] else {}
-        if x["id"] in agg or x["id"] in partial:
-            a = agg.get(x["id"]) or {}
-            n = int(a.get("n") or 0)
-            cpu_used = a["cpu_pct_ms"] / 100.0 / 3.6e6 if a.get("cpu_ms") else None
-            gpu_used = gpus * a["gpu_pct_ms"] / 100.0 / 3.6e6 if gpus and a.get("gpu_ms") else None
-            peak, mean = a.get("peak_rss"), a.get("mean_rss")
-            gpu_wh = a["gpu_j"] / 3600.0 if a.get("gpu_j") is not None else None
-            cpu_wh = a["cpu_j"] / 3600.0 if a.get("cpu_j") is not None else None
-            source = "samples"
-        else:
-            n = int(x["samples"] or 0)
-            cpu_used = x["cpu_seconds"] / 3600.0 if x["cpu_seconds"] is not None else None
-            gpu_used = x["gpu_used_s"] / 3600.0 if gpus and x["gpu_used_s"] is not None else None
-            peak, mean = x["peak_rss_bytes"], x["avg_rss_bytes"]
-            gpu_wh = x["gpu_energy_j"] / 3600.0 if x["gpu_energy_j"] is not None else None
-            cpu_wh = x["cpu_energy_j"] / 3600.0 if x["cpu_energy_j"] is not None else None
-            source = "summary"
-        out.append(dict(
-            id=x["flow_run_id"], run=x["flow_run_name"] or x["flow_run_id"][:8],
-            job=x["job"] or (deployments.get(x["deployment_id"]) or {}).get("name") or UNKNOWN,
-            owner=x["owner"] or UNKNOWN, queue=x["queue"] or UNKNOWN, preset=x["preset"] or UNKNOWN,
-            state=x["state"], start=pd.Timestamp(start, unit="ms", tz=UTC),
-            end=pd.Timestamp(end, unit="ms", tz=UTC) if end is not None else pd.NaT, hours=held_h, gpus=gpus, cpus=cpus,
-            memory_request_gib=x["alloc_memory_bytes"] / 2**30 if x["alloc_memory_bytes"] else None,
-            gpu_alloc_h=gpus * held_h, gpu_used_h=gpu_used, cpu_alloc_h=cpus * held_h if cpus is not None else None,
-            cpu_used_h=cpu_used, peak_memory_gib=peak / 2**30 if peak is not None else None,
-            mean_memory_gib=float(mean) / 2**30 if mean is not None else None, gpu_energy_wh=gpu_wh, cpu_energy_wh=cpu_wh,
-            gpu_energy_source=(extra.get("gpu_energy") if gpus else None) or ("unavailable: not recorded" if gpus else None),
-            cpu_energy_source=extra.get("cpu_energy") or "unavailable: not recorded", samples=n, source=source,
-        ))
-    df = pd.DataFrame(out, columns=RUN_COLUMNS)
-    for c in ("hours", "gpus", "cpus", "memory_request_gib", "gpu_alloc_h", "gpu_used_h", "cpu_alloc_h", "cpu_used_h",
-              "peak_memory_gib", "mean_memory_gib", "gpu_energy_wh", "cpu_energy_wh"):
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-    return df
+            agg_rows += [tuple(r) for r in conn.execute(stmt)]
+    agg = pd.DataFrame(agg_rows, columns=[c.name for c in agg_cols]).set_index("run_id")
+    num = lambda col: pd.to_numeric(x[col], errors="coerce").astype(float)  # noqa: E731
+    start, end = num("started_ms"), num("ended_ms")
+    held_h = ((np.minimum(end.fillna(now_ms), hi) - np.maximum(start, lo)) / 3.6e6).clip(lower=0.0)
+    gpus = num("alloc_gpus").fillna(0.0)
+    cpus = num("alloc_cpus")
+    a = agg.reindex(x["id"].astype(int)).set_axis(x.index)
+    for col in ("cpu_pct_ms", "cpu_ms", "gpu_pct_ms", "gpu_ms", "peak_rss", "mean_rss", "gpu_j", "cpu_j", "n"):
+        a[col] = pd.to_numeric(a[col], errors="coerce").astype(float)
+    # from samples (runs the range cuts), else from the summary (the same sums, folded as sampled)
+    cpu_used = (a["cpu_pct_ms"] / 100.0 / 3.6e6).where(a["cpu_ms"] > 0)
+    gpu_used = (gpus * a["gpu_pct_ms"] / 100.0 / 3.6e6).where((a["gpu_ms"] > 0) & (gpus > 0))
+    sm_cpu = num("cpu_seconds") / 3600.0
+    sm_gpu = (num("gpu_used_s") / 3600.0).where(gpus > 0)
+    extras = {e: (json.loads(e) if e else {}) for e in x["extra"].dropna().unique()}
+    ex = x["extra"].map(lambda e: extras.get(e, {}) if isinstance(e, str) else {})
+    gpu_src = ex.map(lambda d: d.get("gpu_energy")).where(gpus > 0)
+    gpu_src = gpu_src.where(gpu_src.notna() | (gpus <= 0), "unavailable: not recorded")
+    cpu_src = ex.map(lambda d: d.get("cpu_energy")).fillna("unavailable: not recorded")
+    pick = lambda from_samples, from_summary: from_samples.where(~whole, from_summary)  # noqa: E731
+    deps = {k: (v or {}).get("name") for k, v in deployments.items()}
+    job = x["job"].where(x["job"].notna(), x["deployment_id"].map(deps))
+    df = pd.DataFrame(dict(
+        id=x["flow_run_id"], run=x["flow_run_name"].where(x["flow_run_name"].notna(), x["flow_run_id"].str[:8]),
+        job=job.fillna(UNKNOWN), owner=x["owner"].fillna(UNKNOWN), queue=x["queue"].fillna(UNKNOWN),
+        preset=x["preset"].fillna(UNKNOWN), state=x["state"], start=pd.to_datetime(start, unit="ms", utc=True),
+        end=pd.to_datetime(end, unit="ms", utc=True), hours=held_h, gpus=gpus, cpus=cpus,
+        memory_request_gib=(num("alloc_memory_bytes") / 2**30).where(num("alloc_memory_bytes") > 0),
+        gpu_alloc_h=gpus * held_h, gpu_used_h=pick(gpu_used, sm_gpu), cpu_alloc_h=cpus * held_h,
+        cpu_used_h=pick(cpu_used, sm_cpu), peak_memory_gib=pick(a["peak_rss"], num("peak_rss_bytes")) / 2**30,
+        mean_memory_gib=pick(a["mean_rss"], num("avg_rss_bytes")) / 2**30,
+        gpu_energy_wh=pick(a["gpu_j"], num("gpu_energy_j")) / 3600.0, cpu_energy_wh=pick(a["cpu_j"], num("cpu_energy_j")) / 3600.0,
+        gpu_energy_source=gpu_src, cpu_energy_source=cpu_src,
+        samples=pick(a["n"].fillna(0.0), num("samples").fillna(0.0)).astype(int),
+        source=np.where(whole, "summary", "samples"),
+    ), columns=RUN_COLUMNS)
+    return df.reset_index(drop=True)
 
 
 def filter_runs(df: pd.DataFrame, owners: Sequence[str] = (), jobs: Sequence[str] = (), presets: Sequence[str] = (),
