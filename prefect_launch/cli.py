@@ -510,7 +510,7 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
         return
     t = Table(title=f"Cost by {by} since {t0:%Y-%m-%d %H:%M} UTC")
     cols = [(by, by), ("runs", "runs"), ("gpu_alloc_h", "GPU-h held"), ("gpu_used_h", "GPU-h used"),
-            ("gpu_used_pct", "GPU used %"), ("cpu_alloc_h", "core-h held"), ("cpu_used_h", "core-h used"),
+            ("gpu_used_pct", "GPU used % (measured)"), ("gpu_unmeasured_h", "GPU-h unmeasured"), ("cpu_alloc_h", "core-h held"), ("cpu_used_h", "core-h used"),
             ("gpu_energy_wh", "GPU Wh"), ("cpu_energy_wh", "CPU Wh"), ("peak_memory_gib", "peak mem GiB")]
     for _, title in cols:
         t.add_column(title, justify="left" if title == by else "right")
