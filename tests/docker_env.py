@@ -214,4 +214,11 @@ def base_image(client) -> str:
             log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
             raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
         client.images.get(tag).tag("prefect-launch-base", "latest")
+    for stale in client.images.list(name="prefect-launch-base"):  # keep the cache to one project image
+        if tag not in stale.tags:
+            for t in stale.tags:
+                try:
+                    client.images.remove(t, noprune=False)
+                except docker.errors.APIError:
+                    pass  # still used by a container, or by a concurrent session's tests
     return tag

@@ -22,16 +22,20 @@ from pathlib import Path
 import pytest
 
 from docker_env import base_image, docker_daemon, why_no_docker
-from launch_helpers import CLI, agent, apply_queue, cli, cli_json, read_runs, wait_agent_free, wait_final
+import contextlib
+
+from launch_helpers import CLI, apply_queue, cli_json, read_runs, wait_agent_free, wait_agent_online, wait_final
+from launch_helpers import agent as _agent
 from prefect_launch.workers.run_tags import RUN_ID_LABEL
 
-pytestmark = pytest.mark.usefixtures("prefect_server")
+# generous: the first test also builds the base image when the project changed (minutes on a busy machine)
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(1500)]
 JOBS = Path(__file__).resolve().parent / "jobs"
 MiB = 1 << 20
 PRESETS = {
     "small": {"cpu": 1, "memory": "256Mi", "gpu": 0, "shm_size": "64Mi"},
     "gpu-1": {"cpu": 0.5, "memory": "192Mi", "gpu": 1, "shm_size": "32Mi"},
-    "tiny": {"cpu": 0.5, "memory": "128Mi", "gpu": 0},
+    "tiny": {"cpu": 0.5, "memory": "256Mi", "gpu": 0},  # the engine itself needs ~150 MiB
 }
 
 
@@ -67,6 +71,14 @@ def image(docker_client) -> str:
     tag = base_image(docker_client)
     print(f"base image {tag} ready in {time.time() - t0:.1f} s")
     return tag
+
+
+@contextlib.contextmanager
+def agent(queues: list[str], name: str, capacity: str, log_dir: Path, **kw):
+    """launch_helpers.agent, waiting longer for it to come online (imports are slow on a busy machine)."""
+    with _agent(queues, name, capacity, log_dir, wait_online=False, **kw) as proc:
+        wait_agent_online(name, queues, timeout=240)
+        yield proc
 
 
 def deploy_container_probe(queue: str, name: str, image: str, out: Path, **job_variables) -> str:
@@ -174,9 +186,7 @@ def test_killed_agent_readopts_its_live_container(tmp_path: Path, unique_name: s
     name = f"dkr-{unique_name}"
     args = [*CLI, "agent", "--name", name, "--capacity", "cpu=2,memory=2Gi,gpu=0", "--queue", q]
     with background_process(args, tmp_path / "agent-1.log") as first:
-        from launch_helpers import wait_agent_online
-
-        wait_agent_online(name, [q])
+        wait_agent_online(name, [q], timeout=240)
         rid = submit(job, q, "--preset", "tiny", "--param", f"record_dir={out}", "--param", "seconds=12")
         deadline = time.time() + 120
         while not (out / f"{rid}.json").exists() and time.time() < deadline:
@@ -270,7 +280,7 @@ deployments:
         (run,) = wait_final([rid], timeout=240)
         assert run.state_name == "Completed", run.state.message
         inside = record(out, rid)
-        assert int(inside["memory_limit"]) == 128 * MiB  # preset tiny, from the deployment's job variables
+        assert int(inside["memory_limit"]) == 256 * MiB  # preset tiny, from the deployment's job variables
         wait_agent_free(name, 0)
     report = cli_json("runs", "show", rid)
     assert report["run"]["queue"] == q and report["summary"]["samples"] >= 1
