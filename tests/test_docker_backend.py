@@ -11,6 +11,7 @@ where no Docker daemon can run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,8 +23,6 @@ from pathlib import Path
 import pytest
 
 from docker_env import base_image, docker_daemon, why_no_docker
-import contextlib
-
 from launch_helpers import CLI, apply_queue, cli_json, read_runs, wait_agent_free, wait_agent_online, wait_final
 from launch_helpers import agent as _agent
 from prefect_launch.workers.run_tags import RUN_ID_LABEL
@@ -187,7 +186,7 @@ def test_killed_agent_readopts_its_live_container(tmp_path: Path, unique_name: s
     args = [*CLI, "agent", "--name", name, "--capacity", "cpu=2,memory=2Gi,gpu=0", "--queue", q]
     with background_process(args, tmp_path / "agent-1.log") as first:
         wait_agent_online(name, [q], timeout=240)
-        rid = submit(job, q, "--preset", "tiny", "--param", f"record_dir={out}", "--param", "seconds=12")
+        rid = submit(job, q, "--preset", "tiny", "--param", f"record_dir={out}", "--param", "seconds=90")
         deadline = time.time() + 120
         while not (out / f"{rid}.json").exists() and time.time() < deadline:
             time.sleep(0.3)
@@ -197,12 +196,15 @@ def test_killed_agent_readopts_its_live_container(tmp_path: Path, unique_name: s
     (c,) = containers_of(docker_client, rid)
     assert c.status == "running"  # the container outlives its agent
     with agent([q], name, "cpu=2,memory=2Gi,gpu=0", tmp_path, log_name="agent-2.log"):
-        (run,) = wait_final([rid], timeout=120)
-        assert run.state_name == "Completed"
-        wait_agent_free(name, 0)
-        log = (tmp_path / "agent-2.log").read_text()
-        assert "recovered 1 live run(s)" in log
-    assert containers_of(docker_client, rid) == []
+        log_path = tmp_path / "agent-2.log"
+        deadline = time.time() + 240  # the killed agent's last heartbeat still reads "online": wait for the new one
+        while "recovered" not in log_path.read_text() and time.time() < deadline:
+            time.sleep(0.5)
+        assert "recovered 1 live run(s), 0 ended while it was away" in log_path.read_text(), log_path.read_text()[-3000:]
+        (run,) = wait_final([rid], timeout=240)
+        assert run.state_name == "Completed", run.state.message
+        wait_agent_free(name, 0, timeout=120)
+    assert containers_of(docker_client, rid) == []  # removed once its end was read
 
 
 def test_one_agent_serves_process_and_docker_queues_with_one_ledger(
