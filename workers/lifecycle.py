@@ -380,6 +380,19 @@ class LaunchWorkerCore:
         except Exception as exc:
             self._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
 
+    async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
+        """Prefect's worker labels, retried: a busy SQLite server's 503 on this write must not crash the run
+        (the labels help recovery, but the journal already records the claim)."""
+        for attempt in range(4):
+            try:
+                return await super()._give_worker_labels_to_flow_run(flow_run_id)
+            except Exception as exc:
+                if attempt == 3:
+                    self._logger.warning("could not label run %s with its worker (%s); it runs anyway",
+                                         flow_run_id, exc)
+                    return
+                await asyncio.sleep(0.5 * 2 ** attempt)
+
     async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
         reason = self._kill_reasons.pop(flow_run.id, None)
         if flow_run.id in self._ended:  # the agent already recorded why (memory, timeout, cancel on exit)
