@@ -26,6 +26,8 @@ demo: venv
 	@if [ "$(DB)" = postgres ]; then bash scripts/system-deps.sh; fi
 	@DB=$(DB) bash scripts/demo.sh
 
+# Two workers, one test file per worker at a time: most e2e time is waiting on agents and servers.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
