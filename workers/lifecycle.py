@@ -316,9 +316,12 @@ class LaunchWorkerCore:
 
     async def _mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
         """The run's executor already reported a bare signal; record the agent's reason instead."""
-        self.get_flow_run_logger(flow_run).error(state.message)
         self._ended.add(flow_run.id)
         try:
+            current = (await self.client.read_flow_run(flow_run.id)).state
+            if current is not None and current.is_completed():  # it finished before the signal landed
+                return
+            self.get_flow_run_logger(flow_run).error(state.message)
             await self.client.set_flow_run_state(flow_run.id, state, force=True)
         except Exception as exc:
             self._logger.warning("could not record why run %s was stopped: %s", flow_run.id, exc)
@@ -470,8 +473,17 @@ class LaunchWorkerCore:
 
     async def cancel_running(self, reason: str, grace_s: float = 10.0) -> None:
         """Stop every run this worker holds (SIGTERM, then SIGKILL) and record them Cancelled with why."""
-        handles = dict(self._handles)
-        for run_id, handle in handles.items():
+        handles = {}
+        for run_id, handle in dict(self._handles).items():
+            try:  # a run that already reported its end (its process is only exiting) keeps that end
+                state = (await self.client.read_flow_run(run_id)).state
+                if state is not None and state.is_final():
+                    continue
+            except Exception:
+                pass
+            if not await self._handle_alive(str(run_id), handle):
+                continue
+            handles[run_id] = handle
             self._end_states[run_id] = Cancelled(message=reason)
             await self._terminate(str(run_id), handle, force=False)
 
