@@ -85,6 +85,20 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client):
     return running, container, containers, states
 
 
+def wait_worker(pool: str, timeout: float = 300) -> None:
+    """Submit only once a worker of ``pool`` has polled the server (imports are slow on a busy machine)."""
+    from prefect import get_client
+
+    deadline = time.time() + timeout
+    with get_client(sync_client=True) as client:
+        while time.time() < deadline:
+            if client.read_workers_for_work_pool(pool):
+                time.sleep(2)  # its first poll and event subscription
+                return
+            time.sleep(0.5)
+    raise RuntimeError(f"no worker of {pool} came online in {timeout:g} s")
+
+
 def limits_ok(containers: dict) -> bool:
     from prefect_launch.workers.resources import parse_size
 
@@ -136,12 +150,12 @@ def main() -> None:
         env = dict(os.environ, DOCKER_HOST=url)
         with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock-docker", "--type", "docker"],
                         logs / "stock-worker.log", env):
-            time.sleep(5)
+            wait_worker("bench-stock-docker")
             stock, stock_c, stock_containers, stock_states = measure(stock_dep, args.runs, args.gap,
                                                                       "stock docker worker", client)
         with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch-docker", "--name",
                          "bench-docker", "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log", env):
-            time.sleep(5)
+            wait_worker("bench-launch-docker")
             ours, ours_c, ours_containers, ours_states = measure(ours_dep, args.runs, args.gap,
                                                                   "launch-docker agent", client)
         checked = limits_ok(ours_containers)
