@@ -223,7 +223,13 @@ def filter_body(spec: ViewSpec, tags: Sequence[str] = (), *, time_field: str = "
 
 
 def fetch_pools(api: Api) -> list[dict]:
-    return api.post("/work_pools/filter", {"limit": PAGE})
+    """Every work pool, paged by offset (a server with more than one page of queues lost some before)."""
+    out: list[dict] = []
+    while True:
+        page = api.post("/work_pools/filter", {"limit": PAGE, "offset": len(out)})
+        out.extend(page)
+        if len(page) < PAGE:
+            return out
 
 
 def fetch_deployments(api: Api) -> dict[str, dict]:

@@ -44,9 +44,10 @@ _NO_SERVER = "start a Prefect server and export PREFECT_API_URL (e.g. http://127
 
 
 def _hint(output: str) -> str:
+    output = " ".join(output.split())  # Prefect's console wraps lines at the terminal's width
     if "Starting temporary server" in output:
         return f"no Prefect server is configured ({_NO_SERVER})"
-    if "which does not exist" in output and "work pool" in output:
+    if "does not exist" in output.lower() and "work pool" in output.lower():
         return ("create the queues first: `prefect-launch queue apply deployments/queues.yaml` "
                 "(or deploy to an existing queue)")
     if "cannot resolve git ref" in output or "not a git repository" in output:

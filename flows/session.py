@@ -128,7 +128,6 @@ def session(session_type: str = "interactive", startup_command: str = "", ports:
         if not ports:
             raise ValueError("an interactive session needs at least one port for its apps")
         token = secrets.token_urlsafe(24)
-        _store_token(run_id, token)
         children = []
         for app, port in zip(apps, ports):
             if app != "jupyterlab":
@@ -136,6 +135,7 @@ def session(session_type: str = "interactive", startup_command: str = "", ports:
             children.append(_jupyter(scratch, port, bind_host, token))
             _wait_port(bind_host, port, children[-1])
             log.info("%s ready on http://%s:%s/lab (token in Secret block session-token-%s)", app, bind_host, port, run_id)
+        _store_token(run_id, token)  # only now: `session show` gives a URL once the app answers
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
             while all(c.poll() is None for c in children):

@@ -287,7 +287,10 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
             run_id = resolve_run_id(client, run)
         except LookupError as exc:
             _fail(str(exc))
-        state = client.read_flow_run(run_id).state  # why it ended, in Prefect's own words
+        try:
+            state = client.read_flow_run(run_id).state  # why it ended, in Prefect's own words
+        except Exception:
+            state = None
         ended_why = (state.message if state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
                      else None)
         try:
