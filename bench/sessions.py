@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import ROOT, background, prefect_server  # noqa: E402
+from _stack import background, prefect_server  # noqa: E402
 
 CLI = [sys.executable, "-m", "prefect_launch.cli"]
 
@@ -77,7 +77,8 @@ def _stop(client, run_id: str) -> None:
 def bench_ready(tmp: Path, n: int) -> tuple[list[float], list[float]]:
     from prefect import get_client
 
-    from prefect_launch.deployments.sessions import FLOWS_DIR, SessionRequest, _free_ports, start_session
+    from prefect_launch.deployments.sessions import FLOWS_DIR, SessionRequest, start_session
+    from prefect_launch.local_server import free_port
 
     qfile = tmp / "q.yaml"
     qfile.write_text("queues:\n- name: bench-sessions\n  default_preset: s\n  presets:\n    s: {cpu: 1, memory: 2Gi}\n")
@@ -108,7 +109,7 @@ def bench_ready(tmp: Path, n: int) -> tuple[list[float], list[float]]:
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name("launch-session/session-stock")
             for i in range(n):
-                port = _free_ports(1)[0]
+                port = free_port()
                 t0 = time.time()
                 fr = client.create_flow_run_from_deployment(dep.id, parameters={"session_type": "interactive",
                                                                                "ports": [port]})

@@ -7,7 +7,6 @@ from typing import Any, Optional
 
 from prefect_launch.deployments.eta import AgentCap, Running, Waiting, median_runtime, predict
 from prefect_launch.workers.agent_registry import read_agents_sync
-from prefect_launch.workers.durations import parse_duration
 from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.resolve import resolve_request
 

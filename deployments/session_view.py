@@ -8,10 +8,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.deployments.sessions import SESSION_TAG
-from prefect_launch.workers.run_tags import tag_value
-
-WAIT_LABEL = "launch.waiting"
-PLACED_LABEL = "launch.placement"
+from prefect_launch.workers.run_tags import PLACED_LABEL, WAIT_LABEL, tag_value
 
 
 class SessionRow(BaseModel):
@@ -116,8 +113,9 @@ def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:
         hits = [r for r in rows if r.name == text]
         live = [r for r in hits if r.status in ("Scheduled", "Pending", "Running", "Cancelling", "Late")]
         hits = live or hits[:1]
-    if len(hits) != 1:
-        raise LookupError(f"no session {text!r}" + (f" of {owner}" if owner else "") +
-                          "; list them with `prefect-launch session ls`" if not hits else
-                          f"{text!r} names several sessions; use the id")
+    if not hits:
+        whose = f" of {owner}" if owner else ""
+        raise LookupError(f"no session {text!r}{whose}; list them with `prefect-launch session ls`")
+    if len(hits) > 1:
+        raise LookupError(f"{text!r} names several sessions; use the id")
     return client.read_flow_run(hits[0].id)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import getpass
 import random
 import re
-import socket
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
+from prefect_launch.local_server import free_port
 from prefect_launch.deployments.submit import SubmitRequest, Submitted, parse_env, submit
 from prefect_launch.workers.durations import parse_duration
 from prefect_launch.workers.resources import LaunchValidationError
@@ -102,7 +102,7 @@ def parse_starts_at(text: str, now: datetime) -> datetime:
     except ValueError:
         pass
     try:
-        return now + __import__("datetime").timedelta(seconds=parse_duration(text, "starts-at") or 0)
+        return now + timedelta(seconds=parse_duration(text, "starts-at") or 0)
     except LaunchValidationError:
         raise LaunchValidationError(
             f"starts-at must be an ISO time (2026-12-01T09:00:00Z) or a delay like 30m or 1h, got {text!r}") from None
@@ -182,23 +182,6 @@ def check(req: SessionRequest, now: Optional[datetime] = None) -> tuple[list[str
     return problems, warnings
 
 
-def _free_ports(n: int) -> list[int]:
-    out: list[int] = []
-    socks = []
-    try:
-        while len(out) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if port >= 1024:
-                out.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return out
-
-
 def live_sessions(client: Any, owner: Optional[str] = None) -> list[Any]:
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 FlowRunFilterTags)
@@ -227,7 +210,7 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
     if req.image:
         problems.append(f"--image {req.image!r} needs a docker queue; queue {req.queue!r} runs sessions as "
                         "processes in the agent's environment")
-    ports = list(req.ports) or (_free_ports(1) if req.type == "interactive" and req.count == 1 else [])
+    ports = list(req.ports) or ([free_port()] if req.type == "interactive" and req.count == 1 else [])
     env = parse_env(req.env) if not problems else {}
     if req.omp_threads:
         env["LAUNCH_OMP_THREADS"] = str(req.omp_threads)

@@ -134,13 +134,12 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
     """One session: owner, status, type, env, mounts, allocation, times, agent, usage, app URLs."""
     from datetime import datetime, timezone
 
-    from prefect_launch.deployments.session_view import row_of
+    from prefect_launch.deployments.session_view import find_session, row_of
 
     C = _c()
     with C._client() as client:
         try:
-            fr = __import__("prefect_launch.deployments.session_view", fromlist=["x"]).find_session(
-                client, session, _owner(owner))
+            fr = find_session(client, session, _owner(owner))
         except LookupError as exc:
             C._fail(str(exc))
         urls = _app_urls(client, fr)
@@ -242,7 +241,6 @@ def session_rename(session: str = typer.Argument(...), new_name: str = typer.Arg
                    owner: Optional[str] = typer.Option(None, "--owner"),
                    as_json: bool = typer.Option(False, "--json")) -> None:
     """Rename a running session (the seed's rule: only while it runs; names stay unique per owner)."""
-    from prefect.client.schemas.actions import FlowRunUpdate
 
     from prefect_launch.deployments.session_view import find_session
     from prefect_launch.deployments.sessions import NAME_RE, live_sessions

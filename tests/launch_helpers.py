@@ -86,6 +86,23 @@ def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tup
         yield proc
 
 
+@contextlib.contextmanager
+def restored_prefect_env() -> Iterator[None]:
+    """For a test that starts a server of its own: the session server's settings come back after."""
+    import prefect.context
+
+    keep = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    try:
+        yield
+    finally:
+        for k, v in keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        prefect.context.refresh_global_settings_context()
+
+
 def _agents() -> list[dict]:
     """What `agent ls --json` prints, read in process (tests poll this often)."""
     from prefect import get_client

@@ -6,7 +6,6 @@ outage does not touch the session's server; the session's settings are restored 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -18,23 +17,11 @@ from prefect_launch.local_server import free_port, local_prefect_server
 
 @pytest.fixture
 def restartable_server(tmp_path_factory):
-    import prefect.context
+    from launch_helpers import restored_prefect_env
 
-    keep = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
     home, port = tmp_path_factory.mktemp("outage-home"), free_port()
-
-    def start():
-        return local_prefect_server(home, port=port)
-
-    try:
-        yield start
-    finally:
-        for k, v in keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        prefect.context.refresh_global_settings_context()
+    with restored_prefect_env():
+        yield lambda: local_prefect_server(home, port=port)
 
 
 def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, restartable_server):

@@ -7,10 +7,8 @@ that exist, and Prefect's state histories - never what the agent says about itse
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
-import subprocess
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -205,21 +203,11 @@ def test_pinned_run_to_offline_agent_says_so(tmp_path: Path, unique_name: str):
 @pytest.fixture
 def own_server(tmp_path_factory):
     """A second server for a test that changes server-wide automations; the session's server is restored after."""
-    import prefect.context
-
+    from launch_helpers import restored_prefect_env
     from prefect_launch.local_server import local_prefect_server
 
-    keep = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
-    try:
-        with local_prefect_server(tmp_path_factory.mktemp("zombie-home")) as url:
-            yield url
-    finally:
-        for k, v in keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        prefect.context.refresh_global_settings_context()
+    with restored_prefect_env(), local_prefect_server(tmp_path_factory.mktemp("zombie-home")) as url:
+        yield url
 
 
 def test_run_whose_engine_and_agent_both_die_is_crashed_by_zombie_automation(tmp_path: Path, unique_name: str,

@@ -6,7 +6,6 @@ app answering (or not) on its port - not from what `session ls` says about itsel
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -82,6 +81,12 @@ def test_batch_sessions_success_failure_timeout_and_starts_at(tmp_path, unique_n
     assert runs["later"].start_time >= when - timedelta(seconds=1), "never before --starts-at"
     listed = {r["name"]: r for r in cli_json("session", "ls", "--owner", owner, "--ended")}
     assert listed[f"bad-{unique_name}"]["type"] == "batch" and "task-failed" in listed[f"bad-{unique_name}"]["reason"]
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:  # elapsed shown = Running -> end in the run's own history
+        states = client.read_flow_run_states(ids["ok"])
+    ran = (states[-1].timestamp - [s.timestamp for s in states if s.type.value == "RUNNING"][0]).total_seconds()
+    assert abs(listed[f"ok-{unique_name}"]["elapsed_s"] - ran) < 1.0, (listed[f"ok-{unique_name}"], ran)
     recent = cli_json("session", "recent", "--owner", owner)
     assert len(recent) == 4 and recent[0]["request"]["name"] == f"later-{unique_name}"
 
