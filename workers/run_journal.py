@@ -73,6 +73,8 @@ class RunJournal:
         entry = self.get(run_id)
         if entry is None:
             return
+        if entry.pid == pid and entry.container == container:  # a warm start journals its pid before the order
+            return
         self.write(entry.model_copy(update={"pid": pid, "pid_started": pid_started, "container": container,
                                             "started_at": datetime.now(timezone.utc)}))
 
