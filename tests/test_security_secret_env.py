@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
 import subprocess
 import sys
 import uuid
@@ -94,18 +95,23 @@ def _everything_about(run_id: str, queue: str) -> dict[str, str]:
         dep = client.read_deployment(run.deployment_id)
         out["deployment"] = dep.model_dump_json()
     api = os.environ["PREFECT_API_URL"]
-    events = httpx.post(f"{api}/events/filter", json={"filter": {
-        "any_resource": {"id_prefix": [f"prefect.flow-run.{run_id}"]},
-        "occurred": {"since": (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat()}},
-        "limit": 50}, timeout=30)
-    pages = []
+    deadline = time.time() + 60  # the server persists events in batches: the last one may lag the state
     while True:
-        events.raise_for_status()
-        page = events.json()
-        pages.append(events.text)
-        if not page.get("next_page"):
+        events = httpx.post(f"{api}/events/filter", json={"filter": {
+            "any_resource": {"id_prefix": [f"prefect.flow-run.{run_id}"]},
+            "occurred": {"since": (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat()}},
+            "limit": 50}, timeout=30)
+        pages = []
+        while True:
+            events.raise_for_status()
+            page = events.json()
+            pages.append(events.text)
+            if not page.get("next_page"):
+                break
+            events = httpx.get(page["next_page"], timeout=30)
+        if "prefect.flow-run.Completed" in "".join(pages) or time.time() > deadline:
             break
-        events = httpx.get(page["next_page"], timeout=30)
+        time.sleep(1)
     assert "prefect.flow-run.Completed" in "".join(pages), "the run's events were not read"
     out["events"] = "\n".join(pages)
     now = dt.datetime.now(dt.timezone.utc)
@@ -140,7 +146,11 @@ def test_secret_reaches_the_job_and_nothing_else(env):
     assert run.job_variables["secret_env"] == {"JOB_SECRET": env["block"]}
     assert run.job_variables["env"] == {"JOB_PLAIN": "visible"}
 
+    deadline = time.time() + 60  # logs and events reach the server in batches, after the final state
     seen = _everything_about(run_id, env["queue"])
+    while "JOB_SECRET is set: True" not in seen["logs"] and time.time() < deadline:
+        time.sleep(1)
+        seen = _everything_about(run_id, env["queue"])
     assert env["block"] in seen["run"]
     assert "JOB_SECRET is set: True" in seen["logs"], "the job's own log line is missing: logs were not read"
     for source, text in seen.items():
