@@ -136,3 +136,19 @@ def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:
             allocated_cpus=2, allocated_memory_bytes=4 * 2**30, allocated_gpus=gpu, samples=10, exit_state=r.state_type.value,
             wasteful=waste, waste_reasons=["GPU idle: avg util 3% < 10%"] if waste else [],
         ))
+
+
+def fresh_app(timeout: float = 120):
+    """The monitor page under AppTest with Streamlit's caches emptied first.
+
+    ``st.cache_data`` lives for the whole test process, so a page another test opened up to
+    a minute ago would hide the queues this test just created (a real user waits the TTL out).
+    """
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from prefect_launch.dashboard import data as D
+
+    st.cache_data.clear()
+    D.STORE_CACHE.clear()
+    return AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=timeout)

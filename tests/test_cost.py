@@ -243,13 +243,10 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
 
 def test_cost_panel_on_the_page(ran, monkeypatch):
     """The page's "Cost and waste" panel shows the same table for the queue, and says what is unavailable."""
-    from streamlit.testing.v1 import AppTest
-
-    from prefect_launch.dashboard import data as D
+    from fixtures_dashboard import fresh_app
 
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
-    D.STORE_CACHE.clear()
-    at = AppTest.from_file(str(HERE.parent / "dashboard" / "app.py"), default_timeout=120).run()
+    at = fresh_app().run()
     at.sidebar.multiselect(key="queues").set_value([ran["queue"]]).run()
     at.sidebar.radio(key="range").set_value("Last 1 hour").run()
     at.sidebar.selectbox(key="grouping").set_value("owner").run()

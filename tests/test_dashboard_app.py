@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import seed_runs
+from fixtures_dashboard import fresh_app, seed_runs
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
           "GPU memory by job", "System memory by job", "Runs that waste hardware", "Errors", "External Links"]
 
@@ -22,7 +20,7 @@ def seeded(prefect_server):
 
 
 def _app() -> AppTest:
-    return AppTest.from_file(APP, default_timeout=120)
+    return fresh_app()
 
 
 def _table(at: AppTest, *cols: str):

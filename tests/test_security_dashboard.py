@@ -7,12 +7,12 @@ password comes from a Prefect Secret block (or LAUNCH_DASHBOARD_PASSWORD).
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+from fixtures_dashboard import fresh_app
+
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def _save_link(at: AppTest, pool: str, label: str, url: str) -> AppTest:
 def test_links_form_needs_the_password_from_a_secret_block(site, monkeypatch):
     monkeypatch.setenv("LAUNCH_DASHBOARD_PASSWORD_BLOCK", site["block"])
     monkeypatch.delenv("LAUNCH_DASHBOARD_PASSWORD", raising=False)
-    at = _open(AppTest.from_file(APP, default_timeout=120))
+    at = _open(fresh_app())
     assert not at.exception, [e.value for e in at.exception]
     # locked: a sign-in form, and no link form at all
     assert "links_password" in _keys(at)
@@ -89,14 +89,14 @@ def test_links_form_needs_the_password_from_a_secret_block(site, monkeypatch):
     assert site["password"] not in page
 
     # a new session (another browser) is locked again
-    at2 = _open(AppTest.from_file(APP, default_timeout=120))
+    at2 = _open(fresh_app())
     assert "links_password" in _keys(at2) and "link_url" not in _keys(at2)
 
 
 def test_links_form_password_from_environment(site, monkeypatch):
     monkeypatch.delenv("LAUNCH_DASHBOARD_PASSWORD_BLOCK", raising=False)
     monkeypatch.setenv("LAUNCH_DASHBOARD_PASSWORD", "env-pass-123")
-    at = _open(AppTest.from_file(APP, default_timeout=120))
+    at = _open(fresh_app())
     assert "links_password" in _keys(at)
     at = _sign_in(at, "env-pass-12")
     assert any("Wrong password" in e.value for e in at.error)
@@ -107,7 +107,7 @@ def test_links_form_password_from_environment(site, monkeypatch):
 def test_unreadable_password_block_keeps_the_form_locked(site, monkeypatch):
     monkeypatch.setenv("LAUNCH_DASHBOARD_PASSWORD_BLOCK", f"missing-{uuid.uuid4().hex[:6]}")
     monkeypatch.setenv("LAUNCH_DASHBOARD_PASSWORD", "env-pass-123")  # the block wins: no fallback
-    at = _open(AppTest.from_file(APP, default_timeout=120))
+    at = _open(fresh_app())
     at = _sign_in(at, "env-pass-123")
     assert any("Sign-in unavailable" in e.value for e in at.error), [e.value for e in at.error]
     assert "link_url" not in _keys(at)
@@ -116,5 +116,5 @@ def test_unreadable_password_block_keeps_the_form_locked(site, monkeypatch):
 def test_without_a_configured_password_the_form_is_open(site, monkeypatch):
     monkeypatch.delenv("LAUNCH_DASHBOARD_PASSWORD_BLOCK", raising=False)
     monkeypatch.delenv("LAUNCH_DASHBOARD_PASSWORD", raising=False)
-    at = _open(AppTest.from_file(APP, default_timeout=120))
+    at = _open(fresh_app())
     assert "link_url" in _keys(at) and "links_password" not in _keys(at)
