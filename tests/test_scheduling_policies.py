@@ -1,0 +1,109 @@
+"""Pure rules of issue 12: preemption victims, fair share and quotas, gang placement. No servers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from prefect_launch.workers.fair_share import Quota, dominant_share, drf_order, over_quota
+from prefect_launch.workers.gang import gang_plan, member_names
+from prefect_launch.workers.preemption import Holder, choose_victims
+from prefect_launch.workers.resources import Resources
+
+T0 = datetime(2026, 11, 30, 12, tzinfo=timezone.utc)
+GI = 2**30
+
+
+def R(cpu=0.0, mem=0, gpu=0) -> Resources:
+    return Resources(cpu=cpu, memory=mem, gpu=gpu)
+
+
+def H(rid, gpu=1, minutes=0, pre=True, stopping=False, cpu=1.0):
+    return Holder(run_id=rid, resources=R(cpu, GI, gpu), preemptible=pre, started=T0 + timedelta(minutes=minutes),
+                  stopping=stopping)
+
+
+# ------------------------------------------------------------------ preemption
+def test_fits_already_preempts_nothing():
+    assert choose_victims(R(1, GI, 1), R(2, 4 * GI, 1), [H("a")]) == []
+
+
+def test_fewest_then_newest():
+    holders = [H("old2", gpu=2, minutes=0), H("mid", gpu=1, minutes=5), H("new", gpu=1, minutes=9)]
+    # one run freeing 2 GPUs beats two newer runs freeing 1 each (fewest first)
+    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) == ["old2"]
+    # needing one GPU: the newest one-GPU run goes
+    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders) == ["new"]
+
+
+def test_never_by_a_preemptible_run_and_never_a_regular_one():
+    holders = [H("p", minutes=1), H("reg", pre=False, minutes=9)]
+    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders, requester_preemptible=True) is None
+    # two GPUs needed, only one preemptible GPU: preemption cannot make room, so nothing is preempted
+    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) is None
+
+
+def test_runs_already_stopping_count_and_are_not_picked_twice():
+    holders = [H("going", stopping=True, minutes=9), H("other", minutes=1)]
+    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders) == []  # room is coming
+    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) == ["other"]
+
+
+def test_exactly_enough_not_more():
+    holders = [H(f"t{i}", minutes=i) for i in range(6)]  # a sweep of six 1-GPU trials
+    v = choose_victims(R(1, GI, 3), R(4, 8 * GI, 0), holders)
+    assert v == ["t5", "t4", "t3"]
+
+
+# ------------------------------------------------------------------ fair share
+def test_drf_interleaves_a_flooding_owner():
+    cap = R(8, 32 * GI, 4)
+    items = [("alice", i) for i in range(6)] + [("bob", 0), ("bob", 1)]
+    order = drf_order(items, owner_of=lambda x: x[0], request_of=lambda x: R(1, GI, 1), held={}, capacity=cap)
+    owners = [o for o, _ in order]
+    assert owners[:4] == ["alice", "bob", "alice", "bob"]
+    assert [i for o, i in order if o == "alice"] == list(range(6))  # FIFO within an owner
+
+
+def test_drf_counts_what_owners_hold():
+    cap = R(8, 32 * GI, 4)
+    held = {"alice": R(0, 0, 3)}
+    order = drf_order([("alice", 0), ("bob", 0)], lambda x: x[0], lambda x: R(1, GI, 1), held, cap)
+    assert order[0][0] == "bob"
+    assert dominant_share(R(4, GI, 1), cap) == 0.5
+
+
+def test_quota_reason():
+    q = Quota(gpu=2)
+    assert over_quota(R(0, 0, 1), R(1, GI, 1), q, "owner alice") is None
+    why = over_quota(R(0, 0, 2), R(1, GI, 1), q, "owner alice")
+    assert why and "owner alice is at its quota" in why and "gpu 2+1 > 2" in why
+    assert over_quota(R(0, 0, 9), R(1, GI, 1), None, "x") is None
+
+
+# ------------------------------------------------------------------ gang
+def test_single_node_all_or_nothing():
+    free = {"a1": R(4, 8 * GI, 2), "a2": R(4, 8 * GI, 1)}
+    p = gang_plan(2, R(1, GI, 1), free, "single-node")
+    assert [(m.name, m.agent, m.rank) for m in p.members] == [("main1", "a1", 0), ("sub1", "a1", 1)]
+    p = gang_plan(3, R(1, GI, 1), free, "single-node")  # 3 GPUs exist, but not on one agent
+    assert not p.placed and "single-node" in p.reason and "2 member" in p.reason
+
+
+def test_multi_node_spreads_and_waits_whole():
+    free = {"a1": R(4, 8 * GI, 2), "a2": R(4, 8 * GI, 2)}
+    p = gang_plan(3, R(1, GI, 1), free, "multi-node")
+    agents = [m.agent for m in p.members]
+    assert sorted(set(agents)) == ["a1", "a2"] and len(agents) == 3
+    p = gang_plan(5, R(1, GI, 1), free, "multi-node")
+    assert not p.placed and "fit 4 member" in p.reason
+    assert member_names(3) == ["main1", "sub1", "sub2"]
+
+
+def test_two_half_size_gangs_do_not_deadlock():
+    """Room for one of two 2-member runs: the first is placed whole, the second waits holding nothing."""
+    free = {"a1": R(4, 8 * GI, 2)}
+    first = gang_plan(2, R(1, GI, 1), free, "single-node")
+    assert first.placed
+    after = {"a1": R(2, 6 * GI, 0)}
+    second = gang_plan(2, R(1, GI, 1), after, "single-node")
+    assert not second.placed and second.members == []
