@@ -36,6 +36,11 @@ where it cannot be measured); on summaries, the utilisation-weighted GPU-seconds
 (``gpu_used_s``) and the run's energy. Databases whose run index already got its v4
 columns from ``run_index.migrate_4`` (applied by the index itself before v4 was
 registered here) are upgraded by adding only the columns they lack.
+
+Version 5 adds ``launch_scheduling_history``: one row per decision an agent made about a run
+(phase, result, from/to state, error code, message, attempts, created/updated, sub-steps as
+JSON); repeats merge into the run's latest row (see ``blocks.scheduling_history``). Keyed by
+the Prefect run id, not ``launch_runs.id``: a run that never started has history but no run row.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = sa.MetaData()
 
@@ -187,6 +192,25 @@ index_meta = sa.Table(
     sa.Column("last_sync_ms", sa.BigInteger),
 )
 
+scheduling_history = sa.Table(
+    "launch_scheduling_history",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("flow_run_id", sa.String(64), nullable=False),  # Prefect flow run id
+    sa.Column("phase", sa.String(32), nullable=False),
+    sa.Column("result", sa.String(16), nullable=False),
+    sa.Column("from_state", sa.String(32)),
+    sa.Column("to_state", sa.String(32)),
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("message", sa.Text),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("updated_ms", sa.BigInteger, nullable=False),
+    sa.Column("sub_steps", sa.Text),  # JSON list of {step, result, message, error_code, started, ended}
+)
+sa.Index("ix_launch_sched_history_run", scheduling_history.c.flow_run_id, scheduling_history.c.id)
+sa.Index("ix_launch_sched_history_updated", scheduling_history.c.updated_ms)
+
 # ---------------------------------------------------------------- migrations
 # Each migration moves the schema from version k-1 to k. Never edit a released
 # migration; append a new one and bump SCHEMA_VERSION.
@@ -262,7 +286,13 @@ def _migrate_4(conn: Connection) -> None:
         add_missing_columns(conn, table, V4_COLUMNS[table.name])
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4}
+def _migrate_5(conn: Connection) -> None:
+    scheduling_history.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5,
+}
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

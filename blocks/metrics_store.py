@@ -793,8 +793,10 @@ class RunMetricsStore(Block):
     def purge(self, older_than_days: float | None = None) -> int:
         """Delete runs (with samples and summary) that ended more than N days ago.
 
-        Runs that never ended are judged by their latest known time. Defaults to
-        ``retention_days``; returns the number of runs deleted (0 when both are None).
+        Runs that never ended are judged by their latest known time. Scheduling-history
+        records last updated before the same cutoff go too (a run that never started has
+        history but no run row). Defaults to ``retention_days``; returns the number of runs
+        deleted (0 when both are None).
         """
         days = older_than_days if older_than_days is not None else self.retention_days
         if days is None:
@@ -812,6 +814,10 @@ class RunMetricsStore(Block):
                 conn.execute(sa.delete(S.summaries).where(S.summaries.c.run_id.in_(keys)))
                 conn.execute(sa.delete(S.runs).where(r.id.in_(keys)))
                 total += len(keys)
+        from prefect_launch.blocks.scheduling_history import purge_history
+
+        with self._write() as conn:
+            purge_history(conn, cutoff)
         return total
 
     # ---------------------------------------------------------------- async

@@ -196,7 +196,7 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         engine.dispose()
 
         store = RunMetricsStore(url=url)
-        assert store.schema_version() == S.SCHEMA_VERSION == 4
+        assert store.schema_version() == S.SCHEMA_VERSION == 5
         with store._read() as conn:  # v3: the monitor's run index tables exist on the upgraded database
             assert sa.inspect(conn).has_table("launch_run_index") and sa.inspect(conn).has_table("launch_index_meta")
         rec = store.get_run("old-run")
@@ -210,7 +210,7 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         assert store.summaries(flow_run_ids=["old-run"])[0]["has_summary"]
         # opening again (fresh engine) is a no-op
         dispose_engines()
-        assert RunMetricsStore(url=url).schema_version() == 4
+        assert RunMetricsStore(url=url).schema_version() == S.SCHEMA_VERSION
         assert len(RunMetricsStore(url=url).series("old-run")) == 2
 
 

@@ -2,6 +2,11 @@
 
 One numbered cycle, Kueue's `schedule` in small: 1 heads, 2 snapshot, 3 resolve,
 4 plan, 5 allocate and start (release on failure), 6 label the rest with why.
+Every decision also becomes a scheduling-history record (``hooks.history``) with the
+sub-steps sequencing, validation, capacity check and allocation: a run that waits is
+``schedule NEED_RETRY`` (or ``SKIPPED`` behind a FIFO head, ``check_precondition NEED_RETRY``
+when this agent can never take it), a placed one ``schedule SUCCESS`` (Scheduled -> Pending),
+a rejected one ``check_precondition GIVE_UP``.
 The ledger plays Kueue's cache (`free()` is the snapshot, `try_allocate` books,
 `release` gives back); the caller plays the queue manager (it reads the
 scheduled runs and wakes the cycle). It imports no back end and no worker: the
@@ -11,9 +16,11 @@ effects are the callbacks in `DispatchHooks`, so it is tested with plain fakes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional
 from uuid import UUID
 
+from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep
 from prefect_launch.workers.ledger import Allocation, Ledger
 from prefect_launch.workers.placement import Candidate, plan
 from prefect_launch.workers.queue_spec import QueueSpec
@@ -35,6 +42,7 @@ class DispatchHooks:
     reject: Callable[[Any, str], Awaitable[None]]  # fail a run the queue can never serve
     booked: Callable[[Allocation], None] = lambda alloc: None  # e.g. journal it before anything starts
     log: Callable[[str], None] = lambda msg: None
+    history: Callable[[SchedulingRecord], None] = lambda rec: None  # a decision, for the scheduling history
 
 
 @dataclass
@@ -42,6 +50,40 @@ class CycleResult:
     started: list[Any] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _note(hooks: DispatchHooks, rec: SchedulingRecord) -> None:
+    """History never breaks dispatch."""
+    try:
+        hooks.history(rec)
+    except Exception as exc:  # pragma: no cover - the writer itself does not raise
+        hooks.log(f"scheduling history: {exc}")
+
+
+def _waiting_record(run_id: str, reason: str, request: Optional[ResolvedRequest], agent_name: str,
+                    steps: list[SubStep], action: str) -> SchedulingRecord:
+    """Why a run was not placed, as phase/result/error code (placement gives the one-line reason)."""
+    now = _now()
+    if action == "skip":  # this agent can never take it as asked; another may
+        pinned = request is not None and request.agent and request.agent != agent_name
+        code = "pinned-to-other-agent" if pinned else "exceeds-agent-capacity"
+        step = SubStep(step="capacity_check" if not pinned else "validation", result="NEED_RETRY",
+                       error_code=code, message=reason, started=now, ended=now)
+        return SchedulingRecord(run_id=run_id, phase="check_precondition", result="NEED_RETRY", error_code=code,
+                                message=reason, sub_steps=[*steps, step])
+    if reason.endswith("(FIFO)"):
+        step = SubStep(step="sequencing", result="SKIPPED", error_code="blocked-by-head", message=reason,
+                       started=now, ended=now)
+        return SchedulingRecord(run_id=run_id, phase="schedule", result="SKIPPED", error_code="blocked-by-head",
+                                message=reason, sub_steps=[*steps, step])
+    step = SubStep(step="capacity_check", result="NEED_RETRY", error_code="insufficient-resources",
+                   message=reason, started=now, ended=now)
+    return SchedulingRecord(run_id=run_id, phase="schedule", result="NEED_RETRY", error_code="insufficient-resources",
+                            message=reason, sub_steps=[*steps, step])
 
 
 async def dispatch_cycle(
@@ -62,8 +104,10 @@ async def dispatch_cycle(
     # 3. resolve each run's request (queue default < deployment < run) once; it travels with the run
     candidates: list[Candidate] = []
     requests: dict[str, ResolvedRequest] = {}
+    validation: dict[str, SubStep] = {}
     for rid, fr in by_id.items():
         error = request = None
+        t0 = _now()
         try:
             request = resolve_request(spec, await hooks.deployment_vars(fr.deployment_id), fr.job_variables or {})
             requests[rid] = request
@@ -72,6 +116,10 @@ async def dispatch_cycle(
         except Exception as exc:  # deployment gone or unreadable: leave the run for Prefect
             hooks.log(f"skipping run {rid}: {exc}")
             continue
+        validation[rid] = SubStep(
+            step="validation", result="FAILURE" if error else "SUCCESS", error_code="invalid-request" if error else None,
+            message=error or f"preset {request.preset}: {request.resources.describe()}"
+            + (f", pinned to agent {request.agent}" if request.agent else ""), started=t0, ended=_now())
         candidates.append(Candidate(
             run_id=rid, name=fr.name, submitted=fr.expected_start_time,
             priority_rank=priorities.get(fr.work_queue_name or "", 99), request=request, error=error,
@@ -79,31 +127,63 @@ async def dispatch_cycle(
     pinned_elsewhere = any(r.agent and r.agent != agent_name for r in requests.values())
     offline, known = (await hooks.pinned_agents()) if pinned_elsewhere else ({}, None)
     # 2. snapshot, 4. plan against it
-    decisions = plan(candidates, ledger.free(), ledger.capacity, agent_name, spec.backfill,
+    t_plan = _now()
+    free_before = ledger.free()
+    decisions = plan(candidates, free_before, ledger.capacity, agent_name, spec.backfill,
                      agents_offline=offline, agents_known=known)
-    for decision in decisions:
+    t_planned = _now()
+    for position, decision in enumerate(decisions, 1):
         fr = by_id[decision.run_id]
+        req = requests.get(decision.run_id)
+        steps = [SubStep(step="sequencing", result="SUCCESS", started=t_plan, ended=t_planned,
+                         message=f"position {position} of {len(decisions)} in queue {queue} "
+                                 f"(priority, then submit time{'; backfill' if spec.backfill else '; strict FIFO'})"),
+                 validation[decision.run_id]]
         if decision.action == "start":
             # 5. book; the ledger checks again, since another queue of this agent may have taken the room
-            req = requests[decision.run_id]
+            steps.append(SubStep(step="capacity_check", result="SUCCESS", started=t_plan, ended=t_planned,
+                                 message=f"needs {req.resources.describe()}; agent {agent_name} had "
+                                         f"{free_before.describe()} free"))
+            t_alloc = _now()
             alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset)
             if alloc is None:
                 out.waiting[decision.run_id] = OTHER_QUEUE_TOOK_IT
+                steps.append(SubStep(step="allocation", result="NEED_RETRY", error_code="capacity-taken",
+                                     message=OTHER_QUEUE_TOOK_IT, started=t_alloc, ended=_now()))
+                _note(hooks, SchedulingRecord(run_id=decision.run_id, phase="schedule", result="NEED_RETRY",
+                                              error_code="capacity-taken", message=OTHER_QUEUE_TOOK_IT,
+                                              sub_steps=steps))
                 await hooks.wait(fr, OTHER_QUEUE_TOOK_IT)
                 continue
+            where = (f"gpus {','.join(map(str, alloc.gpu_indices)) or 'none'}; "
+                     f"cores {','.join(map(str, alloc.cpu_cores)) or 'none'}")
             try:
                 hooks.booked(alloc)
                 hooks.start(fr, alloc, req)
-            except Exception:
+            except Exception as exc:
                 ledger.release(decision.run_id)
+                steps.append(SubStep(step="allocation", result="FAILURE", error_code="start-failed",
+                                     message=f"{where}; handing it to the back end failed: {exc}",
+                                     started=t_alloc, ended=_now()))
+                _note(hooks, SchedulingRecord(run_id=decision.run_id, phase="schedule", result="FAILURE",
+                                              error_code="start-failed", message=str(exc), sub_steps=steps))
                 raise
+            steps.append(SubStep(step="allocation", result="SUCCESS", message=where, started=t_alloc, ended=_now()))
+            _note(hooks, SchedulingRecord(
+                run_id=decision.run_id, phase="schedule", result="SUCCESS", from_state="SCHEDULED",
+                to_state="PENDING", sub_steps=steps,
+                message=f"placed on agent {agent_name} (queue {queue}): {req.resources.describe()}; {where}"))
             out.started.append(fr)
         elif decision.action == "reject":
             # 6. say why
             out.rejected[decision.run_id] = decision.reason
+            _note(hooks, SchedulingRecord(run_id=decision.run_id, phase="check_precondition", result="GIVE_UP",
+                                          error_code="invalid-request", from_state="SCHEDULED", to_state="FAILED",
+                                          message=decision.reason, sub_steps=steps))
             await hooks.reject(fr, decision.reason)
         else:
             out.waiting[decision.run_id] = decision.reason
+            _note(hooks, _waiting_record(decision.run_id, decision.reason, req, agent_name, steps, decision.action))
             await hooks.wait(fr, decision.reason)
     return out
 

@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from prefect_launch.workers.idle_checks import IdlePolicy
 from prefect_launch.workers.resources import LaunchValidationError, Resources, format_size, parse_size
 
 PRIORITIES: tuple[str, ...] = ("critical", "high", "medium", "low")
@@ -101,6 +102,7 @@ class QueueSpec(BaseModel):
     backfill: bool = False
     image: Optional[str] = None  # default image for docker/kubernetes queues
     timeout: Optional[str] = None  # default run timeout, e.g. "2h"; a run's --timeout overrides it
+    idle: Optional[IdlePolicy] = None  # idle checks that reclaim held hardware (workers/idle_checks.py)
 
     @field_validator("timeout", mode="before")
     @classmethod

@@ -3,7 +3,8 @@
 Tags (written by `submit`): ``launch``, ``owner:<user>``, ``preset:<name>``.
 Flow-run labels (written by the agent): ``launch.waiting`` (why a run waits),
 ``launch.placement`` (where it runs, for people), ``launch.alloc`` (the same for
-machines: enough to rebuild the ledger after a restart). Container labels: the
+machines: enough to rebuild the ledger after a restart), ``launch.idle`` (the live state
+of the run's idle checks, JSON). Container labels: the
 run id, so a restarted agent finds its live containers. The CLI, the agent, the
 metrics store and the monitor import these names so the convention cannot drift.
 """
@@ -19,6 +20,7 @@ PRESET = "preset"
 WAIT_LABEL = "launch.waiting"
 PLACED_LABEL = "launch.placement"
 ALLOC_LABEL = "launch.alloc"
+IDLE_LABEL = "launch.idle"
 WORKER_LABEL = "prefect.worker.name"  # Prefect's own label: the worker that claimed the run
 
 RUN_ID_LABEL = "io.prefect-launch.run-id"  # on containers and pods: the flow run they execute
