@@ -135,3 +135,23 @@ def test_cli_params_decode_against_the_job_schema():
                              "tag": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "xs": {"type": "array"}}}
     raw = parse_params(["note=750e50", "epochs=3", "tag=123", "xs=[1,2]"])
     assert _coerce_to_schema(raw, schema) == {"note": "750e50", "epochs": 3, "tag": "123", "xs": [1, 2]}
+
+
+def test_one_priority_order_across_an_agents_queues():
+    """A low run of this queue never takes the last GPU a critical run of another queue waits for."""
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    low = _cand(1, 1, prio=4)  # submitted first, but low priority
+    critical = _cand(2, 1, prio=1).model_copy(update={"name": "r2 (queue other)"})
+    d = {x.run_id: x for x in plan([low], free, TOTAL, "w1", foreign=[critical])}
+    assert set(d) == {"r1"}  # no decision for the other queue's run: its own queue starts it
+    assert d["r1"].action == "wait" and "r2 (queue other)" in d["r1"].reason
+    # the other way round: the foreign run is the lower one, ours starts
+    d = {x.run_id: x.action for x in plan([_cand(3, 1, prio=1)], free, TOTAL, "w1", foreign=[_cand(4, 1, prio=4)])}
+    assert d == {"r3": "start"}
+    # room for both: both go (the foreign one keeps its share, ours takes the rest)
+    d = {x.run_id: x.action for x in plan([low], TOTAL, TOTAL, "w1", foreign=[critical])}
+    assert d == {"r1": "start"}
+    # a foreign head that does not fit blocks lower runs under FIFO, not under backfill
+    big = _cand(5, 2, prio=1).model_copy(update={"name": "big"})
+    assert plan([low], free, TOTAL, "w1", foreign=[big])[0].reason == "waiting: queued behind big (FIFO)"
+    assert plan([low], free, TOTAL, "w1", backfill=True, foreign=[big])[0].action == "start"

@@ -57,13 +57,27 @@ def plan(
     backfill: bool = False,
     agents_offline: Optional[dict[str, str]] = None,
     agents_known: Optional[set[str]] = None,
+    foreign: Optional[list[Candidate]] = None,
 ) -> list[Decision]:
     """``agents_offline`` maps an offline agent to why ('offline since ...'); ``agents_known`` the names
-    seen at all, so a run pinned to an agent that is gone or never existed says so instead of waiting mutely."""
+    seen at all, so a run pinned to an agent that is gone or never existed says so instead of waiting mutely.
+
+    ``foreign`` are the waiting runs of the agent's other queues (their ``name`` says which queue): they
+    are planned in the same priority order but get no decision here (their own queue starts them), so a
+    ``low`` run of this queue never takes the room a ``critical`` run of another queue is about to take.
+    """
     decisions: list[Decision] = []
     free = free.model_copy()
     head: Optional[Candidate] = None
-    for c in order(candidates):
+    mine = {id(c) for c in candidates}
+    kept: list[Candidate] = []  # runs of other queues that go first and fit: their room is kept
+    for c in order([*candidates, *(foreign or [])]):
+        if id(c) not in mine:
+            before = free
+            head, free = _plan_foreign(c, head, free, total, agent_name, backfill)
+            if free is not before:
+                kept.append(c)
+            continue
         if c.error or c.request is None:
             decisions.append(Decision(run_id=c.run_id, action="reject", reason=c.error or "no resources resolved"))
             continue
@@ -89,11 +103,30 @@ def plan(
             continue
         short = req.shortfall(free)
         if short:
-            decisions.append(Decision(run_id=c.run_id, action="wait",
-                                      reason=explain(short, agent_name, "free")))
+            room = free
+            for k in kept:
+                r = k.request.resources
+                room = Resources(cpu=room.cpu + r.cpu, memory=room.memory + r.memory, gpu=room.gpu + r.gpu)
+            why = (f"waiting: the room is kept for {kept[0].name or kept[0].run_id}, which goes first (priority)"
+                   if kept and req.fits(room) else explain(short, agent_name, "free"))
+            decisions.append(Decision(run_id=c.run_id, action="wait", reason=why))
             if head is None:
                 head = c
             continue
         free = Resources(cpu=free.cpu - req.cpu, memory=free.memory - req.memory, gpu=free.gpu - req.gpu)
         decisions.append(Decision(run_id=c.run_id, action="start", reason=f"starting on agent {agent_name}"))
     return decisions
+
+
+def _plan_foreign(c: Candidate, head: Optional[Candidate], free: Resources, total: Resources,
+                  agent_name: str, backfill: bool) -> tuple[Optional[Candidate], Resources]:
+    """A run of another queue of this agent, ahead of what follows: it keeps the room it fits in, or
+    becomes the head the runs behind it wait for (FIFO)."""
+    if c.error or c.request is None or (c.request.agent and c.request.agent != agent_name):
+        return head, free
+    req = c.request.resources
+    if req.shortfall(total) or (head is not None and not backfill):
+        return head, free
+    if req.shortfall(free):
+        return (head or c), free
+    return head, Resources(cpu=free.cpu - req.cpu, memory=free.memory - req.memory, gpu=free.gpu - req.gpu)
