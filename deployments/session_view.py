@@ -8,7 +8,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.deployments.sessions import SESSION_TAG
-from prefect_launch.workers.run_tags import PLACED_LABEL, WAIT_LABEL, tag_value
+from prefect_launch.workers.run_tags import IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 
 
 class SessionRow(BaseModel):
@@ -54,6 +54,33 @@ def row_of(fr: Any, now: datetime, position: Optional[int] = None) -> SessionRow
         if state == "SCHEDULED" and fr.expected_start_time and fr.expected_start_time <= now else None,
         position=position, reason=reason, ports=ports,
     )
+
+
+def idle_checks_of(fr: Any, now: datetime) -> Optional[dict[str, Any]]:
+    """The run's idle checks as its agent last judged them (label ``launch.idle``), with the time left now.
+
+    Only while it runs: an ended session's reason is in its state message. Each check with a
+    deadline gets ``remaining_s``; ``lines`` is what `session show` prints.
+    """
+    import json
+
+    from prefect_launch.workers.idle_checks import describe_status
+
+    raw = (fr.labels or {}).get(IDLE_LABEL)
+    if not raw or not fr.state or fr.state.type.value != "RUNNING":
+        return None
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        return None
+    t = now.timestamp()
+    for c in status.get("checks") or []:
+        if "deadline" in c:
+            c["remaining_s"] = round(max(0.0, float(c["deadline"]) - t), 1)
+        if "grace_until" in c:
+            c["grace_remaining_s"] = round(max(0.0, float(c["grace_until"]) - t), 1)
+    status["lines"] = describe_status(status, t)
+    return status
 
 
 def positions(scheduled: list[Any], priorities: dict[str, int]) -> dict[str, int]:

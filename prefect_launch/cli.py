@@ -312,6 +312,105 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
             console.print(f"ended: {state.name}: {ended_why}", highlight=False, markup=False)
 
 
+# ----------------------------------------------------------------------------- history
+def _find_run_id(client: Any, text: str) -> str:
+    """A run by id, unique id prefix (as `runs show`), or name (a live one first, else the newest)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from prefect_launch.deployments.runs import resolve_run_id
+
+    try:
+        return resolve_run_id(client, text)
+    except LookupError as exc:
+        by_name = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[text])),
+                                        sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20)
+        if not by_name:
+            raise LookupError(f"{exc}; no run is named {text!r} either") from None
+        live = [r for r in by_name if r.state is not None and not r.state.is_final()]
+        if len(live) > 1:
+            raise LookupError(f"{len(live)} live runs are named {text!r}; give the id: "
+                              + ", ".join(str(r.id) for r in live)) from None
+        return str((live or by_name)[0].id)
+
+
+def _when(text: Optional[str], what: str):
+    """ISO time, or a duration ago (``10m``: ten minutes ago)."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect_launch.workers.durations import parse_duration
+    from prefect_launch.workers.resources import LaunchValidationError
+
+    if not text:
+        return None
+    try:
+        dt = datetime.fromisoformat(text)
+        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    except ValueError:
+        pass
+    try:
+        return datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text, what))
+    except LaunchValidationError:
+        _fail(f"{what} {text!r}: give an ISO time (2026-03-01T12:00) or a duration ago (10m, 2h)")
+
+
+def _history_table(rows: list, title: str) -> Table:
+    """Records with their sub-steps indented below them."""
+    table = Table(title=title)
+    for col in ("created", "updated", "phase", "result", "attempts", "from -> to", "error", "message"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        states = f"{r.from_state or '-'} -> {r.to_state or '-'}" if r.from_state or r.to_state else ""
+        table.add_row(f"{r.created:%Y-%m-%d %H:%M:%S}", f"{r.updated:%H:%M:%S}", r.phase, r.result,
+                      str(r.attempts), states, r.error_code or "", r.message or "")
+        for st in r.sub_steps:
+            table.add_row("", f"{st.ended:%H:%M:%S.%f}"[:12] if st.ended else "", f"  └ {st.step}", st.result,
+                          "", "", st.error_code or "", st.message or "")
+    return table
+
+
+@app.command("history")
+def history_cmd(run: str = typer.Argument(..., help="Run id, unique id prefix (8+) or run/session name"),
+                phase: Optional[List[str]] = typer.Option(None, "--phase", help="schedule, check_precondition, "
+                                                          "start, check_timeout, idle_check, terminate; repeatable"),
+                result: Optional[List[str]] = typer.Option(None, "--result", help="SUCCESS, NEED_RETRY, SKIPPED, "
+                                                           "GIVE_UP, EXPIRED, FAILURE; repeatable"),
+                error_code: Optional[List[str]] = typer.Option(None, "--error-code", help="e.g. insufficient-resources"),
+                since: Optional[str] = typer.Option(None, "--since", help="ISO time or a duration ago (10m)"),
+                until: Optional[str] = typer.Option(None, "--until", help="ISO time or a duration ago"),
+                sort: str = typer.Option("created", "--sort", help="created or updated"),
+                as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
+    """Why a run waits, or how it went: every decision the agents made about it (scheduling history)."""
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
+    from prefect_launch.blocks.scheduling_history import PHASES, RESULTS, read_history
+
+    if sort not in ("created", "updated"):
+        _fail(f"--sort must be created or updated, got {sort!r}")
+    bad = [p for p in phase or [] if p not in PHASES] + [r for r in result or [] if r.upper() not in RESULTS]
+    if bad:
+        _fail(f"unknown --phase/--result {', '.join(bad)}; phases: {', '.join(PHASES)}; results: {', '.join(RESULTS)}")
+    since_dt, until_dt = _when(since, "--since"), _when(until, "--until")
+    with _client() as client:
+        try:
+            run_id = _find_run_id(client, run)
+        except LookupError as exc:
+            _fail(str(exc))
+        try:
+            store = RunMetricsStore.load(os.environ.get("LAUNCH_METRICS_BLOCK", "default"))
+        except Exception:
+            store = RunMetricsStore()
+    rows = read_history(store, run_id, phase=phase or None, result=[r.upper() for r in result] if result else None,
+                        error_code=error_code or None, since=since_dt, until=until_dt, sort=sort)
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    if not rows:
+        console.print(f"no scheduling history for run {run_id} (with these filters): no agent has seen it yet, "
+                      "or it is older than the store's retention", highlight=False)
+        return
+    console.print(_history_table(rows, f"scheduling history of run {run_id}"))
+
+
 @app.command("setup")
 def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
                                                      help="SQLAlchemy URL of the metrics store (default: SQLite "

@@ -131,10 +131,10 @@ def _app_urls(client, fr) -> list[str]:
 def session_show(session: str = typer.Argument(..., help="Name or id"),
                  owner: Optional[str] = typer.Option(None, "--owner"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
-    """One session: owner, status, type, env, mounts, allocation, times, agent, usage, app URLs."""
+    """One session: owner, status, type, env, mounts, allocation, times, agent, usage, app URLs, idle checks."""
     from datetime import datetime, timezone
 
-    from prefect_launch.deployments.session_view import find_session, row_of
+    from prefect_launch.deployments.session_view import find_session, idle_checks_of, row_of
 
     C = _c()
     with C._client() as client:
@@ -143,12 +143,13 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
         except LookupError as exc:
             C._fail(str(exc))
         urls = _app_urls(client, fr)
-    row = row_of(fr, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    row = row_of(fr, now)
     jv = fr.job_variables or {}
     data = {**row.model_dump(mode="json"), "env": jv.get("env") or {}, "mounts": (fr.parameters or {}).get("mounts", []),
             "startup_command": (fr.parameters or {}).get("startup_command") or None,
             "allocation": (fr.labels or {}).get("launch.placement"), "app_urls": urls,
-            "state_message": fr.state.message if fr.state else None}
+            "state_message": fr.state.message if fr.state else None, "idle_checks": idle_checks_of(fr, now)}
     try:
         from prefect_launch.blocks.metrics_store import RunMetricsStore
 
@@ -160,8 +161,12 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
         C._print_json(data)
         return
     for k, v in data.items():
-        if k != "usage" and v not in (None, [], {}):
+        if k not in ("usage", "idle_checks") and v not in (None, [], {}):
             C.console.print(f"[bold]{k}[/]: {v}", highlight=False)
+    if data["idle_checks"]:
+        C.console.print("[bold]idle checks[/]:", highlight=False)
+        for line in data["idle_checks"]["lines"]:
+            C.console.print(f"  {line}", highlight=False, markup=False)
     if data["usage"]:
         u = data["usage"]
         C.console.print(f"[bold]usage[/]: cpu mean {u.get('cpu_mean_pct')}%, peak memory {u.get('peak_rss_bytes')} B, "

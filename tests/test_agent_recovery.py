@@ -146,7 +146,7 @@ def test_timeout_from_queue_default_and_per_run(tmp_path: Path, unique_name: str
         runs = {str(r.id): r for r in wait_final([slow, ok], timeout=90)}
         wait_agent_free(name, gpu=0)
     assert runs[slow].state.is_failed(), runs[slow].state
-    assert runs[slow].state.message.startswith("timeout after 3 s"), runs[slow].state.message
+    assert runs[slow].state.message.startswith("task-timeout: timeout after 3 s"), runs[slow].state.message
     assert runs[ok].state.is_completed()
     from prefect import get_client
 
@@ -158,9 +158,9 @@ def test_timeout_from_queue_default_and_per_run(tmp_path: Path, unique_name: str
     assert 3.0 <= (ended - claimed).total_seconds() <= 30
     assert "slow" not in {r["tag"] for r in records(rec).values()}, "the timed-out job never reached its end"
     listed = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
-    assert listed[slow]["note"].startswith("timeout after 3 s")
+    assert listed[slow]["note"].startswith("task-timeout: timeout after 3 s")
     shown = cli_json("runs", "show", slow)
-    assert shown["state"] == "Failed" and shown["reason"].startswith("timeout after 3 s")
+    assert shown["state"] == "Failed" and shown["reason"].startswith("task-timeout: timeout after 3 s")
     # ... and the monitor's errors panel (API path: the same state message)
     from datetime import datetime, timedelta, timezone
 
@@ -170,7 +170,7 @@ def test_timeout_from_queue_default_and_per_run(tmp_path: Path, unique_name: str
     view = D.load_view(D.ViewSpec(since=now - timedelta(hours=1), until=now + timedelta(minutes=1), queues=(q,)),
                        use_cache=False, store=None, source="api")
     errors = {row["id"]: row for row in view.errors.to_dict("records")}
-    assert errors[slow]["message"].startswith("timeout after 3 s") and ok not in errors
+    assert errors[slow]["message"].startswith("task-timeout: timeout after 3 s") and ok not in errors
 
 
 def test_pinned_run_to_offline_agent_says_so(tmp_path: Path, unique_name: str):

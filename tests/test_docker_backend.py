@@ -170,7 +170,7 @@ def test_container_ends_exit_code_oom_cancel_timeout_release_capacity(
         runs = {str(r.id): r for r in wait_final([exit3, oom, timeout, cancel], timeout=240)}
         assert runs[exit3].state_name == "Crashed" and "3" in runs[exit3].state.message
         assert runs[oom].state_name == "Crashed" and "OOMKilled" in runs[oom].state.message, runs[oom].state.message
-        assert runs[timeout].state_name == "Failed" and "timeout after 8 s" in runs[timeout].state.message
+        assert runs[timeout].state_name == "Failed" and runs[timeout].state.message.startswith("task-timeout: timeout after 8 s")
         assert runs[cancel].state_name == "Cancelled"
         wait_agent_free(name, 0)
         assert all(containers_of(docker_client, rid) == [] for rid in runs)  # removed on every end

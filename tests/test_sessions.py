@@ -76,7 +76,7 @@ def test_batch_sessions_success_failure_timeout_and_starts_at(tmp_path, unique_n
     assert not list(Path("/tmp").glob(f"prefect-launch-sessions/{ids['ok']}")), "scratch deleted at the end"
     assert runs["bad"].state.is_failed() and "task-failed" in runs["bad"].state.message
     assert "exited with code 3" in runs["bad"].state.message
-    assert runs["slow"].state.is_failed() and runs["slow"].state.message.startswith("timeout after 3 s")
+    assert runs["slow"].state.is_failed() and runs["slow"].state.message.startswith("task-timeout: timeout after 3 s")
     assert runs["later"].state.is_completed()
     assert runs["later"].start_time >= when - timedelta(seconds=1), "never before --starts-at"
     listed = {r["name"]: r for r in cli_json("session", "ls", "--owner", owner, "--ended")}

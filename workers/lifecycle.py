@@ -16,11 +16,19 @@ running run, through a `RunHandle`:
   agent knows better than the run's own final state.
 
 Capacity is released exactly once per run, on every end, by `_release_allocation`.
+
+Every decision becomes a scheduling-history record (`blocks.scheduling_history`, written by
+one `HistoryWriter` per agent): dispatch's placement decisions, the start (or its failure),
+the timeout (``check_timeout EXPIRED task-timeout``), idle reclaim (``idle_check EXPIRED``
+with the checker's reason) and the end (``terminate``, capacity released). Timeouts and idle
+reclaims take one stop path, `_stop_run`: the agent's end state (with its reason first in the
+message) wins over what the run reports after the signal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -36,17 +44,19 @@ import anyio.to_thread
 from prefect.states import Cancelled, Crashed, Failed, State
 from prefect.utilities.engine import propose_state
 
+from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRecord, SubStep
 from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.agent_registry import AgentRun, AgentState, offline_reasons, publish, read_agents
 from prefect_launch.workers.dispatch import DispatchHooks, WaitNotes, dispatch_cycle
 from prefect_launch.workers.durations import format_duration
+from prefect_launch.workers.idle_checks import IdleChecker, Verdict, app_activity
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.limits import run_environment
 from prefect_launch.workers.queue_spec import Preset, QueueSpec, queue_spec_of
 from prefect_launch.workers.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.run_journal import JournalEntry, alloc_label
-from prefect_launch.workers.run_tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL
+from prefect_launch.workers.run_tags import ALLOC_LABEL, IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 from prefect_launch.workers.secret_env import resolve_secret_env
 
 if TYPE_CHECKING:
@@ -56,6 +66,8 @@ if TYPE_CHECKING:
 PUBLISH_DEBOUNCE_S = 1.0
 TIMEOUT_GRACE_S = float(os.environ.get("LAUNCH_TIMEOUT_GRACE_SECONDS", "10"))
 HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's minimum; the zombie automation waits 3x
+HISTORY_FLUSH_S = float(os.environ.get("LAUNCH_HISTORY_FLUSH_SECONDS", "1"))
+IDLE_PUBLISH_S = float(os.environ.get("LAUNCH_IDLE_PUBLISH_SECONDS", "10"))  # idle-check label refresh, at most
 
 DEFAULT_SPEC = QueueSpec(
     name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
@@ -102,6 +114,30 @@ class LaunchWorkerCore:
         self._samplers: dict[UUID, Any] = {}
         self._metrics_store: Any = None
         self._background_started = False
+        self._signalled: dict[UUID, float] = {}  # when the agent signalled a run it decided to stop
+        self._ever_started: set[UUID] = set()  # runs whose process/container came up (start SUCCESS)
+        self._idle: dict[UUID, IdleChecker] = {}
+        self._stops: dict[UUID, list[SubStep]] = {}
+
+    @property
+    def history(self) -> Optional[HistoryWriter]:
+        """One scheduling-history writer per agent (its queues' workers share it); None without a store."""
+        return getattr(self.agent, "history", None)
+
+    def _note_history(self, rec: SchedulingRecord) -> None:
+        writer = self.history
+        if writer is not None:
+            writer.note(rec)
+
+    def _note(self, flow_run_id: Any, phase: str, result: str, message: str, error_code: Optional[str] = None,
+              from_state: Optional[str] = None, to_state: Optional[str] = None,
+              sub_steps: Optional[list[SubStep]] = None) -> None:
+        try:
+            self._note_history(SchedulingRecord(run_id=str(flow_run_id), phase=phase, result=result, message=message,
+                                                error_code=error_code, from_state=from_state, to_state=to_state,
+                                                sub_steps=sub_steps or []))
+        except Exception as exc:  # history never breaks a run
+            self._logger.debug("scheduling history: %s", exc)
 
     # ------------------------------------------------------------------ set-up
     async def _initialize_after_sync(self) -> None:
@@ -111,6 +147,8 @@ class LaunchWorkerCore:
             from prefect_launch.workers.run_metrics import load_store
 
             self._metrics_store = await load_store()
+        if self.history is None and self._metrics_store is not None:
+            self.agent.history = HistoryWriter(self._metrics_store, flush_s=HISTORY_FLUSH_S, logger=self._logger)
         if self._work_pool is not None and not self._background_started:
             self._background_started = True
             self._wake = asyncio.Event()
@@ -232,7 +270,7 @@ class LaunchWorkerCore:
             deployment_vars=self._deployment_vars, pinned_agents=self._pinned_agents,
             start=self._start, wait=self._note_waiting, reject=self._reject,
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
-            log=self._logger.debug,
+            log=self._logger.debug, history=self._note_history,
         )
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
                                       self._priorities, hooks)
@@ -259,6 +297,28 @@ class LaunchWorkerCore:
             await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
         except Exception as exc:
             self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+
+    async def _propose_pending_state(self, flow_run: "FlowRun") -> bool:
+        """Prefect's claim (Scheduled -> Pending); a refused claim is a decision worth recording."""
+        ok = await super()._propose_pending_state(flow_run)
+        if not ok:
+            self._note(flow_run.id, "schedule", "FAILURE", error_code="claim-refused",
+                       message=f"agent {self.name} placed the run but Prefect refused its Pending claim "
+                               "(another agent claimed it, or its state changed); capacity released")
+        return ok
+
+    async def _submit_run_and_capture_errors(self, flow_run: "FlowRun", task_status: Any = None) -> Any:
+        """A run whose process or container never came up is a ``start FAILURE`` in its history."""
+        try:
+            result = await super()._submit_run_and_capture_errors(flow_run, task_status)
+        finally:
+            started = flow_run.id in self._ever_started
+            self._ever_started.discard(flow_run.id)
+        if isinstance(result, Exception) and not started:
+            self._note(flow_run.id, "start", "FAILURE", error_code="start-failed", from_state="PENDING",
+                       to_state="CRASHED", message=f"agent {self.name} could not start the run: "
+                                                   f"{type(result).__name__}: {result}")
+        return result
 
     async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
         """A run the queue can never serve as given fails now, with the reason."""
@@ -287,6 +347,10 @@ class LaunchWorkerCore:
         """The run exists: journal its handle, apply limits, start the sampler and the deadline."""
         run_id = flow_run.id
         self._handles[run_id] = handle
+        self._ever_started.add(run_id)
+        where = f"container {handle.container[:12]}" if handle.container else f"process {handle.pid}"
+        self._note(run_id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.name} started the run ({where})")
         if handle.pid:
             self.journal.set_pid(str(run_id), handle.pid, handle.pid_started, container=handle.container)
         if limits is not None:
@@ -313,14 +377,41 @@ class LaunchWorkerCore:
             elif flow_run.id in self._end_states:
                 await self._mark_stopped(flow_run, self._end_states[flow_run.id])
             await self._after_finish(flow_run, status_code)
+            if flow_run.id in self._handles:  # it ran: record its end (a failed start is recorded by the caller)
+                await self._note_end(flow_run, status_code, reason)
+
+    async def _note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str]) -> None:
+        """``terminate``: how the run ended and that its capacity goes back (the release follows at once)."""
+        agent_state = Crashed(message=reason) if reason else self._end_states.get(flow_run.id)
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:
+            state = None
+        if agent_state is not None:
+            end, message = agent_state.type.value, agent_state.message
+        elif state is not None and state.is_final():
+            end, message = state.type.value, state.message
+        else:
+            end = "CRASHED" if status_code not in (0, None) else (state.type.value if state else "UNKNOWN")
+            message = f"exit status {status_code}" if status_code is not None else None
+        code = None
+        if end != "COMPLETED":
+            head = (message or "").split(":", 1)[0].strip()
+            code = head if head and " " not in head and len(head) <= 64 else end.lower()
+        self._note(flow_run.id, "terminate", "SUCCESS", error_code=code, from_state="RUNNING", to_state=end,
+                   message=f"ended {end.capitalize()}{': ' + message if message else ''}; agent {self.name} "
+                           "released its capacity",
+                   sub_steps=self._stop_steps(flow_run.id))
 
     async def _mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
         """The run's executor already reported a bare signal; record the agent's reason instead."""
         self._ended.add(flow_run.id)
         try:
             current = (await self.client.read_flow_run(flow_run.id)).state
-            if current is not None and current.is_completed():  # it finished before the signal landed
-                return
+            signalled = self._signalled.get(flow_run.id)
+            if current is not None and current.is_completed() and (
+                    signalled is None or current.timestamp.timestamp() < signalled):
+                return  # it finished before the signal landed (after it: it ended because of it)
             self.get_flow_run_logger(flow_run).error(state.message)
             await self.client.set_flow_run_state(flow_run.id, state, force=True)
         except Exception as exc:
@@ -341,6 +432,7 @@ class LaunchWorkerCore:
                                 pid, self._logger, started_at=started_at)
         if sampler is not None:
             self._samplers[flow_run.id] = sampler
+            self._arm_idle_checks(flow_run, alloc, sampler, started_at)
         if self._runs_task_group is not None:  # off the start path: the run is already running
             self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
 
@@ -410,6 +502,9 @@ class LaunchWorkerCore:
     def _release_allocation(self, flow_run_id: UUID) -> None:
         self._handles.pop(flow_run_id, None)
         self._requests.pop(flow_run_id, None)
+        self._idle.pop(flow_run_id, None)
+        self._signalled.pop(flow_run_id, None)
+        self._stops.pop(flow_run_id, None)
         if self.ledger.release(str(flow_run_id)) is not None:
             self.journal.remove(str(flow_run_id))
             self._end_states.pop(flow_run_id, None)
@@ -458,15 +553,106 @@ class LaunchWorkerCore:
         await asyncio.sleep(max(0.0, started + seconds - time.time()))
         if self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle):
             return  # it ended in time
-        message = (f"timeout after {seconds:g} s ({format_duration(seconds)}): the run was stopped by agent "
-                   f"{self.name}; submit with a longer --timeout or split the job")
-        self._end_states[flow_run.id] = Failed(message=message)
-        self.get_flow_run_logger(flow_run).error(message)
+        message = (f"task-timeout: timeout after {seconds:g} s ({format_duration(seconds)}): the run was stopped by "
+                   f"agent {self.name}; submit with a longer --timeout or split the job")
+        self._note(flow_run.id, "check_timeout", "EXPIRED", error_code="task-timeout", from_state="RUNNING",
+                   to_state="FAILED", message=message)
+        await self._stop_run(flow_run, handle, Failed(message=message))
+
+    async def _stop_run(self, flow_run: "FlowRun", handle: RunHandle, state: State) -> None:
+        """The agent ends a run it decided to stop (timeout, idle reclaim): SIGTERM, grace, kill.
+
+        ``state`` (reason first in its message) becomes the run's final state when its process is gone,
+        even if the run reports Completed after the signal (an interactive session exits cleanly on it).
+        """
+        run_id = str(flow_run.id)
+        if flow_run.id in self._end_states:
+            return  # already being stopped
+        self._end_states[flow_run.id] = state
+        self._signalled[flow_run.id] = time.time()
+        self.get_flow_run_logger(flow_run).error(state.message)
+        steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
+        t0 = datetime.now(timezone.utc)
         await self._terminate(run_id, handle, force=False)
+        steps.append(SubStep(step="signal", result="SUCCESS", started=t0, ended=datetime.now(timezone.utc),
+                             message=f"SIGTERM to the run; {TIMEOUT_GRACE_S:g} s to exit"))
         deadline = time.time() + TIMEOUT_GRACE_S
         while time.time() < deadline and await self._handle_alive(run_id, handle):
             await asyncio.sleep(0.2)
+        if await self._handle_alive(run_id, handle):
+            now = datetime.now(timezone.utc)
+            steps.append(SubStep(step="signal", result="SUCCESS", started=now, ended=now,
+                                 message=f"still alive after the {TIMEOUT_GRACE_S:g} s grace: killed"))
         await self._terminate(run_id, handle, force=True)
+
+    def _stop_steps(self, run_id: UUID) -> list[SubStep]:
+        """The stop's own steps (signal, kill) for the ``terminate`` record, when the agent stopped it."""
+        return list(self._stops.pop(run_id, []))
+
+    # ------------------------------------------------------------ idle checks
+    def _arm_idle_checks(self, flow_run: "FlowRun", alloc: Allocation, sampler: Any,
+                         started_at: Optional[datetime]) -> None:
+        """Feed the queue's idle checkers from the sampler's ``on_sample`` hook (sampling thread)."""
+        try:
+            policy = self.queue_spec().idle
+            session_type = tag_value(flow_run.tags, "session-type")
+            if policy is None or not policy.applies(session_type):
+                return
+            loop = asyncio.get_running_loop()
+        except Exception as exc:
+            self._logger.debug("idle checks not armed for run %s: %s", flow_run.id, exc)
+            return
+        started = started_at.timestamp() if started_at else time.time()
+        scheduled = flow_run.expected_start_time.timestamp() if flow_run.expected_start_time else None
+        checker = IdleChecker(policy, started=started, session_type=session_type,
+                              requested_gpu=alloc.resources.gpu, allocated_memory=alloc.resources.memory,
+                              interval_s=sampler.interval_s, scheduled=scheduled)
+        self._idle[flow_run.id] = checker
+        ports = [int(p) for p in str((flow_run.labels or {}).get("launch.session.ports") or "").split(",")
+                 if p.strip().isdigit()]
+        watch_net = bool(policy.network_idle_timeout and session_type == "interactive" and ports)
+        published = {"at": 0.0, "key": None}
+        fired: list[Verdict] = []
+
+        def on_sample(sample: Any) -> None:
+            now = time.time()
+            ready, conns = app_activity(ports) if watch_net else (None, 0)
+            total = getattr(sampler, "gpu_mem_total_bytes", None)
+            gpu_mem_pct = (100.0 * sample.gpu_mem_bytes / total) if total and sample.gpu_mem_bytes is not None else None
+            checker.observe(now, cpu_share_pct=sample.cpu_share_pct, rss_bytes=sample.rss_bytes,
+                            gpu_util_pct=sample.gpu_util_pct, gpu_mem_pct=gpu_mem_pct, connections=conns,
+                            app_ready=ready)
+            verdict = checker.check(now)
+            if verdict is not None and not fired:
+                fired.append(verdict)
+                asyncio.run_coroutine_threadsafe(self._reclaim_idle(flow_run, verdict), loop)
+                return
+            status = checker.status(now)
+            key = json.dumps([{k: v for k, v in c.items() if k not in ("averages", "connections")}
+                              for c in status["checks"]], sort_keys=True)
+            if key != published["key"] or now - published["at"] >= IDLE_PUBLISH_S:
+                published.update(at=now, key=key)
+                asyncio.run_coroutine_threadsafe(self._publish_idle(flow_run.id, status), loop)
+
+        sampler.on_sample = on_sample
+
+    async def _publish_idle(self, run_id: UUID, status: dict[str, Any]) -> None:
+        """The live idle-check state on the run (label ``launch.idle``), for `session show`."""
+        try:
+            await self.client.update_flow_run_labels(run_id, {IDLE_LABEL: json.dumps(status, separators=(",", ":"))})
+        except Exception as exc:
+            self._logger.debug("could not publish idle checks of run %s: %s", run_id, exc)
+
+    async def _reclaim_idle(self, flow_run: "FlowRun", verdict: Verdict) -> None:
+        """An idle checker said so: end the run Cancelled with the checker's reason (the timeout's stop path)."""
+        run_id = str(flow_run.id)
+        handle = self._handles.get(flow_run.id)
+        if handle is None or self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle):
+            return
+        message = f"{verdict.message}; reclaimed by agent {self.name}"
+        self._note(flow_run.id, "idle_check", "EXPIRED", error_code=verdict.reason, from_state="RUNNING",
+                   to_state="CANCELLED", message=message)
+        await self._stop_run(flow_run, handle, Cancelled(message=message))
 
     def running(self) -> int:
         return len(self._handles)
@@ -549,6 +735,8 @@ class LaunchWorkerCore:
         try:
             handle, limits = await self._adopt_handle(rec)
             self._handles[run_id] = handle
+            self._note(run_id, "start", "SUCCESS", message=f"agent {self.name} re-adopted the running run after a "
+                                                           "restart (its capacity is held again)")
             if limits is not None:
                 self._limits[run_id] = limits
             if flow_run is not None:
@@ -576,6 +764,7 @@ class LaunchWorkerCore:
                     f"the run's {'container' if handle.container else 'process'} ended without reporting a final "
                     f"state; agent {self.name} had re-adopted it after a restart, so its exit code is unknown")))
             await self._after_finish(flow_run, None)
+            await self._note_end(flow_run, None, reason)
         except Exception:
             self._logger.exception("watching re-adopted run %s failed", rec.run_id)
         finally:
@@ -593,6 +782,8 @@ class LaunchWorkerCore:
     # ------------------------------------------------------------- publishing
     async def teardown(self, *exc_info: Any) -> None:
         await super().teardown(*exc_info)
+        if self.history is not None:  # what the agent decided last (its runs' ends) reaches the store
+            await anyio.to_thread.run_sync(self.history.flush, 5.0)
 
     async def sync_with_backend(self) -> None:
         await super().sync_with_backend()
