@@ -42,6 +42,96 @@ def pod_resources(res: Resources) -> dict[str, dict[str, str]]:
     return {"requests": dict(want), "limits": dict(want)}
 
 
+def _by_name(items: list[dict[str, Any]], new: list[dict[str, Any]], key: str = "name") -> list[dict[str, Any]]:
+    """``items`` with ``new`` appended, an item of ``new`` replacing the one of the same ``key``."""
+    names = {n[key] for n in new}
+    return [i for i in items if i.get(key) not in names] + list(new)
+
+
+def apply_run(
+    manifest: dict[str, Any],
+    *,
+    run_id: str,
+    resources: Resources,
+    queue: str,
+    agent: str = "",
+    env: Optional[dict[str, str]] = None,
+    env_from_secret: Optional[tuple[str, list[str]]] = None,  # (Secret name, keys): env read from a Secret
+    node_selector: Optional[dict[str, str]] = None,
+    tolerations: Optional[list[dict[str, Any]]] = None,
+    ports: Optional[list[int]] = None,
+    pvc_mounts: Optional[dict[str, str]] = None,  # claim name -> mount path
+    image_pull_secrets: Optional[list[str]] = None,
+    labels: Optional[dict[str, str]] = None,
+) -> dict[str, Any]:
+    """Write a run's request into a Job manifest (in place, also returned).
+
+    The manifest may be a pool's own (a user-edited base job template): what it
+    already holds is kept unless the run sets the same thing - resources are
+    overwritten key by key (an ``ephemeral-storage`` limit stays), volumes, mounts
+    and env entries are replaced by name, node selectors merged (the preset wins),
+    tolerations, ports and pull secrets appended without duplicates.
+    """
+    run_labels = {**(labels or {}), RUN_ID_LABEL: run_id, QUEUE_LABEL: queue}
+    if agent:
+        run_labels[AGENT_LABEL] = agent
+    spec = manifest.setdefault("spec", {})
+    template = spec.setdefault("template", {})
+    pod_spec = template.setdefault("spec", {})
+    containers = pod_spec.setdefault("containers", [{"name": "prefect-job"}])
+    container = containers[0]
+    # requests == limits: Guaranteed QoS for cpu/memory, and an extended resource needs both equal
+    res = container.get("resources") or {}
+    want = pod_resources(resources)
+    for kind in ("requests", "limits"):
+        have = {k: v for k, v in (res.get(kind) or {}).items() if v not in (None, "")}
+        if not resources.gpu:
+            have.pop(GPU_RESOURCE, None)
+        res[kind] = {**have, **want[kind]}
+    container["resources"] = res
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if resources.shm_size:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                         "sizeLimit": quantity_bytes(resources.shm_size)}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    for i, (claim, path) in enumerate(sorted((pvc_mounts or {}).items())):
+        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": f"pvc-{i}", "mountPath": path})
+    if volumes:
+        pod_spec["volumes"] = _by_name(pod_spec.get("volumes") or [], volumes)
+        container["volumeMounts"] = _by_name(container.get("volumeMounts") or [], mounts)
+    new_env = [{"name": k, "value": str(v)} for k, v in sorted((env or {}).items())]
+    if env_from_secret:
+        secret, keys = env_from_secret
+        new_env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}} for k in sorted(keys)]
+    if new_env or "env" not in container or not isinstance(container.get("env"), list):
+        old_env = container.get("env") if isinstance(container.get("env"), list) else []
+        container["env"] = _by_name(old_env, new_env)
+    if ports:
+        have_ports = {p.get("containerPort") for p in container.get("ports") or []}
+        container["ports"] = list(container.get("ports") or []) + [
+            {"containerPort": int(p)} for p in ports if int(p) not in have_ports]
+    pod_spec["restartPolicy"] = "Never"  # a failed run is Prefect's to retry, not the kubelet's
+    for key in ("parallelism", "completions"):  # Job fields prefect-kubernetes's template puts in the pod spec
+        if key in pod_spec:
+            spec.setdefault(key, pod_spec.pop(key))
+    if node_selector:
+        pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **node_selector}
+    if tolerations:
+        have_t = list(pod_spec.get("tolerations") or [])
+        pod_spec["tolerations"] = have_t + [dict(t) for t in tolerations if dict(t) not in have_t]
+    if image_pull_secrets:
+        have_s = list(pod_spec.get("imagePullSecrets") or [])
+        known = {s.get("name") for s in have_s}
+        pod_spec["imagePullSecrets"] = have_s + [{"name": s} for s in image_pull_secrets if s not in known]
+    metadata = manifest.setdefault("metadata", {})
+    metadata["labels"] = {**(metadata.get("labels") or {}), **run_labels}
+    pod_meta = template.setdefault("metadata", {})
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **run_labels}
+    return manifest
+
+
 def job_manifest(
     *,
     run_id: str,
@@ -60,49 +150,19 @@ def job_manifest(
     image_pull_secrets: Optional[list[str]] = None,
     labels: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
-    """The run's Job (plain dict in the API's camelCase), one pod, no retries (Prefect retries runs)."""
-    run_labels = {**(labels or {}), RUN_ID_LABEL: run_id, QUEUE_LABEL: queue}
-    if agent:
-        run_labels[AGENT_LABEL] = agent
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    if resources.shm_size:
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
-                                                         "sizeLimit": quantity_bytes(resources.shm_size)}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
-    for i, (claim, path) in enumerate(sorted((pvc_mounts or {}).items())):
-        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": f"pvc-{i}", "mountPath": path})
-    container: dict[str, Any] = {
-        "name": "prefect-job",
-        "image": image,
-        "env": [{"name": k, "value": str(v)} for k, v in sorted((env or {}).items())],
-        "resources": pod_resources(resources),
-    }
+    """The run's Job from scratch (plain dict in the API's camelCase), one pod, no retries (Prefect retries runs)."""
+    container: dict[str, Any] = {"name": "prefect-job", "image": image, "env": []}
     if command:
         container["args"] = list(command)
-    if mounts:
-        container["volumeMounts"] = mounts
-    if ports:
-        container["ports"] = [{"containerPort": int(p)} for p in ports]
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if volumes:
-        pod_spec["volumes"] = volumes
-    if node_selector:
-        pod_spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in tolerations]
-    if image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in image_pull_secrets]
-    return {
+    manifest: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"generateName": f"{name}-", "namespace": namespace, "labels": run_labels},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {"metadata": {"labels": run_labels}, "spec": pod_spec},
-        },
+        "metadata": {"generateName": f"{name}-", "namespace": namespace},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
     }
+    return apply_run(manifest, run_id=run_id, resources=resources, queue=queue, agent=agent, env=env,
+                     node_selector=node_selector, tolerations=tolerations, ports=ports, pvc_mounts=pvc_mounts,
+                     image_pull_secrets=image_pull_secrets, labels=labels)
 
 
 Outcome = Literal["waiting", "ended"]
