@@ -103,9 +103,10 @@ class IdleChecker:
                 connections: int = 0, app_ready: Optional[bool] = None) -> None:
         """One sample; ``app_ready=False`` (the app does not listen yet) counts as use, like a connection."""
         self.connections = connections
+        first_ready = bool(app_ready) and not self.app_ready
         if app_ready is not None:
             self.app_ready = bool(self.app_ready) or app_ready
-        if connections > 0 or app_ready is False and not self.app_ready:
+        if connections > 0 or first_ready or (app_ready is False and not self.app_ready):
             self.last_access = now
         vals: dict[str, float] = {}
         if cpu_share_pct is not None:

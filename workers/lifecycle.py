@@ -387,10 +387,10 @@ class LaunchWorkerCore:
             state = (await self.client.read_flow_run(flow_run.id)).state
         except Exception:
             state = None
-        if agent_state is not None:
-            end, message = agent_state.type.value, agent_state.message
-        elif state is not None and state.is_final():
+        if state is not None and state.is_final():  # after _mark_stopped: the agent's reason, unless it ended first
             end, message = state.type.value, state.message
+        elif agent_state is not None:
+            end, message = agent_state.type.value, agent_state.message
         else:
             end = "CRASHED" if status_code not in (0, None) else (state.type.value if state else "UNKNOWN")
             message = f"exit status {status_code}" if status_code is not None else None
@@ -551,13 +551,21 @@ class LaunchWorkerCore:
     async def _enforce_deadline(self, flow_run: "FlowRun", handle: RunHandle, seconds: float, started: float) -> None:
         run_id = str(flow_run.id)
         await asyncio.sleep(max(0.0, started + seconds - time.time()))
-        if self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle):
-            return  # it ended in time
+        if self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle) \
+                or await self._reported_end(flow_run):
+            return  # it ended in time (a run that reported its end is only exiting)
         message = (f"task-timeout: timeout after {seconds:g} s ({format_duration(seconds)}): the run was stopped by "
                    f"agent {self.name}; submit with a longer --timeout or split the job")
         self._note(flow_run.id, "check_timeout", "EXPIRED", error_code="task-timeout", from_state="RUNNING",
                    to_state="FAILED", message=message)
         await self._stop_run(flow_run, handle, Failed(message=message))
+
+    async def _reported_end(self, flow_run: "FlowRun") -> bool:
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+            return state is not None and state.is_final()
+        except Exception:
+            return False
 
     async def _stop_run(self, flow_run: "FlowRun", handle: RunHandle, state: State) -> None:
         """The agent ends a run it decided to stop (timeout, idle reclaim): SIGTERM, grace, kill.
@@ -570,7 +578,7 @@ class LaunchWorkerCore:
             return  # already being stopped
         self._end_states[flow_run.id] = state
         self._signalled[flow_run.id] = time.time()
-        self.get_flow_run_logger(flow_run).error(state.message)
+        self.get_flow_run_logger(flow_run).warning(f"agent {self.name} is stopping the run: {state.message}")
         steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
         t0 = datetime.now(timezone.utc)
         await self._terminate(run_id, handle, force=False)
@@ -647,8 +655,9 @@ class LaunchWorkerCore:
         """An idle checker said so: end the run Cancelled with the checker's reason (the timeout's stop path)."""
         run_id = str(flow_run.id)
         handle = self._handles.get(flow_run.id)
-        if handle is None or self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle):
-            return
+        if handle is None or self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle) \
+                or await self._reported_end(flow_run):
+            return  # ended meanwhile, or reported its end and is only exiting
         message = f"{verdict.message}; reclaimed by agent {self.name}"
         self._note(flow_run.id, "idle_check", "EXPIRED", error_code=verdict.reason, from_state="RUNNING",
                    to_state="CANCELLED", message=message)
