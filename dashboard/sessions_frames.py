@@ -73,16 +73,17 @@ _FIELD_RULES: tuple[tuple[str, re.Pattern], ...] = tuple((f, re.compile(p, re.I)
 # ------------------------------------------------------------------ safety
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$:])")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$:])")
 
 
 def plain(text: Any, limit: int = 300) -> str:
-    """``text`` safe to put inside st.markdown: control characters dropped, HTML escaped,
-    Markdown syntax backslash-escaped, cut to ``limit`` characters."""
+    """``text`` safe to put inside st.markdown (and st.error, st.caption...): control characters
+    dropped, ``& < >`` as entities (no HTML), Markdown syntax backslash-escaped (no links, no
+    emphasis), cut to ``limit`` characters. Quotes stay as they are: outside HTML they are text."""
     s = _CONTROL.sub(" ", "" if text is None else str(text))
     if len(s) > limit:
         s = s[: limit - 1] + "…"
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(s, quote=True))
+    return html.escape(_MD_SPECIAL.sub(r"\\\1", s), quote=False)
 
 
 def shown_name(name: Optional[str]) -> str:
@@ -422,7 +423,7 @@ HISTORY_COLUMNS = ["created", "updated", "phase", "result", "from", "to", "error
 def history_frame(records: Iterable[Any]) -> pd.DataFrame:
     rows = []
     for r in records:
-        subs = _get(r, "substeps") or []
+        subs = _substeps(r)
         rows.append({"created": _ts(_get(r, "created")), "updated": _ts(_get(r, "updated")),
                      "phase": _text(_get(r, "phase")), "result": _text(_get(r, "result")),
                      "from": _text(_get(r, "from_state")), "to": _text(_get(r, "to_state")),
@@ -431,14 +432,21 @@ def history_frame(records: Iterable[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
 
 
+def _substeps(record: Any) -> list[Any]:
+    return list(_get(record, "sub_steps") or _get(record, "substeps") or [])
+
+
 def substeps_frame(record: Any) -> pd.DataFrame:
+    """A record's sub-steps (sequencing, validation, capacity check, allocation...) with their times."""
     rows = []
-    for s in _get(record, "substeps") or []:
+    for s in _substeps(record):
         started = _ts(_get(s, "started", _get(s, "created")))
         ended = _ts(_get(s, "ended", _get(s, "updated")))
-        rows.append({"step": _text(_get(s, "name")), "result": _text(_get(s, "result")),
-                     "message": _text(_get(s, "message"))[:500], "started": started, "ended": ended})
-    return pd.DataFrame(rows, columns=["step", "result", "message", "started", "ended"])
+        took = (ended - started).total_seconds() * 1000 if started and ended else None
+        rows.append({"step": _text(_get(s, "step") or _get(s, "name")), "result": _text(_get(s, "result")),
+                     "error code": _text(_get(s, "error_code")), "message": _text(_get(s, "message"))[:500],
+                     "started": started, "took ms": took})
+    return pd.DataFrame(rows, columns=["step", "result", "error code", "message", "started", "took ms"])
 
 
 def record_message(record: Any) -> str:

@@ -153,6 +153,7 @@ def test_plain_escapes_markdown_and_html():
     s = F.plain('<img src=x onerror="1"> [click](javascript:alert(1)) **b** `c`\x07')
     assert "<img" not in s and "](" not in s and "**" not in s and "`c`" not in s and "\x07" not in s
     assert F.plain("x" * 500, limit=10).endswith("…")
+    assert F.plain("name 'ab': a & b") == "name 'ab'\\: a &amp; b"
     assert F.shown_name("ok-name") == "ok-name" and F.shown_name("a\x1b[31mb") == "'a[31mb'"
 
 
@@ -192,6 +193,21 @@ def test_history_filter_table_and_substeps():
     assert sub["step"].tolist() == ["capacity check", "sequencing"] and sub["result"][0] == "FAILURE"
     assert F.history_title(recs[0]) == "schedule · NEED_RETRY · capacity · x7 · 12:00:05"
     assert F.record_message(recs[2]) == "m2"
+
+
+def test_history_of_the_stores_own_records():
+    """The records `blocks/scheduling_history.read_history` returns (when that module is installed)."""
+    H = pytest.importorskip("prefect_launch.blocks.scheduling_history")
+    rec = H.SchedulingRecord(run_id="r", phase="schedule", result="NEED_RETRY", error_code="no-capacity",
+                             message="needs 1 GPU, 0 free", attempts=3, created=NOW,
+                             sub_steps=[H.SubStep(step="capacity_check", result="FAILURE", message="0 free",
+                                                  started=NOW, ended=NOW + timedelta(milliseconds=2))])
+    row = F.history_frame([rec]).to_dict("records")[0]
+    assert (row["phase"], row["result"], row["attempts"], row["substeps"], row["error code"]) == \
+        ("schedule", "NEED_RETRY", 3, 1, "no-capacity")
+    sub = F.substeps_frame(rec).to_dict("records")[0]
+    assert (sub["step"], sub["result"], sub["message"], round(sub["took ms"])) == ("capacity_check", "FAILURE", "0 free", 2)
+    assert F.filter_history([rec], phases=["start"]) == [] and F.filter_history([rec], results=["NEED_RETRY"]) == [rec]
 
 
 def test_recent_frame_and_relaunch_request():

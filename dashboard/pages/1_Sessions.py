@@ -159,7 +159,7 @@ def _launch() -> None:
     for w in out.warnings:
         _flash("launch:warning", w)
     if out.run_ids:
-        S["sel_session"] = out.run_ids[0]
+        S["session_pick"] = out.run_ids[0]
     keep = {k: S.sl_form[k] for k in ("type", "queue")}
     S.sl_form = F.empty_form() | keep
     S.sl_gen += 1
@@ -279,13 +279,13 @@ def panel_launcher(can_write: bool) -> None:
             return
         with st.container(key=f"launch-step-{step}"):
             [_step_type, lambda: _step_resources(queues), _step_storage, _step_network, _step_review][step]()
-        c1, c2, _ = st.columns([1, 1, 4])
-        if step > 0:
-            c1.button("Back", key="launch_back", on_click=_goto, args=(step - 1,))
+        c1, c2, _ = st.columns([1, 1, 3])
         if step < F.REVIEW:
-            c2.button("Next", key="launch_next", type="primary", on_click=_next)
+            c1.button("Next", key="launch_next", type="primary", on_click=_next)
         else:
-            c2.button("Launch", key="launch_go", type="primary", on_click=_launch, disabled=bool(S.sl_errors))
+            c1.button("Launch", key="launch_go", type="primary", on_click=_launch, disabled=bool(S.sl_errors))
+        if step > 0:
+            c2.button("Back", key="launch_back", on_click=_goto, args=(step - 1,))
 
 
 # ----------------------------------------------------------------------------- recent launches
@@ -318,7 +318,7 @@ def panel_recent(can_write: bool) -> None:
                     out = O.relaunch(c, ME, eid)
                 _flash("recent:success", f"Relaunched {entry.label}: {', '.join(out.names)}")
                 if out.run_ids:
-                    S["sel_session"] = out.run_ids[0]
+                    S["session_pick"] = out.run_ids[0]
             except (LookupError, LaunchValidationError) as exc:
                 _flash("recent:error", str(exc))
             _refresh()
@@ -357,6 +357,9 @@ def _history_section(run_id: str) -> None:
         return
     if error:
         st.caption(f"history not available: {F.plain(error)}")
+        return
+    if not records:
+        st.caption("No scheduling decisions recorded for this run yet.")
         return
     frame = F.history_frame(records)
     phases = sorted(set(F.PHASES) | set(frame["phase"]) - {""})
@@ -433,10 +436,9 @@ def panel_detail(rows: list, can_write: bool) -> None:
             return
         by_id = {r.id: r for r in rows}
         ids = list(by_id)
-        current = S.get("sel_session")
-        pick = st.selectbox("Session", ids, index=ids.index(current) if current in ids else 0,
-                            format_func=lambda i: F.session_label(by_id[i]), key="session_pick")
-        S["sel_session"] = pick
+        if S.get("session_pick") not in ids:  # nothing picked yet, or it left the list
+            S["session_pick"] = ids[0]
+        pick = st.selectbox("Session", ids, format_func=lambda i: F.session_label(by_id[i]), key="session_pick")
         try:
             with O.client() as c:
                 detail = O.detail(c, pick, ME)
@@ -445,7 +447,7 @@ def panel_detail(rows: list, can_write: bool) -> None:
             return
         mine = detail.get("owner") == ME
         st.markdown(f"**{F.plain(F.shown_name(detail.get('name')))}** · {F.plain(detail.get('status'))} · "
-                    f"{F.plain(detail.get('type') or '-')} · `{F.plain(pick)}`")
+                    f"{F.plain(detail.get('type') or '-')} · {F.plain(pick)}")
         left, right = st.columns([3, 2])
         with left:
             st.dataframe(F.detail_frame(detail), hide_index=True, width="stretch", key="detail_table")

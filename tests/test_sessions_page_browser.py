@@ -1,0 +1,183 @@
+"""The Sessions page in a real browser (headless Chromium via Playwright) against a real Prefect
+server and a real agent: navigation from the monitor, the launcher's steps with a field error
+shown and fixed, the launched batch session in the list and the detail panel, its scheduling
+history (filtered, sub-steps expanded), rename while it runs and terminate.
+
+Truth comes from Prefect (the run's name and state), not from what the page says of itself.
+One test, one module-scoped streamlit server: kept short for the suite's time budget.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import agent, apply_queue, read_runs, wait_final
+from prefect_launch.local_server import background_process, free_port, wait_healthy
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PRESETS = {"small": {"cpu": 1, "memory": "1Gi"}, "big": {"cpu": 2, "memory": "1Gi"}}
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing: install Debian's chromium (make system-deps)")
+
+
+@pytest.fixture(scope="module")
+def sessions_page(prefect_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sessions-page")
+    uniq = uuid.uuid4().hex[:6]
+    queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small"})
+    metrics_url = f"sqlite:///{tmp / 'metrics.db'}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
+            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none"]
+    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_METRICS_URL=metrics_url)
+    with background_process(args, tmp / "streamlit.log", env=env, cwd=ROOT) as proc, \
+            agent([queue], f"sp-{uniq}", "cpu=2,memory=4Gi", tmp):
+        wait_healthy(url, proc, timeout=90, log=tmp / "streamlit.log", health_path="/_stcore/health", what="streamlit")
+        yield {"url": url, "queue": queue, "metrics_url": metrics_url, "uniq": uniq}
+
+
+def _seed_history(metrics_url: str, run_id: str) -> bool:
+    """Two scheduling records for the run in the page's metrics store, when that module is installed."""
+    try:
+        from prefect_launch.blocks.metrics_store import RunMetricsStore
+        from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep, record
+    except ImportError:
+        return False
+    store = RunMetricsStore(url=metrics_url)
+    record(store, SchedulingRecord(run_id=run_id, phase="schedule", result="NEED_RETRY", error_code="page-test-wait",
+                                   message="needs cpu=1, 0 free (seeded by the page test)", attempts=3,
+                                   sub_steps=[SubStep(step="capacity_check", result="FAILURE",
+                                                      message="capacity check seeded by the page test")]))
+    record(store, SchedulingRecord(run_id=run_id, phase="start", result="SUCCESS", from_state="SCHEDULED",
+                                   to_state="PENDING", message="started by the page test's agent"))
+    return True
+
+
+def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
+    from playwright.sync_api import sync_playwright
+
+    url, queue, uniq = sessions_page["url"], sessions_page["queue"], sessions_page["uniq"]
+    name, new_name = f"page-{uniq}", f"page-{uniq}-renamed"
+    out = ROOT / "test-output"
+    out.mkdir(exist_ok=True)
+
+    def settled(page) -> None:  # the rerun a click started has finished drawing
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+    def next_step(page, step: int) -> None:
+        page.locator(".st-key-launch_next button").click()
+        page.locator(f".st-key-launch-step-{step}").wait_for(timeout=60_000)
+        settled(page)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1500, "height": 2600})
+        try:
+            # the page is in the monitor's sidebar navigation (a pages/ folder beside app.py)
+            page.goto(url + "/Sessions", wait_until="domcontentloaded")
+            page.locator(".st-key-launch_next button").wait_for(timeout=120_000)
+            settled(page)
+            nav = page.locator('[data-testid="stSidebarNav"] a')
+            assert nav.filter(has_text="Sessions").get_attribute("href").endswith("/Sessions")
+            assert nav.count() == 2  # the queue monitor and this page
+
+            # step 1, type and name: a bad name is refused under its field, then fixed
+            page.locator(".st-key-lf_type_0").get_by_text("batch", exact=True).click()
+            page.locator(".st-key-lf_name_0 input").fill("ab")
+            page.locator(".st-key-lf_startup_command_0 input").fill("sleep 300")
+            page.locator(".st-key-launch_next button").click()
+            err = page.locator(".st-key-err-name")
+            err.wait_for(timeout=60_000)
+            assert "name 'ab': use 4-64 letters" in err.inner_text()
+            assert page.locator(".st-key-launch-step-0").count() == 1, "a field error keeps the launcher on its step"
+            page.locator(".st-key-lf_name_0 input").fill(name)
+            next_step(page, 1)
+            assert page.locator(".st-key-err-name").count() == 0
+            # step 2, environment and resources: this test's queue, its default preset
+            page.locator(".st-key-lf_queue_0 input[role=combobox]").click()
+            page.get_by_role("option", name=queue, exact=True).click()
+            settled(page)
+            next_step(page, 2)  # data and storage: no mount
+            next_step(page, 3)  # network
+            next_step(page, 4)  # review: the dry run's resolution and warning
+            review = page.locator(".st-key-launch-step-4")
+            assert "no --mount" in review.inner_text()
+            page.locator(".st-key-launch_go button").click()
+            ok = page.locator(".st-key-panel-launcher [data-testid='stAlertContentSuccess']")
+            ok.wait_for(timeout=60_000)
+            assert f"on {queue}: {name} (" in ok.inner_text()
+            settled(page)
+            from prefect import get_client
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+            assert len(runs) == 1 and "launch-session" in runs[0].tags and "session-type:batch" in runs[0].tags
+            rid = str(runs[0].id)
+            assert runs[0].work_pool_name == queue
+
+            # the list and the detail panel show it; wait (refreshing) until the agent runs it
+            pick = page.locator(".st-key-session_pick input")
+            assert pick.input_value().startswith(f"{name} · ") and rid[:8] in pick.input_value()
+            assert page.locator(".st-key-panel-sessions [data-testid='stDataFrame']").count() == 1
+            history = _seed_history(sessions_page["metrics_url"], rid)
+            deadline = time.time() + 120
+            while " · Running · " not in pick.input_value():
+                assert time.time() < deadline, f"never Running: {pick.input_value()} / {read_runs([rid])[0].state_name}"
+                page.locator(".st-key-sessions_refresh button").click()
+                settled(page)
+                time.sleep(1)
+            detail = page.locator(".st-key-panel-detail")
+            assert f"{name} · Running · batch · {rid}" in detail.inner_text().replace("\\", "")
+            assert "No apps: batch sessions run a command." in detail.inner_text()
+
+            # scheduling history: filtered by result, a record's sub-steps expanded
+            hist = page.locator(".st-key-detail-history")
+            if history:
+                assert "2 of 2 records" in hist.inner_text(), hist.inner_text()
+                hist.locator(".st-key-hist_result input[role=combobox]").click()
+                page.get_by_role("option", name="NEED_RETRY", exact=True).click()
+                page.keyboard.press("Escape")
+                hist.get_by_text("1 of 2 records").wait_for(timeout=60_000)
+                settled(page)
+                exp = hist.locator('[data-testid="stExpander"]')
+                assert exp.count() == 1 and "page-test-wait" in exp.inner_text() and "x3" in exp.inner_text()
+                exp.locator("summary").click()
+                exp.get_by_text("needs cpu=1, 0 free (seeded by the page test)").wait_for(timeout=30_000)
+                assert exp.locator('[data-testid="stDataFrame"]').count() == 1  # the sub-steps table
+            else:
+                assert "history not available" in hist.inner_text()
+
+            # rename while it runs (the server holds the new name), then terminate
+            page.locator(f".st-key-rename_{rid} input").fill(new_name)
+            page.locator(".st-key-rename_go button").click()
+            done = page.locator(".st-key-detail-actions [data-testid='stAlertContentSuccess']")
+            done.wait_for(timeout=60_000)
+            settled(page)
+            assert read_runs([rid])[0].name == new_name
+            assert f"{new_name} · Running" in detail.inner_text().replace("\\", "")
+            page.locator(".st-key-terminate button").click()
+            page.locator(".st-key-terminate_confirm button").wait_for(timeout=60_000)
+            page.locator(".st-key-terminate_confirm button").click()
+            done.filter(has_text="Terminating").wait_for(timeout=60_000)
+            settled(page)
+            page.screenshot(path=str(out / "sessions-page.png"), full_page=True)
+            assert page.locator('[data-testid="stException"]').count() == 0
+        except Exception:
+            page.screenshot(path=str(out / "sessions-page-failed.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    final = wait_final([rid], timeout=90)[0]
+    assert final.state.is_cancelled(), final.state  # stopped by the terminate, not ended by its 300 s command
