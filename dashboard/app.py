@@ -6,7 +6,9 @@ Sidebar: queues, time range, grouping and filters drive every panel. Run panels 
 from the run index (a copy of the runs' filter columns in the metrics store, kept in
 step with Prefect, see :mod:`prefect_launch.dashboard.index_sync`) once it covers the
 range, and from Prefect's API (server-side aggregation + bounded, incrementally
-refreshed run reads, see :mod:`prefect_launch.dashboard.data`) until then.
+refreshed run reads, see :mod:`prefect_launch.dashboard.view`) until then. Every frame a
+panel draws comes from a pure producer (:mod:`.frames`, :mod:`.occupancy`, :mod:`.summary`,
+:mod:`.cost`); this file only lays them out.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import html
 import pandas as pd
 import streamlit as st
 
+from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import charts
-from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import frames as F
+from prefect_launch.dashboard import metrics_source as M
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import summary as SM
+from prefect_launch.dashboard import view as V
 
 CACHE_TTL_S = 30
 
@@ -28,12 +35,12 @@ st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer 
 
 @st.cache_data(ttl=60, show_spinner=False)
 def _options() -> dict:
-    return D.options()
+    return V.options()
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="Reading queues…", max_entries=32)
-def _view(spec: D.ViewSpec) -> D.View:
-    return D.load_view(spec)
+def _view(spec: S.ViewSpec) -> V.View:
+    return V.load_view(spec)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
@@ -41,17 +48,17 @@ def _costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFram
     """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`)."""
     from prefect_launch.dashboard import cost as C
 
-    store = D.metrics_store()
+    store = M.metrics_store()
     if store is None:
         raise RuntimeError("no metrics store")
     try:
-        deployments = D.fetch_deployments(D.get_api())  # job names for records that hold only the id
+        deployments = A.fetch_deployments(A.get_api())  # job names for records that hold only the id
     except Exception:
         deployments = {}
     return C.run_costs(store, since, until, queues, deployments=deployments)
 
 
-def _view_costs(v: D.View):
+def _view_costs(v: V.View):
     """(cost rows filtered like the page, error text or None)."""
     from prefect_launch.dashboard import cost as C
 
@@ -68,24 +75,24 @@ def _links_block():
     return QueueLinks
 
 
-def sidebar(opts: dict) -> D.ViewSpec:
+def sidebar(opts: dict) -> S.ViewSpec:
     sb = st.sidebar
     sb.header("Queue monitor")
     queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
-    choice = sb.radio("Time range", [*D.RANGES, "Custom"], index=2, key="range")
-    now = dt.datetime.now(D.UTC).replace(microsecond=0)
+    choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=2, key="range")
+    now = dt.datetime.now(S.UTC).replace(microsecond=0)
     now = now + dt.timedelta(seconds=10 - now.second % 10)  # up to the next 10 s step: reruns hit the cache
     custom = None
     if choice == "Custom":
         today = now.date()
         picked = sb.date_input("From / to (UTC)", (today - dt.timedelta(days=3), today), key="custom_range")
         custom = tuple(picked) if isinstance(picked, (tuple, list)) and len(picked) == 2 else (picked[0], picked[0]) if isinstance(picked, (tuple, list)) else (picked, picked)
-    since, until = D.time_window(choice, now, custom)
-    grouping = sb.selectbox("Grouping", D.GROUPINGS, index=1, key="grouping")
+    since, until = S.time_window(choice, now, custom)
+    grouping = sb.selectbox("Grouping", S.GROUPINGS, index=1, key="grouping")
     sb.subheader("Filters")
     jobs = sb.multiselect("Job", opts["jobs"], key="f_jobs")
     owners = sb.multiselect("Owner", opts["owners"], key="f_owners")
-    statuses = sb.multiselect("Status", list(D.STATUSES), key="f_statuses")
+    statuses = sb.multiselect("Status", list(S.STATUSES), key="f_statuses")
     presets = sb.multiselect("Preset", opts["presets"], key="f_presets")
     with sb.expander("Advanced"):
         limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, 1000, step=100, key="detail_limit")
@@ -93,23 +100,22 @@ def sidebar(opts: dict) -> D.ViewSpec:
             _view.clear()
             _options.clear()
             _costs.clear()
-            D.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
-    return D.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
+            M.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
+    return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
 
 
-def panel_summary(v: D.View) -> None:
+def panel_summary(v: V.View) -> None:
     with st.container(key="panel-summary", border=True):
         st.subheader("Queue summary")
-        from prefect_launch.dashboard.summary import summary_frame
-
-        summary = summary_frame(v.pools, v.now_counts, v.workers, v.agents, v.runs, tuple(v.spec.queues))
+        summary = v.summary
         occ = v.occupancy
         load, idle, share = occ.load, occ.idle, occ.share
+        head = SM.headline(summary)
         c1, c2, c3, c4 = st.columns(4)
-        c1.metric("Queues busy now", f"{int((summary['now'] == 'busy').sum()) if not summary.empty else 0} / {len(summary)}")
-        c2.metric("Queued now", int(summary["queued"].sum()) if not summary.empty else 0)
-        c3.metric("Running now", int(summary["running"].sum()) if not summary.empty else 0)
+        c1.metric("Queues busy now", f"{head['busy']} / {head['queues']}")
+        c2.metric("Queued now", head["queued"])
+        c3.metric("Running now", head["running"])
         c4.metric("Runs in range", f"{v.totals['runs']:,}")
         used = _capacity_used(v)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
@@ -144,20 +150,13 @@ def panel_summary(v: D.View) -> None:
                 st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")
 
 
-def _capacity_used(v: D.View) -> dict:
+def _capacity_used(v: V.View) -> dict:
     """Share (%) of the agents' GPU- and CPU-seconds over the range that runs used (measured)."""
     runs, _ = _view_costs(v)
-    cap = v.occupancy.capacity
-    span_s = (min(v.spec.until, v.now) - v.spec.since).total_seconds()
-    out = {}
-    for key, col in (("gpu", "gpu_used_h"), ("cpu", "cpu_used_h")):
-        c = cap.get(key)
-        ok = runs is not None and not runs.empty and runs[col].notna().any()
-        out[key] = 100.0 * float(runs[col].sum()) * 3600 / (c * span_s) if c and span_s > 0 and ok else None
-    return out
+    return SM.capacity_used(runs, v.occupancy.capacity, (min(v.spec.until, v.now) - v.spec.since).total_seconds())
 
 
-def panel_cost(v: D.View) -> None:
+def panel_cost(v: V.View) -> None:
     from prefect_launch.dashboard import cost as C
 
     with st.container(key="panel-cost", border=True):
@@ -204,17 +203,17 @@ def panel_cost(v: D.View) -> None:
         if w.empty:
             st.success("No run left held hardware idle in this range.")
         else:
-            st.dataframe(w.assign(link=[D.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
+            st.dataframe(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
                          key="wasters_table",
                          column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
 
 
-def _partial_note(v: D.View) -> str:
+def _partial_note(v: V.View) -> str:
     o = v.occupancy
     return "" if o.complete else " (from the newest runs read from Prefect's API only, until the run index covers the range)"
 
 
-def panel_status(v: D.View) -> None:
+def panel_status(v: V.View) -> None:
     with st.container(key="panel-status", border=True):
         st.subheader("Job status")
         st.caption("Per interval: runs queued, pending and running at any moment of it, and runs that finished in it by end "
@@ -226,7 +225,7 @@ def panel_status(v: D.View) -> None:
             st.altair_chart(charts.occupancy_status_chart(counts), width="stretch")
 
 
-def panel_queued(v: D.View) -> None:
+def panel_queued(v: V.View) -> None:
     with st.container(key="panel-queued", border=True):
         st.subheader("Queued time")
         qt = v.occupancy.queued
@@ -245,10 +244,10 @@ def _when(t: pd.Timestamp) -> str:
     return f"{t:%Y-%m-%d %H:%M:%S}.{t.microsecond // 1000:03d}"
 
 
-def panel_runs(v: D.View) -> None:
+def panel_runs(v: V.View) -> None:
     with st.container(key="panel-runs", border=True):
         st.subheader("Job runs")
-        g = D.gantt_frame(v.runs, v.now)
+        g = F.gantt_frame(v.runs, v.now)
         lanes = v.occupancy.lanes
         if lanes is not None:
             _panel_lanes(v, lanes, g)
@@ -260,7 +259,7 @@ def panel_runs(v: D.View) -> None:
         if g.empty:
             st.info("No run started in this range.")
             return
-        col = D.group_column(v.spec.grouping)
+        col = S.group_column(v.spec.grouping)
         event = st.altair_chart(charts.gantt_chart(g, col), width="stretch", on_select="rerun", key="gantt")
         sel = g
         brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None
@@ -269,7 +268,7 @@ def panel_runs(v: D.View) -> None:
             lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
             sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
             st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} runs")
-        table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
+        table = sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
             ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
         st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
                      column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
@@ -277,7 +276,7 @@ def panel_runs(v: D.View) -> None:
                                     "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
 
 
-def _panel_lanes(v: D.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
+def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
     """Many runs: one lane per agent and device with the runs that held it."""
     st.caption(f"{v.occupancy.runs:,} runs in range: one lane per agent and GPU (CPU-only runs: per core) with the runs "
                f"that held it, coloured by {v.spec.grouping} (runs closer than a pixel merge). Drag across the chart to "
@@ -290,7 +289,7 @@ def _panel_lanes(v: D.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
         lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
         st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} of the newest {len(v.runs):,} runs")
-    table = sel.assign(link=[D.run_url(v.ui_base, i) for i in sel["id"]])[
+    table = sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
         ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
     st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
                  column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
@@ -306,9 +305,9 @@ METRICS = [
 ]
 
 
-def panel_metrics(v: D.View) -> None:
+def panel_metrics(v: V.View) -> None:
     m = v.metrics
-    col = D.group_column(v.spec.grouping)
+    col = S.group_column(v.spec.grouping)
     for i in range(0, len(METRICS), 2):
         cols = st.columns(2)
         for c, (y, title, ytitle) in zip(cols, METRICS[i : i + 2]):
@@ -321,15 +320,15 @@ def panel_metrics(v: D.View) -> None:
                     st.altair_chart(charts.metric_chart(d, y, ytitle, col), width="stretch")
     with st.container(key="panel-waste", border=True):
         st.subheader("Runs that waste hardware")
-        w = D.waste_frame(m) if not m.empty else pd.DataFrame()
+        w = M.waste_frame(m) if not m.empty else pd.DataFrame()
         if w.empty:
             st.success("No run flagged as waste in this range.")
         else:
-            st.dataframe(w.assign(link=[D.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
+            st.dataframe(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
                          column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
 
 
-def panel_errors(v: D.View) -> None:
+def panel_errors(v: V.View) -> None:
     with st.container(key="panel-errors", border=True):
         st.subheader("Errors")
         e = v.errors
@@ -337,7 +336,7 @@ def panel_errors(v: D.View) -> None:
             st.success("No failed or crashed run in this range.")
             return
         st.caption(f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)")
-        st.dataframe(e.assign(link=[D.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), hide_index=True,
+        st.dataframe(e.assign(link=[A.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), hide_index=True,
                      width="stretch", key="errors_table",
                      column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
 
@@ -366,7 +365,7 @@ def _links_unlocked() -> bool:
     return False
 
 
-def panel_links(v: D.View, opts: dict) -> None:
+def panel_links(v: V.View, opts: dict) -> None:
     QueueLinks = _links_block()
     with st.container(key="panel-links", border=True):
         st.subheader("External Links")
@@ -413,11 +412,11 @@ def panel_links(v: D.View, opts: dict) -> None:
                     st.success(f"Removed link {target!r} from {q}.")
 
 
-def _source_note(v: D.View) -> str:
+def _source_note(v: V.View) -> str:
     """Where the run panels came from: the run index, or Prefect's API while it is built."""
     if v.source == "index":
         return "from the run index"
-    st_ = D.index_status()
+    st_ = V.index_status()
     if not st_:
         return "from Prefect's API"
     if st_.get("building"):

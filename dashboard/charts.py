@@ -1,11 +1,12 @@
-"""Altair charts of the queue monitor (frames from :mod:`prefect_launch.dashboard.data` in)."""
+"""Altair charts of the queue monitor (frames from :mod:`.frames`, :mod:`.occupancy`, :mod:`.cost` and
+:mod:`.metrics_source` in; nothing is computed here)."""
 
 from __future__ import annotations
 
 import altair as alt
 import pandas as pd
 
-from prefect_launch.dashboard.data import STATUS_COLORS, STATUSES
+from prefect_launch.dashboard.spec import STATUS_COLORS, STATUSES
 
 alt.data_transformers.disable_max_rows()
 HEIGHT = 260
@@ -13,67 +14,6 @@ HEIGHT = 260
 
 def _status_scale() -> alt.Scale:
     return alt.Scale(domain=list(STATUSES), range=[STATUS_COLORS[s] for s in STATUSES])
-
-
-def status_chart(counts: pd.DataFrame, interval_s: int) -> alt.Chart:
-    """Stacked bars: runs per interval by status (runs bucketed by expected start)."""
-    return (
-        alt.Chart(counts)
-        .mark_bar()
-        .encode(
-            x=alt.X("bucket:T", title="interval (expected start)"),
-            y=alt.Y("sum(count):Q", title="runs"),
-            color=alt.Color("status:N", scale=_status_scale(), legend=alt.Legend(title="status", orient="right")),
-            order=alt.Order("status:N"),
-            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M"), "status:N", alt.Tooltip("sum(count):Q", title="runs")],
-        )
-        .properties(height=HEIGHT)
-    )
-
-
-def queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
-    """Stacked bars: seconds spent queued per interval, coloured by the grouping."""
-    return (
-        alt.Chart(qt)
-        .mark_bar()
-        .encode(
-            x=alt.X("bucket:T", title="interval (expected start)"),
-            y=alt.Y("sum(queued_s):Q", title="seconds queued"),
-            color=alt.Color("group:N", title=grouping),
-            tooltip=[alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M"), alt.Tooltip("group:N", title=grouping),
-                     alt.Tooltip("sum(queued_s):Q", title="seconds queued", format=",.0f")],
-        )
-        .properties(height=HEIGHT)
-    )
-
-
-def load_chart(load: pd.DataFrame, capacity: float | None) -> alt.Chart:
-    """Average busy runs per interval (run-seconds / interval) with the capacity as a rule."""
-    base = alt.Chart(load).mark_area(opacity=0.6, interpolate="step-after").encode(
-        x=alt.X("bucket:T", title=None),
-        y=alt.Y("busy:Q", title="avg busy runs"),
-        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("busy:Q", format=".2f"), "runs:Q"],
-    )
-    if capacity:
-        rule = alt.Chart(pd.DataFrame({"capacity": [capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
-        return (base + rule).properties(height=140)
-    return base.properties(height=140)
-
-
-def heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
-    days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
-    return (
-        alt.Chart(hm)
-        .mark_rect()
-        .encode(
-            x=alt.X("hour:O", title="hour of day (UTC)"),
-            y=alt.Y("weekday:O", sort=days, title=None),
-            color=alt.Color("busy:Q", title="avg busy runs", scale=alt.Scale(scheme="blues")),
-            tooltip=["weekday:O", "hour:O", alt.Tooltip("runs:Q", title="runs submitted / h", format=".1f"),
-                     alt.Tooltip("busy:Q", title="avg busy runs", format=".2f")],
-        )
-        .properties(height=200)
-    )
 
 
 def gantt_chart(g: pd.DataFrame, grouping_col: str) -> alt.Chart:
@@ -198,6 +138,8 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
     brush on x selects a span."""
     brush = alt.selection_interval(encodings=["x"], name="brush")
     n = max(seg["lane"].nunique(), 1)
+    # label columns come as categoricals (cheap to build); the chart gets plain strings
+    seg = seg.astype({c: object for c in ("lane", "agent", "group") if isinstance(seg[c].dtype, pd.CategoricalDtype)})
     return (
         alt.Chart(seg)
         .mark_bar(height={"band": 0.8})

@@ -16,8 +16,9 @@ sync only decides *which* runs to read again:
   After a longer gap than ``EVENTS_MAX_GAP_S`` it re-reads every run expected since
   the gap began instead of paging through the events.
 
-:class:`IndexService` is the process-wide entry point the data layer uses: it builds
-in the background, syncs, and holds the prepared frame in memory between views.
+:class:`IndexService` is the process-wide entry point the view assembly (:mod:`.view`) uses:
+it builds in the background, syncs, and holds the prepared rows (:mod:`.index_view`) in
+memory between views.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from pydantic import BaseModel
 
 from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms, to_us
 from prefect_launch.dashboard import index_view as IV
-from prefect_launch.dashboard.data import PAGE, _iso, fetch_runs_by_id
+from prefect_launch.dashboard.api import PAGE, fetch_runs_by_id
+from prefect_launch.dashboard.spec import iso, us
 
 log = logging.getLogger("prefect_launch.dashboard.index")
 UTC = dt.timezone.utc
@@ -71,7 +73,7 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
     in pages; keyset paging on expected start, with an offset walk through a timestamp
     that more than a page of runs share."""
     seen: set[str] = set()
-    before = _iso(until) if until else None
+    before = iso(until) if until else None
 
     def page(after: str, before_: Optional[str], offset: int = 0) -> tuple[list[dict], list[dict]]:
         """(the page, its runs not seen before)."""
@@ -84,7 +86,7 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
         seen.update(r["id"] for r in got)
         return got, new
 
-    after = _iso(since)
+    after = iso(since)
     while True:
         got, new = page(after, before)
         if new:
@@ -101,7 +103,7 @@ def read_runs_expected(api: Any, since: dt.datetime, until: Optional[dt.datetime
                 if len(tie) < PAGE:
                     break
                 off += PAGE
-            last = _iso(dt.datetime.fromisoformat(last.replace("Z", "+00:00")) - dt.timedelta(microseconds=1))
+            last = iso(dt.datetime.fromisoformat(last.replace("Z", "+00:00")) - dt.timedelta(microseconds=1))
         before = last
 
 
@@ -125,7 +127,7 @@ def changed_run_ids(api: Any, since: dt.datetime, until: dt.datetime,
     """(flow-run ids, events read) of ``prefect.flow-run.*`` events that occurred in
     [since, until]; None when there are more than ``EVENTS_MAX_PAGES`` pages of them.
     ``entries`` collects the runs' Scheduled / Pending entry times on the way."""
-    body = {"filter": {"occurred": {"since": _iso(since), "until": _iso(until)}, "event": {"prefix": ["prefect.flow-run."]},
+    body = {"filter": {"occurred": {"since": iso(since), "until": iso(until)}, "event": {"prefix": ["prefect.flow-run."]},
                        "order": "ASC"}, "limit": 50}
     res = api.post("/events/filter", body)
     ids: set[str] = set()
@@ -312,7 +314,7 @@ class IndexService:
             if time.monotonic() - self._synced_at >= MIN_SYNC_S:
                 self.last_sync = sync(self.index, self.api, now)
                 self._synced_at = time.monotonic()
-            want_us = IV.us(since)
+            want_us = us(since)
             incremental = self._prepared is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
             read_at = now_ms()
             if incremental:
@@ -333,7 +335,7 @@ class IndexService:
     def details(self, ids: list[str]) -> pd.DataFrame:
         """Every column of these runs (names, messages, resources: what lists show)."""
         ids = list(dict.fromkeys(ids))  # a run can be both listed and an error
-        return self.index.frame(ids=ids) if ids else pd.DataFrame(columns=list(IV.RUN_COLUMNS))
+        return self.index.frame(ids=ids) if ids else pd.DataFrame(columns=IV.RECORD_COLUMNS)
 
     def status(self) -> dict:
         m = self.meta()

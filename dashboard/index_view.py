@@ -1,59 +1,68 @@
-"""Pure functions: the monitor's frames computed from the run index (pandas in, pandas out).
+"""Prepared run rows: the one shape every run panel is computed from (pandas in, pandas out).
 
-They give the numbers Prefect's ``POST /flow_runs/history`` gives, the same way
-(bucket by expected start, count by current state, run time and lateness as
-Prefect's ``estimated_run_time`` / ``estimated_start_time_delta``), so the page
-cannot tell which source a view came from; ``tests/test_dashboard_index.py`` checks
-that against the server for the same runs.
+A prepared row is one flow run with the run index's columns
+(:data:`~prefect_launch.blocks.run_index.CORE`, epoch microseconds as float, NaN = none)
+plus the labels the page filters and groups by (job, status, owner, preset, queue as
+categoricals). Both sources give them: the run index (:mod:`.index_sync` reads its table
+into :func:`prepare`) and Prefect's API (:func:`from_flow_runs` turns flow-run JSON into
+the same rows). The producers in :mod:`.frames` and :mod:`.occupancy` take them.
+
+:func:`history` gives the numbers Prefect's ``POST /flow_runs/history`` gives, the same
+way (bucket by expected start, count by current state, run time and lateness as Prefect's
+``estimated_run_time`` / ``estimated_start_time_delta``), so the page cannot tell which
+source a view came from; ``tests/test_dashboard_index.py`` checks that against the server
+for the same runs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from prefect_launch.dashboard.data import (
-    MAX_GROUPS, OTHER, STATUS_OF_TYPE, TERMINAL_TYPES, TYPES_OF_STATUS, UNKNOWN, ViewSpec, aligned_range,
+from prefect_launch.blocks.run_index import IndexRow
+from prefect_launch.dashboard import frames as F
+from prefect_launch.dashboard.spec import (
+    MAX_GROUPS, NO_DEPLOYMENT, OTHER, TERMINAL_TYPES, UNKNOWN, ViewSpec, aligned_range, us,
 )
 
-UTC = dt.timezone.utc
-NO_DEPLOYMENT = "(no deployment)"
-HIST_COLUMNS = ["bucket", "group", "state_type", "status", "count", "run_s", "queued_s"]
-RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "preset", "state_type", "state_name", "status",
-               "expected_start", "start", "end", "message", "waiting", "cpu", "memory", "gpu", "launched", "queued_s", "duration_s"]
+LABELS = ("job", "owner", "preset", "queue", "status", "state_type", "placement")
+TIME_COLUMNS = ("expected_start_us", "start_us", "end_us", "state_us", "queued_us", "pending_us")
+RECORD_COLUMNS = list(IndexRow.model_fields)
 
-
-def us(t: dt.datetime) -> int:
-    """Epoch microseconds of an aware datetime (the index's time unit)."""
-    d = t.astimezone(UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)
-    return (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
 
 
 def prepare(index: pd.DataFrame, deployments: dict[str, dict]) -> pd.DataFrame:
     """Index rows (at least :data:`~prefect_launch.blocks.run_index.CORE`) -> the columns the
     page filters and groups by (done once per index read, not per view).
 
-    job = the deployment's current name ("(no deployment)" / "unknown" as on the API path);
-    owner / preset missing -> "unknown"; status from the state type. Labels are
-    categoricals: filters and group-bys over 100k runs then compare small integer codes.
+    job = the deployment's current name ("(no deployment)" / "unknown"); owner / preset
+    missing -> "unknown"; status from the state type. Labels are categoricals: filters and
+    group-bys over 100k runs then compare small integer codes (the agent's placement label
+    too: a few distinct values, each parsed once by :mod:`.occupancy`).
     """
     df = index.copy()
     df["job"] = job_names(df["deployment_id"], deployments)
     for c in ("owner", "preset", "queue"):
-        df[c] = df[c].fillna(UNKNOWN)
-    df["status"] = df["state_type"].map(STATUS_OF_TYPE).fillna(df["state_type"].str.lower())
+        df[c] = df[c].astype(object).fillna(UNKNOWN)
+    df["status"] = F.status_of(df["state_type"]) if len(df) else pd.Series([], dtype=object)
     for c in LABELS:
-        df[c] = df[c].astype(object).astype("category")
-    for c in ("expected_start_us", "start_us", "end_us", "state_us", "queued_us", "pending_us"):
+        if c in df:
+            df[c] = df[c].astype(object).astype("category")
+    for c in TIME_COLUMNS:
         if c in df:
             df[c] = df[c].astype("float64")  # NaN = none; exact for epoch microseconds (< 2**53)
     return df
 
 
-LABELS = ("job", "owner", "preset", "queue", "status", "state_type")
+def from_flow_runs(raw: Sequence[dict], deployments: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Flow-run JSON (``POST /flow_runs/filter``) -> (prepared rows, detail records by id):
+    what the API path feeds the producers, built the way the index builds its rows."""
+    recs = [IndexRow.from_flow_run(r).merged(None).model_dump() for r in raw]
+    records = pd.DataFrame(recs, columns=RECORD_COLUMNS)
+    return prepare(records, deployments), records
 
 
 def splice(held: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +70,7 @@ def splice(held: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
     stay categorical (their categories united) so later filters stay cheap."""
     keep = held[~held["id"].isin(fresh["id"])].copy()
     fresh = fresh.copy()
-    for c in LABELS:
+    for c in (c for c in LABELS if c in keep):
         cats = keep[c].cat.categories.union(fresh[c].cat.categories)
         keep[c] = keep[c].cat.set_categories(cats)
         fresh[c] = fresh[c].cat.set_categories(cats)
@@ -69,7 +78,7 @@ def splice(held: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
 
 
 def job_names(deployment_ids: pd.Series, deployments: dict[str, dict]) -> pd.Series:
-    """Deployment id -> its current name (the job); "(no deployment)" / "unknown" as on the API path."""
+    """Deployment id -> its current name (the job); "(no deployment)" / "unknown" where none / not known."""
     names = {k: v["name"] for k, v in deployments.items()}
     ids = deployment_ids.astype(object)
     return ids.map(names).where(ids.notna(), NO_DEPLOYMENT).fillna(UNKNOWN).astype("category")
@@ -85,23 +94,24 @@ def select(rows: pd.DataFrame, spec: ViewSpec, *, time: bool = True) -> pd.DataF
         if vals:
             m &= rows[col].isin(vals).to_numpy()
     if spec.statuses:
-        m &= rows["state_type"].isin([t for s in spec.statuses for t in TYPES_OF_STATUS[s]]).to_numpy()
+        m &= rows["state_type"].isin(spec.state_types()).to_numpy()
     return rows[m]
 
 
+def _terminal(rows: pd.DataFrame) -> np.ndarray:
+    return rows["state_type"].isin(list(TERMINAL_TYPES)).to_numpy()
+
+
 def run_and_late_seconds(rows: pd.DataFrame, now: dt.datetime) -> tuple[np.ndarray, np.ndarray]:
-    """Per run, Prefect's estimated run time and lateness (>= 0), as of ``now``."""
+    """Per run, Prefect's estimated run time (its total run time, plus the time since its
+    state while running) and its lateness (the queued rule, :func:`.frames.queued_and_duration`)."""
     now_us = us(now)
     running = (rows["state_type"] == "RUNNING").to_numpy()
     since_state = np.nan_to_num((now_us - rows["state_us"].to_numpy(dtype="float64")) / 1e6)
     run_s = np.nan_to_num(rows["run_time_s"].to_numpy(dtype="float64")) + np.where(running, since_state, 0.0)
-    exp = rows["expected_start_us"].to_numpy(dtype="float64")
-    start = rows["start_us"].to_numpy(dtype="float64")
-    started_late = ~np.isnan(start) & (start > exp)
-    open_ = ~rows["state_type"].isin(list(TERMINAL_TYPES)).to_numpy()
-    waiting = np.isnan(start) & open_ & (exp < now_us)
-    late = np.where(started_late, (start - exp) / 1e6, np.where(waiting, (now_us - exp) / 1e6, 0.0))
-    return np.clip(run_s, 0, None), np.clip(np.nan_to_num(late), 0, None)
+    late, _ = F.queued_and_duration(rows["expected_start_us"].to_numpy(), rows["start_us"].to_numpy(),
+                                    rows["end_us"].to_numpy(), _terminal(rows), float(now_us))
+    return np.clip(run_s, 0, None), late
 
 
 def group_values(rows: pd.DataFrame, grouping: str, chosen: tuple[str, ...] = ()) -> pd.Series:
@@ -116,30 +126,29 @@ def group_values(rows: pd.DataFrame, grouping: str, chosen: tuple[str, ...] = ()
 
 
 def history(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.datetime) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(total, per group) per bucket and state type: count, run seconds, queued seconds.
-
-    Buckets are aligned as :class:`~prefect_launch.dashboard.data.HistoryCache` aligns
-    them; runs are bucketed by expected start, like the server does.
-    """
+    """(total, per group) per bucket and state type: count, run seconds, queued seconds
+    (:func:`.frames.history_frame`), buckets aligned as the API path aligns them; runs
+    are bucketed by expected start, like the server does."""
     start, end = aligned_range(spec.since, spec.until, interval_s)
     lo, hi, step = us(start), us(end), interval_s * 1_000_000
     exp = rows["expected_start_us"].to_numpy()
     r = rows[(exp >= lo) & (exp < hi)]
     run_s, late = run_and_late_seconds(r, now)
     idx = ((r["expected_start_us"].to_numpy().astype("int64") - lo) // step).astype("int64")
-    chosen = spec.owners if spec.grouping == "owner" else spec.presets if spec.grouping == "preset" else ()
     base = pd.DataFrame({"idx": idx, "state_type": r["state_type"].astype(object).to_numpy(), "run_s": run_s, "queued_s": late,
-                         "group": group_values(r, spec.grouping, chosen).to_numpy() if len(r) else []})
-
+                         "group": group_values(r, spec.grouping, spec.chosen_groups()).to_numpy() if len(r) else []})
     per = base.groupby(["idx", "group", "state_type"], as_index=False, sort=True, observed=True).agg(
         count=("run_s", "size"), run_s=("run_s", "sum"), queued_s=("queued_s", "sum"))
-    total = per.groupby(["idx", "state_type"], as_index=False, sort=True)[["count", "run_s", "queued_s"]].sum().assign(group="all")
-    for g in (per, total):
-        g["bucket"] = pd.to_datetime(lo + g["idx"] * step, unit="us", utc=True)
-        g["status"] = g["state_type"].map(STATUS_OF_TYPE).fillna(g["state_type"].str.lower())
+    total = per.groupby(["idx", "state_type"], as_index=False, sort=True)[["count", "run_s", "queued_s"]].sum()
+
+    def frame(g: pd.DataFrame, group) -> pd.DataFrame:
+        return F.history_frame(pd.to_datetime(lo + g["idx"].to_numpy() * step, unit="us", utc=True), group,
+                               g["state_type"].to_numpy(), g["count"].to_numpy(), g["run_s"].to_numpy(), g["queued_s"].to_numpy())
+
+    per_f = frame(per, per["group"].to_numpy())
     if spec.grouping == "status":
-        per["group"] = per["status"]
-    return total[HIST_COLUMNS].reset_index(drop=True), per[HIST_COLUMNS].reset_index(drop=True)
+        per_f["group"] = per_f["status"]
+    return frame(total, "all"), per_f
 
 
 def newest(rows: pd.DataFrame, limit: Optional[int] = None, by: str = "expected_start_us") -> pd.DataFrame:
@@ -147,33 +156,6 @@ def newest(rows: pd.DataFrame, limit: Optional[int] = None, by: str = "expected_
     if limit is not None and len(rows) > limit:
         return rows.nlargest(limit, by, keep="first").sort_values(by, ascending=False, kind="stable")
     return rows.sort_values(by, ascending=False, kind="stable")
-
-
-def runs_frame(rows: pd.DataFrame, details: pd.DataFrame, now: dt.datetime) -> pd.DataFrame:
-    """Prepared rows (in the order given) + their detail columns read by id -> the page's run
-    columns, as :func:`prefect_launch.dashboard.data.runs_frame` gives them from flow-run JSON."""
-    det = details.drop_duplicates("id").set_index("id") if not details.empty else pd.DataFrame(
-        columns=["name", "priority", "state_name", "message", "waiting", "cpu", "memory", "gpu", "launched"])
-    ids = rows["id"].to_numpy()
-    out = pd.DataFrame({"id": ids})
-    for c in ("job", "queue", "owner", "preset", "state_type", "status"):
-        out[c] = rows[c].astype(object).to_numpy()
-    for c in ("name", "priority", "state_name", "message", "waiting", "cpu", "memory", "gpu", "launched"):
-        out[c] = det[c].reindex(ids).to_numpy() if c in det else None
-    for c, src in (("expected_start", "expected_start_us"), ("start", "start_us"), ("end", "end_us")):
-        out[c] = pd.to_datetime(rows[src].to_numpy(dtype="float64"), unit="us", utc=True)
-    out["message"] = out["message"].fillna("")
-    out["waiting"] = out["waiting"].fillna("")
-    out["launched"] = out["launched"].fillna(False).astype(bool)
-    now_ts = pd.Timestamp(now)
-    started = out["start"].notna()
-    waiting = ~started & ~out["state_type"].isin(list(TERMINAL_TYPES)) & (out["expected_start"] < now_ts)
-    out["queued_s"] = 0.0
-    out.loc[started, "queued_s"] = (out.loc[started, "start"] - out.loc[started, "expected_start"]).dt.total_seconds().clip(lower=0)
-    out.loc[waiting, "queued_s"] = (now_ts - out.loc[waiting, "expected_start"]).dt.total_seconds()
-    end = out["end"].where(out["end"].notna(), now_ts)
-    out["duration_s"] = (end - out["start"]).dt.total_seconds().where(started)
-    return out[RUN_COLUMNS]
 
 
 def errors_rows(rows: pd.DataFrame, spec: ViewSpec, limit: int) -> pd.DataFrame:
@@ -184,12 +166,11 @@ def errors_rows(rows: pd.DataFrame, spec: ViewSpec, limit: int) -> pd.DataFrame:
 
 
 def now_counts(rows: pd.DataFrame, pools: list[str], now: dt.datetime) -> pd.DataFrame:
-    """Per pool: runs queued (scheduled and due), pending and running now."""
-    now_us = us(now)
+    """Per pool, runs queued (scheduled and due), pending and running now, as long counts
+    (queue, status, count) for :func:`.frames.now_counts_frame`."""
     r = rows[rows["queue"].isin(pools) & rows["state_type"].isin(["SCHEDULED", "PENDING", "RUNNING"])]
     st = r["state_type"].astype(object)
-    queued = (st == "SCHEDULED") & (r["expected_start_us"] <= now_us)
-    frame = pd.DataFrame({"queue": r["queue"].astype(object), "queued": queued.astype(int), "pending": (st == "PENDING").astype(int),
-                          "running": (st == "RUNNING").astype(int)})
-    out = frame.groupby("queue").sum().reindex(pools, fill_value=0).reset_index()
-    return out[["queue", "queued", "pending", "running"]]
+    due = ((st != "SCHEDULED") | (r["expected_start_us"] <= us(now))).to_numpy()
+    status = st.map({"SCHEDULED": "queued", "PENDING": "pending", "RUNNING": "running"})
+    counts = pd.DataFrame({"queue": r["queue"].astype(object), "status": status})[due]
+    return counts.groupby(["queue", "status"], as_index=False).size().rename(columns={"size": "count"})

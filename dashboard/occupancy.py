@@ -1,8 +1,10 @@
 """Occupancy: what the queue held at each moment, from the runs' own state times.
 
-Pure functions (pandas / numpy in, pandas out), vectorised interval arithmetic; no
-server. Input rows are the run index's prepared rows (:func:`.index_view.prepare`): per
-run its state type, expected start, ``queued_us`` (when it entered its queue for its
+Pure functions (pandas / numpy in, pandas out), vectorised interval arithmetic: per
+bucket, intervals are clipped to the bucket edges and summed with ``np.bincount`` over
+bucket indices (a difference array and a cumulative sum for the whole buckets an interval
+spans), so no step sorts or loops over runs; no server. Input rows are prepared run rows
+(:func:`.index_view.prepare`, from the run index or the API alike): per run its state type, expected start, ``queued_us`` (when it entered its queue for its
 latest scheduling before it first left it), ``pending_us`` (the agent's claim), start,
 end, state time, resources and the agent's placement label.
 
@@ -29,22 +31,24 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Union
 
 import numpy as np
 import pandas as pd
 
-UTC = dt.timezone.utc
+from prefect_launch.dashboard.spec import UNKNOWN, UTC, us
+
 PHASES = ("queued", "pending", "running")
+PHASE_COLUMNS = ("q0", "q1", "p0", "p1", "r0", "r1", "h0", "h1", "end")
 END_STATUS = {"COMPLETED": "completed", "FAILED": "failed", "CRASHED": "crashed", "CANCELLED": "cancelled"}
+FINISHED = ("cancelled", "completed", "crashed", "failed")  # the order finished counts are listed in
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 PLACEMENT_RE = r"^agent (?P<agent>[^:]+): (?P<res>[^;]*); gpus (?P<gpus>[^;]*); cores (?P<cores>.*)$"
 PER_RUN_GANTT_MAX = 300  # more runs than this in range: the Gantt draws lanes per agent and device
+# what :func:`compute` reads of the rows besides their times (a narrow copy of the rows in range)
+ROW_COLUMNS = ("id", "name", "queue", "state_type", "placement", "gpu", "cpu")
 
-
-def _us(t: dt.datetime) -> int:
-    d = t.astimezone(UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)
-    return (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
+Phases = Union[pd.DataFrame, Mapping[str, np.ndarray]]  # phase columns: a frame from :func:`phases`, or its arrays
 
 
 @dataclass(frozen=True)
@@ -78,15 +82,31 @@ class Buckets:
 # --------------------------------------------------------------------- phases
 
 
-def phases(rows: pd.DataFrame, now_us: float) -> pd.DataFrame:
-    """Per run (same index as ``rows``): q0, q1, p0, p1, r0, r1, h0, h1 (queued, pending,
-    running, held intervals; NaN where the run has no such phase) and ``end`` (when it
-    finished; NaN while open)."""
-    st = rows["state_type"].astype(object).to_numpy()
-    terminal = np.isin(st, list(END_STATUS))
-    f = lambda c: rows[c].to_numpy(dtype="float64") if c in rows else np.full(len(rows), np.nan)  # noqa: E731
-    exp, start, end, state_t = f("expected_start_us"), f("start_us"), f("end_us"), f("state_us")
-    queued, pending = f("queued_us"), f("pending_us")
+def _times(rows: pd.DataFrame, c: str) -> np.ndarray:
+    return rows[c].to_numpy(dtype="float64") if c in rows else np.full(len(rows), np.nan)
+
+
+def label_codes(values: pd.Series) -> tuple[np.ndarray, list]:
+    """(code per row, label per code) of a label column; a categorical's own codes (no
+    hashing of strings), missing values as a last label None."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy().astype("int64")
+        labels = list(values.cat.categories)
+    else:
+        codes, uniq = pd.factorize(values.astype(object).to_numpy(), use_na_sentinel=True)
+        codes, labels = codes.astype("int64"), list(uniq)
+    if (codes < 0).any():
+        codes = np.where(codes < 0, len(labels), codes)
+        labels.append(None)
+    return codes, labels
+
+
+def phase_arrays(rows: pd.DataFrame, now_us: float) -> dict[str, np.ndarray]:
+    """:func:`phases` as plain arrays (what :func:`compute` works on)."""
+    codes, types = label_codes(rows["state_type"]) if len(rows) else (np.zeros(0, dtype="int64"), [])
+    terminal = np.array([t in END_STATUS for t in types], dtype=bool)[codes] if len(types) else np.zeros(len(rows), dtype=bool)
+    exp, start, end, state_t = (_times(rows, c) for c in ("expected_start_us", "start_us", "end_us", "state_us"))
+    queued, pending = _times(rows, "queued_us"), _times(rows, "pending_us")
     end = np.where(terminal, np.where(np.isnan(end), state_t, end), np.nan)
     stop = np.where(terminal, end, now_us)  # where an open phase ends
     q0 = np.where(np.isnan(queued), exp, queued)
@@ -98,130 +118,179 @@ def phases(rows: pd.DataFrame, now_us: float) -> pd.DataFrame:
     r1 = np.where(np.isnan(start), np.nan, np.fmin(stop, now_us))
     h0 = np.where(ok_p, p0, r0)
     h1 = np.where(np.isnan(h0), np.nan, np.where(np.isnan(start), p1, r1))
-    out = pd.DataFrame({"q0": q0, "q1": q1, "p0": p0, "p1": p1, "r0": r0, "r1": r1, "h0": h0, "h1": h1, "end": end},
-                       index=rows.index)
+    out = dict(q0=q0, q1=q1, p0=p0, p1=p1, r0=r0, r1=r1, h0=h0, h1=h1, end=end)
     for a, b in (("q0", "q1"), ("p0", "p1"), ("r0", "r1"), ("h0", "h1")):
         empty = ~(out[b] > out[a])  # no (positive) interval: no phase
-        out.loc[empty, [a, b]] = np.nan
+        out[a] = np.where(empty, np.nan, out[a])
+        out[b] = np.where(empty, np.nan, out[b])
     return out
+
+
+def phases(rows: pd.DataFrame, now_us: float) -> pd.DataFrame:
+    """Per run (same index as ``rows``): q0, q1, p0, p1, r0, r1, h0, h1 (queued, pending,
+    running, held intervals; NaN where the run has no such phase) and ``end`` (when it
+    finished; NaN while open)."""
+    return pd.DataFrame(phase_arrays(rows, now_us), index=rows.index)
+
+
+def _col(ph: Phases, c: str) -> np.ndarray:
+    return np.asarray(ph[c], dtype="float64")
+
+
+def _span(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) moment of each run's phases and end (NaN: none)."""
+    first = np.fmin(np.fmin(_col(ph, "q0"), _col(ph, "p0")), np.fmin(_col(ph, "r0"), _col(ph, "end")))
+    last = np.fmax(np.fmax(_col(ph, "q1"), _col(ph, "p1")), np.fmax(_col(ph, "r1"), _col(ph, "end")))
+    return first, last
 
 
 def overlapping(rows: pd.DataFrame, since_us: float, until_us: float, now_us: float) -> pd.DataFrame:
     """The rows with any phase (or their end) in [since, until)."""
-    ph = phases(rows, now_us)
-    first = ph[["q0", "p0", "r0", "end"]].min(axis=1)
-    last = ph[["q1", "p1", "r1", "end"]].max(axis=1)
-    return rows[(first < until_us).to_numpy() & (last >= since_us).to_numpy()]
+    first, last = _span(phase_arrays(rows, now_us))
+    return rows[(first < until_us) & (last >= since_us)]
 
 
 # ------------------------------------------------------------ interval maths
 
 
+def _group_codes(codes: Optional[np.ndarray], n: int) -> np.ndarray:
+    return np.zeros(n, dtype="int64") if codes is None else np.asarray(codes, dtype="int64")
+
+
 def present(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, codes: Optional[np.ndarray] = None, n_groups: int = 1) -> np.ndarray:
-    """(n_groups, n) counts of intervals [s, e) that overlap each bucket (NaN / empty: none)."""
+    """(n_groups, n) counts of intervals [s, e) that overlap each bucket (NaN / empty: none).
+
+    A difference array over bucket indices: +1 at the first bucket an interval touches,
+    -1 after its last, summed per group with ``np.bincount``, then a cumulative sum.
+    """
     s, e = b.rel(s_us), b.rel(e_us)
-    ok = ~np.isnan(s) & ~np.isnan(e) & (e > s) & (e > 0) & (s < b.n * b.step_s)
-    codes = np.zeros(len(s), dtype="int64") if codes is None else np.asarray(codes, dtype="int64")
-    s, e, codes = s[ok], e[ok], codes[ok]
+    ok = (e > s) & (e > 0) & (s < b.n * b.step_s)  # False for NaN
+    codes = _group_codes(codes, len(s))[ok]
+    s, e = s[ok], e[ok]
     k0 = np.clip(np.floor(s / b.step_s), 0, b.n - 1).astype("int64")
     k1 = np.clip(np.ceil(e / b.step_s) - 1, 0, b.n - 1).astype("int64")
-    diff = np.zeros((n_groups, b.n + 1), dtype="int64")
-    np.add.at(diff, (codes, k0), 1)
-    np.add.at(diff, (codes, k1 + 1), -1)
-    return np.cumsum(diff, axis=1)[:, : b.n]
+    m = b.n + 1
+    size = n_groups * m
+    diff = np.bincount(codes * m + k0, minlength=size) - np.bincount(codes * m + k1 + 1, minlength=size)
+    return np.cumsum(diff.reshape(n_groups, m), axis=1)[:, : b.n]
 
 
 def seconds_in(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, weights: Optional[np.ndarray] = None,
                codes: Optional[np.ndarray] = None, n_groups: int = 1) -> np.ndarray:
     """(n_groups, n) seconds of the intervals [s, e) inside each bucket, times ``weights``
-    (one row of weights; a 2-D (k, N) array gives (k, n_groups, n) at the cost of one sort).
+    (one row of weights; a 2-D (k, N) array gives (k, n_groups, n)).
 
-    Through the cumulative function F(t) = sum w (min(t, e) - s)+ evaluated at the bucket
-    edges: prefix sums over the starts and ends sorted, one searchsorted per edge set.
+    Each interval is clipped to the range and cut at bucket edges: the part in its first
+    bucket (k0) and in its last (k1) are added at those indices, the whole buckets between
+    them through a difference array (+w at k0 + 1, -w at k1) and a cumulative sum; every
+    sum is one ``np.bincount`` over (group, bucket) indices.
     """
     s, e = b.rel(s_us), b.rel(e_us)
+    two_d = weights is not None and np.ndim(weights) == 2
     w = np.ones((1, len(s))) if weights is None else np.nan_to_num(np.atleast_2d(np.asarray(weights, dtype="float64")))
-    ok = ~np.isnan(s) & ~np.isnan(e) & (e > s)
-    codes = np.zeros(len(s), dtype="int64") if codes is None else np.asarray(codes, dtype="int64")
-    s, e, w, codes = s[ok], e[ok], w[:, ok], codes[ok]
-    edges = np.arange(b.n + 1, dtype="float64") * b.step_s
-    out = np.zeros((w.shape[0], n_groups, b.n))
-    for g in range(n_groups):
-        m = codes == g if n_groups > 1 else slice(None)
-        if n_groups > 1 and not m.any():
-            continue
-        F = _cumulative(s[m], w[:, m], edges) - _cumulative(e[m], w[:, m], edges)
-        out[:, g] = np.diff(F, axis=1)
-    return out if weights is not None and np.ndim(weights) == 2 else out[0]
-
-
-def _cumulative(points: np.ndarray, w: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """(k, len(t)): sum over points p < t of w (t - p), for each weight row and t."""
-    order = np.argsort(points, kind="stable")
-    p, wp = points[order], w[:, order]
-    zero = np.zeros((w.shape[0], 1))
-    cw = np.concatenate([zero, np.cumsum(wp, axis=1)], axis=1)
-    cwp = np.concatenate([zero, np.cumsum(wp * p, axis=1)], axis=1)
-    k = np.searchsorted(p, t, side="left")
-    return cw[:, k] * t - cwp[:, k]
+    span = float(b.n * b.step_s)
+    s, e = np.clip(s, 0.0, span), np.clip(e, 0.0, span)
+    ok = e > s  # False for NaN, empty, or wholly outside the range
+    codes = _group_codes(codes, len(s))[ok]
+    s, e, w = s[ok], e[ok], w[:, ok]
+    step = float(b.step_s)
+    k0 = np.minimum(np.floor(s / step), b.n - 1).astype("int64")
+    k1 = np.minimum(np.floor(e / step), b.n).astype("int64")  # n: ends on the range's end
+    one = k1 == k0
+    first = np.where(one, e - s, (k0 + 1) * step - s)
+    last = np.where(one, 0.0, e - k1 * step)
+    whole = (k1 > k0 + 1).astype("float64")
+    m = b.n + 1
+    size = n_groups * m
+    i0, i1 = codes * m + k0, codes * m + k1
+    out = np.empty((w.shape[0], n_groups, b.n))
+    for j in range(w.shape[0]):
+        wj = w[j]
+        part = np.bincount(i0, wj * first, minlength=size) + np.bincount(i1, wj * last, minlength=size)
+        diff = np.bincount(i0 + 1, wj * whole, minlength=size + 1)[:size] - np.bincount(i1, wj * whole, minlength=size)
+        tot = part.reshape(n_groups, m) + step * np.cumsum(diff.reshape(n_groups, m), axis=1)
+        out[j] = tot[:, : b.n]
+    return out if two_d else out[0]
 
 
 def _codes(groups: Optional[pd.Series], n: int) -> tuple[np.ndarray, list]:
     if groups is None:
         return np.zeros(n, dtype="int64"), ["all"]
-    cat = pd.Categorical(pd.Series(groups).astype(object).fillna("unknown").to_numpy())
-    return cat.codes.astype("int64"), list(cat.categories)
+    codes, labels = label_codes(pd.Series(groups))
+    if labels and labels[-1] is None:  # missing labels read "unknown" (one group with any "unknown" there)
+        labels.pop()
+        if UNKNOWN in labels:
+            codes = np.where(codes == len(labels), labels.index(UNKNOWN), codes)
+        else:
+            labels.append(UNKNOWN)
+    return codes, labels
 
 
 # --------------------------------------------------------------------- panels
 
 
-def status_frame(rows: pd.DataFrame, ph: pd.DataFrame, b: Buckets) -> pd.DataFrame:
+def _end_codes(rows: pd.DataFrame) -> np.ndarray:
+    """Per run, the index of its end state in :data:`FINISHED` (-1: not finished)."""
+    codes, types = label_codes(rows["state_type"])
+    lut = np.array([FINISHED.index(END_STATUS[t]) if t in END_STATUS else -1 for t in types] + [-1], dtype="int64")
+    return lut[codes] if len(codes) else np.zeros(0, dtype="int64")
+
+
+def status_frame(rows: pd.DataFrame, ph: Phases, b: Buckets) -> pd.DataFrame:
     """Job status per interval: bucket, status, count (queued / pending / running at any
     moment of it; finished inside it, by end state), avg (time-weighted average number
     in that phase; NaN for finished)."""
     starts = b.starts()
-    frames = []
+    buckets, status, count, avg = [], [], [], []
     for name, (a, z) in zip(PHASES, (("q0", "q1"), ("p0", "p1"), ("r0", "r1"))):
-        s, e = ph[a].to_numpy(), ph[z].to_numpy()
-        frames.append(pd.DataFrame({"bucket": starts, "status": name, "count": present(s, e, b)[0],
-                                    "avg": seconds_in(s, e, b)[0] / b.step_s}))
-    end = b.rel(ph["end"].to_numpy())
-    st = rows["state_type"].astype(object).map(END_STATUS).to_numpy()
-    ok = ~np.isnan(end) & (end >= 0) & (end < b.n * b.step_s) & pd.notna(st)
-    if ok.any():
-        fin = pd.DataFrame({"k": (end[ok] // b.step_s).astype("int64"), "status": st[ok]})
-        fin = fin.groupby(["k", "status"], as_index=False).size().rename(columns={"size": "count"})
-        frames.append(pd.DataFrame({"bucket": starts[fin["k"].to_numpy()], "status": fin["status"].to_numpy(),
-                                    "count": fin["count"].to_numpy(), "avg": np.nan}))
-    out = pd.concat(frames, ignore_index=True)
-    return out[out["count"] > 0].reset_index(drop=True)
+        s, e = _col(ph, a), _col(ph, z)
+        c = present(s, e, b)[0]
+        k = np.flatnonzero(c > 0)
+        buckets.append(starts[k])
+        status.append(np.full(len(k), name, dtype=object))
+        count.append(c[k])
+        avg.append(seconds_in(s, e, b)[0][k] / b.step_s)
+    end = b.rel(_col(ph, "end"))
+    fin = _end_codes(rows)
+    ok = (end >= 0) & (end < b.n * b.step_s) & (fin >= 0)  # False for NaN
+    nf = len(FINISHED)
+    per = np.bincount((end[ok] // b.step_s).astype("int64") * nf + fin[ok], minlength=b.n * nf)
+    k = np.flatnonzero(per)
+    buckets.append(starts[k // nf])
+    status.append(np.asarray(FINISHED, dtype=object)[k % nf])
+    count.append(per[k])
+    avg.append(np.full(len(k), np.nan))
+    return pd.DataFrame({"bucket": _concat_times(buckets), "status": np.concatenate(status),
+                         "count": np.concatenate(count).astype("int64"), "avg": np.concatenate(avg)})
 
 
-def queued_frame(ph: pd.DataFrame, groups: Optional[pd.Series], b: Buckets) -> pd.DataFrame:
+def _concat_times(parts: list) -> pd.DatetimeIndex:
+    return parts[0].append(parts[1:]) if parts else pd.DatetimeIndex([], tz=UTC)
+
+
+def queued_frame(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> pd.DataFrame:
     """Queued time per interval: bucket, group, queued_s (waiting seconds inside the
     bucket), runs (runs that waited in it), mean_s (queued_s / runs)."""
-    codes, names = _codes(groups, len(ph))
-    s, e = ph["q0"].to_numpy(), ph["q1"].to_numpy()
+    s, e = _col(ph, "q0"), _col(ph, "q1")
+    codes, names = _codes(groups, len(s))
     secs = seconds_in(s, e, b, codes=codes, n_groups=len(names))
     cnt = present(s, e, b, codes=codes, n_groups=len(names))
-    starts = b.starts()
-    out = pd.DataFrame({"bucket": np.tile(starts, len(names)), "group": np.repeat(names, b.n),
-                        "queued_s": secs.ravel(), "runs": cnt.ravel()})
-    out = out[out["runs"] > 0].reset_index(drop=True)
+    g, k = np.nonzero(cnt > 0)
+    out = pd.DataFrame({"bucket": b.starts()[k], "group": np.asarray(names, dtype=object)[g], "queued_s": secs[g, k],
+                        "runs": cnt[g, k]})
     out["mean_s"] = out["queued_s"] / out["runs"]
     return out
 
 
-def load_frame(rows: pd.DataFrame, ph: pd.DataFrame, b: Buckets, held: Optional[tuple] = None) -> pd.DataFrame:
+def load_frame(rows: pd.DataFrame, ph: Phases, b: Buckets, held: Optional[tuple] = None) -> pd.DataFrame:
     """Per bucket (every bucket of the range): runs holding a slot at any moment (held),
     runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
     held, and their time averages (busy, gpus, cpus)."""
-    s, e = ph["h0"].to_numpy(), ph["h1"].to_numpy()
+    s, e = _col(ph, "h0"), _col(ph, "h1")
     gpu, cpu = held if held is not None else resources(rows)
     secs = seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu, cpu]))[:, 0]
     out = pd.DataFrame({"bucket": b.starts(), "held": present(s, e, b)[0],
-                        "waiting": present(ph["q0"].to_numpy(), ph["q1"].to_numpy(), b)[0],
+                        "waiting": present(_col(ph, "q0"), _col(ph, "q1"), b)[0],
                         "run_s": secs[0], "gpu_s": secs[1], "cpu_s": secs[2]})
     for c, src in (("busy", "run_s"), ("gpus", "gpu_s"), ("cpus", "cpu_s")):
         out[c] = out[src] / b.step_s
@@ -266,22 +335,34 @@ def capacity_share(load: pd.DataFrame, cap: dict, span_s: float) -> dict[str, Op
     return out
 
 
-def heatmap(rows: pd.DataFrame, ph: pd.DataFrame, since: dt.datetime, until: dt.datetime,
-            held: Optional[tuple] = None) -> pd.DataFrame:
+def heatmap(rows: pd.DataFrame, ph: Phases, since: dt.datetime, until: dt.datetime,
+            held: Optional[tuple] = None, load: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Hour of day x weekday (UTC): mean runs holding a slot (busy) and mean GPUs held,
-    from held seconds inside hourly buckets of the range."""
+    from held seconds inside hourly buckets of the range (``load``: the view's
+    :func:`load_frame` when its buckets are those hours, reused)."""
     b = Buckets.aligned(since, until, 3600)
-    ld = load_frame(rows, ph, b, held)
-    ld["weekday"] = ld["bucket"].dt.day_of_week.map(dict(enumerate(DAYS)))
-    ld["hour"] = ld["bucket"].dt.hour
-    out = ld.groupby(["weekday", "hour"], as_index=False).agg(busy=("busy", "mean"), gpus=("gpus", "mean"), hours=("busy", "size"))
-    return out[["weekday", "hour", "busy", "gpus", "hours"]]
+    if load is not None and len(load) == b.n and len(load) and load["bucket"].iloc[0] == b.starts()[0]:
+        busy, gpus = load["busy"].to_numpy(), load["gpus"].to_numpy()
+    else:
+        gpu = (held if held is not None else resources(rows))[0]
+        s, e = _col(ph, "h0"), _col(ph, "h1")
+        secs = seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu]))[:, 0]
+        busy, gpus = secs[0] / 3600.0, secs[1] / 3600.0
+    hours = b.lo_us // 3_600_000_000 + np.arange(b.n, dtype="int64")
+    weekday = (hours // 24 + 3) % 7  # 1970-01-01 was a Thursday
+    cell = weekday * 24 + hours % 24
+    n = np.bincount(cell, minlength=168)
+    k = np.flatnonzero(n)
+    out = pd.DataFrame({"weekday": np.asarray(DAYS, dtype=object)[k // 24], "hour": (k % 24).astype("int64"),
+                        "busy": np.bincount(cell, busy, minlength=168)[k] / n[k],
+                        "gpus": np.bincount(cell, gpus, minlength=168)[k] / n[k], "hours": n[k].astype("int64")})
+    return out.sort_values(["weekday", "hour"], ignore_index=True)
 
 
 # ---------------------------------------------------------------------- gantt
 
 
-def _parse(label: str) -> tuple[Optional[str], float, float, list[str]]:
+def _parse(label: Optional[str]) -> tuple[Optional[str], float, float, list[str]]:
     """One placement label -> (agent, gpus held, cpus held, slots: "gpu k" each, else "core k" each)."""
     m = re.match(PLACEMENT_RE, label or "")
     if not m:
@@ -301,9 +382,9 @@ def _parse(label: str) -> tuple[Optional[str], float, float, list[str]]:
 
 def placements(label: pd.Series) -> tuple[np.ndarray, list[tuple]]:
     """(code per run, parsed label per code): labels repeat (agents x allocations), so each
-    distinct one is parsed once."""
-    codes, uniques = pd.factorize(label.astype(object).fillna("").to_numpy(), use_na_sentinel=False)
-    return codes, [_parse(str(u)) for u in uniques]
+    distinct one is parsed once (a categorical column's categories are those)."""
+    codes, labels = label_codes(label)
+    return codes, [_parse(None if u is None else str(u)) for u in labels]
 
 
 def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -324,7 +405,33 @@ def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 LANE_COLUMNS = ["lane", "agent", "start", "end", "group", "runs", "id", "name"]
 
 
-def lanes(rows: pd.DataFrame, ph: pd.DataFrame, groups: pd.Series, since_us: float, until_us: float,
+def _lane_tables(rows: pd.DataFrame) -> tuple[np.ndarray, list[list[int]], list[str], list[str]]:
+    """(key per run, lane ids per key, lane names, agent per key): a key per distinct
+    placement label, runs no agent placed one key (and lane) per queue."""
+    n = len(rows)
+    if "placement" in rows:
+        pcodes, plabels = label_codes(rows["placement"])
+    else:
+        pcodes, plabels = np.zeros(n, dtype="int64"), [None]
+    qcodes, qlabels = label_codes(rows["queue"])
+    placed = np.array([bool(x) for x in plabels], dtype=bool)[pcodes] if n else np.zeros(0, dtype=bool)
+    raw_key = np.where(placed, pcodes, len(plabels) + qcodes)
+    used, key = np.unique(raw_key, return_inverse=True)
+    lane_ids: dict[str, int] = {}
+    lanes_of: list[list[int]] = []
+    agent_of: list[str] = []
+    for u in used:
+        if u < len(plabels):
+            agent, _, _, slots = _parse(str(plabels[u]))
+            agent = agent or "unreadable placement"
+        else:
+            agent, slots = str(qlabels[u - len(plabels)]), []
+        lanes_of.append([lane_ids.setdefault(f"{agent} · {x}", len(lane_ids)) for x in (slots or ["unplaced"])])
+        agent_of.append(agent)
+    return key.astype("int64"), lanes_of, list(lane_ids), agent_of
+
+
+def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, until_us: float,
           gap_s: Optional[float] = None) -> pd.DataFrame:
     """The Gantt over a long range: one lane per agent and GPU (CPU-only runs: per agent
     and core) with the runs that held it; runs in the same lane and group closer than
@@ -332,55 +439,49 @@ def lanes(rows: pd.DataFrame, ph: pd.DataFrame, groups: pd.Series, since_us: flo
 
     Columns: lane, agent, start, end, group, runs (in the segment), id and name (its first run).
     """
-    s = np.maximum(ph["h0"].to_numpy(dtype="float64"), since_us)  # NaN (never held) stays NaN
-    e = np.minimum(ph["h1"].to_numpy(dtype="float64"), until_us)
+    s = np.maximum(_col(ph, "h0"), since_us)  # NaN (never held) stays NaN
+    e = np.minimum(_col(ph, "h1"), until_us)
     keep = np.flatnonzero(~np.isnan(s) & (e > s))
     if not len(keep):
         return pd.DataFrame(columns=LANE_COLUMNS)
     gap_us = (gap_s if gap_s is not None else (until_us - since_us) / 1e6 / 600) * 1e6
     r = rows.iloc[keep]
-    label = r["placement"].astype(object) if "placement" in r else pd.Series(None, index=r.index, dtype=object)
-    # runs no agent placed get one lane per queue
-    key = label.where(label.notna() & (label != ""), "\x00" + r["queue"].astype(str))
-    codes, uniques = pd.factorize(key.to_numpy(), use_na_sentinel=False)
-    lanes_of, agent_of = [], []
-    for u in uniques:
-        if u.startswith("\x00"):
-            agent, slots = u[1:], []
-        else:
-            agent, _, _, slots = _parse(u)
-            agent = agent or "unreadable placement"
-        slots = slots or ["unplaced"]
-        lanes_of.append([f"{agent} · {x}" for x in slots])
-        agent_of.append(agent)
-    # one row per (run, lane it held)
-    lens = np.array([len(x) for x in lanes_of])[codes]
-    flat = np.array([x for ls in lanes_of for x in ls], dtype=object)
-    offs = np.concatenate([[0], np.cumsum([len(x) for x in lanes_of])])[codes]
+    key, lanes_of, lane_names, agent_of = _lane_tables(r)
+    # one row per (run, lane it held): lane ids of a key are a slice of one flat table
+    per_key = np.array([len(x) for x in lanes_of], dtype="int64")
+    flat = np.array([i for ls in lanes_of for i in ls], dtype="int64")
+    offs = np.concatenate([[0], np.cumsum(per_key)[:-1]])
+    lens = per_key[key]
     rep = np.repeat(np.arange(len(r)), lens)
     within = np.arange(len(rep)) - np.repeat(np.cumsum(lens) - lens, lens)
-    lane_codes, lane_names = pd.factorize(flat[np.repeat(offs, lens) + within])
-    grp_codes, grp_names = pd.factorize(pd.Series(groups).astype(object).to_numpy()[keep][rep], use_na_sentinel=False)
-    st, en = s[keep][rep], e[keep][rep]
-    order = np.lexsort((st, lane_codes))
-    lc, gc, st, en, rp = lane_codes[order], grp_codes[order], st[order], en[order], rep[order]
-    # a new segment where the lane or the group changes, or after a gap past everything before it in the lane
-    reach = pd.Series(en).groupby(lc).cummax().to_numpy()
-    prev_reach = np.r_[-np.inf, reach[:-1]]
-    new = np.r_[True, (lc[1:] != lc[:-1]) | (gc[1:] != gc[:-1])] | (st > prev_reach + gap_us)
+    lane = flat[offs[key][rep] + within]
+    gcodes, gnames = _codes(pd.Series(groups).iloc[keep] if len(groups) == len(rows) else pd.Series(groups), len(r))
+    grp = gcodes[rep]
+    # relative integer microseconds: a lane's offset above every time of the lanes before it
+    # turns one running maximum over all rows into one per lane (rows sorted by lane, start)
+    base = int(since_us)
+    st = (s[keep][rep] - base).astype("int64")
+    en = (e[keep][rep] - base).astype("int64")
+    order = np.lexsort((st, lane))
+    lane, grp, st, en, rep = lane[order], grp[order], st[order], en[order], rep[order]
+    width = int(en.max()) + 1
+    reach = np.maximum.accumulate(en + lane * width) - lane * width
+    prev_reach = np.r_[np.iinfo("int64").min // 2, reach[:-1]]
+    new = np.r_[True, (lane[1:] != lane[:-1]) | (grp[1:] != grp[:-1])] | (st > prev_reach + gap_us)
     first = np.flatnonzero(new)
-    starts = np.minimum.reduceat(st, first)
-    ends = np.maximum.reduceat(en, first)
+    starts = np.minimum.reduceat(st, first) + base
+    ends = np.maximum.reduceat(en, first) + base
     counts = np.diff(np.r_[first, len(st)])
-    names = (r["name"] if "name" in r else r["id"]).astype(object).to_numpy()
-    out = pd.DataFrame({
-        "lane": np.asarray(lane_names, dtype=object)[lc[first]],
-        "agent": np.asarray(agent_of, dtype=object)[codes[rp[first]]],
+    lead = keep[rep[first]]  # the segments' first runs, as positions in ``rows``
+    names = rows["name"] if "name" in rows else rows["id"]
+    agent_names, agent_code = np.unique(np.asarray(agent_of, dtype=object), return_inverse=True)
+    cat = pd.Categorical.from_codes  # labels repeat: codes into their few names, no string per segment
+    return pd.DataFrame({
+        "lane": cat(lane[first], lane_names), "agent": cat(agent_code[key[rep[first]]], list(agent_names)),
         "start": pd.to_datetime(starts, unit="us", utc=True), "end": pd.to_datetime(ends, unit="us", utc=True),
-        "group": np.asarray(grp_names, dtype=object)[gc[first]], "runs": counts,
-        "id": r["id"].astype(object).to_numpy()[rp[first]], "name": names[rp[first]],
-    })
-    return out[LANE_COLUMNS]
+        "group": cat(grp[first], [str(x) for x in gnames]), "runs": counts,
+        "id": rows["id"].iloc[lead].array, "name": names.iloc[lead].array,
+    })[LANE_COLUMNS]
 
 
 # ----------------------------------------------------------------- whole view
@@ -407,25 +508,24 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
             now: dt.datetime, agents: Optional[pd.DataFrame] = None, complete: bool = True) -> Occupancy:
     """Every occupancy panel for prepared ``rows`` (already filtered by the sidebar, any
     expected start) and their group labels (same index)."""
-    now_us = float(_us(now))
+    now_us = float(us(now))
     b = Buckets.aligned(since, until, interval_s)
-    if rows.empty:
-        rows = rows.iloc[:0]
-    ph_all = phases(rows, now_us)
-    first = ph_all[["q0", "p0", "r0", "end"]].min(axis=1).to_numpy()
-    last = ph_all[["q1", "p1", "r1", "end"]].max(axis=1).to_numpy()
+    ph_all = phase_arrays(rows, now_us)
+    first, last = _span(ph_all)
     keep = (first < b.hi_us) & (last >= b.lo_us)
-    sel, ph = rows[keep], ph_all[keep]
-    g = groups[keep] if groups is not None else None
+    ph = {k: v[keep] for k, v in ph_all.items()}
+    sel = rows[[c for c in ROW_COLUMNS if c in rows]][keep]  # a narrow copy: only what the panels read
+    g = pd.Series(groups)[keep] if groups is not None else None
     held = resources(sel)
     load = load_frame(sel, ph, b, held)
-    span_s = (min(_us(until), now_us) - _us(since)) / 1e6
+    span_s = (min(us(until), now_us) - us(since)) / 1e6
     cap = capacity(agents) if agents is not None else dict(gpu=None, cpu=None)
-    s_us, u_us = float(_us(since)), float(min(_us(until), now_us))
-    n_held = int(ph["h0"].notna().sum())
+    s_us, u_us = float(us(since)), float(min(us(until), now_us))
+    n_held = int((~np.isnan(ph["h0"])).sum())
     return Occupancy(
         interval_s=interval_s, status=status_frame(sel, ph, b), queued=queued_frame(ph, g, b), load=load,
-        idle=idle_periods(load, interval_s, until=pd.Timestamp(min(until, now))), heatmap=heatmap(sel, ph, since, until, held),
+        idle=idle_periods(load, interval_s, until=pd.Timestamp(min(until, now))),
+        heatmap=heatmap(sel, ph, since, until, held, load=load if interval_s == 3600 else None),
         runs=len(sel), share=capacity_share(load, cap, span_s), capacity=cap,
         lanes=lanes(sel, ph, g if g is not None else sel["queue"], s_us, u_us) if n_held > PER_RUN_GANTT_MAX else None,
         complete=complete,

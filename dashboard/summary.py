@@ -66,3 +66,23 @@ def summary_frame(pools: pd.DataFrame, now_counts: pd.DataFrame, workers: pd.Dat
             concurrency_limit=p["concurrency_limit"], status=p["status"],
         ))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def headline(summary: pd.DataFrame) -> dict:
+    """The figures above the table: queues busy now (of those shown), runs queued and running now."""
+    if summary is None or summary.empty:
+        return dict(busy=0, queues=0, queued=0, running=0)
+    return dict(busy=int((summary["now"] == "busy").sum()), queues=len(summary), queued=int(summary["queued"].sum()),
+                running=int(summary["running"].sum()))
+
+
+def capacity_used(cost_runs: Optional[pd.DataFrame], capacity: dict, span_s: float) -> dict[str, Optional[float]]:
+    """Share (%) of the agents' GPU- and CPU-seconds over ``span_s`` that runs used (measured:
+    the cost rows' ``gpu_used_h`` / ``cpu_used_h``); None where nothing was measured or no
+    agent publishes that capacity."""
+    out: dict[str, Optional[float]] = {}
+    for key, col in (("gpu", "gpu_used_h"), ("cpu", "cpu_used_h")):
+        c = capacity.get(key)
+        ok = cost_runs is not None and not cost_runs.empty and cost_runs[col].notna().any()
+        out[key] = 100.0 * float(cost_runs[col].sum()) * 3600 / (c * span_s) if c and span_s > 0 and ok else None
+    return out

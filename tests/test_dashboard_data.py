@@ -14,6 +14,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Running
 
+from prefect_launch.dashboard import api_cache
 from prefect_launch.dashboard import data as D
 from fixtures_dashboard import seed_runs
 
@@ -168,25 +169,13 @@ def test_interval_and_alignment():
     assert s.timestamp() % 900 == 0 and e.timestamp() % 900 == 0 and s <= now - dt.timedelta(days=1) and e >= now
 
 
-def test_idle_periods_and_heatmap():
-    idx = pd.date_range("2026-01-05", periods=6, freq="h", tz="UTC")
-    load = pd.DataFrame({"bucket": idx, "runs": [1, 0, 0, 2, 0, 0], "run_s": [10.0, 0, 0, 5.0, 0, 0]})
-    load["busy"] = load["run_s"] / 3600
-    idle = D.idle_periods(load, 3600)
-    assert list(idle["hours"]) == [2.0, 2.0]
-    hist = pd.DataFrame({"bucket": idx, "group": "all", "state_type": "COMPLETED", "status": "completed",
-                         "count": [1, 0, 0, 2, 0, 0], "run_s": [3600.0, 0, 0, 7200.0, 0, 0], "queued_s": 0.0})
-    hm = D.load_heatmap(hist).set_index("hour")
-    assert hm.loc[0, "weekday"] == "Mon" and hm.loc[0, "busy"] == 1.0 and hm.loc[3, "busy"] == 2.0
-
-
 def test_tag_combos_and_subtract():
     now = dt.datetime.now(UTC)
     spec = D.ViewSpec(since=now, until=now, owners=("a", "b"), presets=("x",))
     assert D.tag_combos(spec) == [("owner:a", "preset:x"), ("owner:b", "preset:x")]
-    total = D.history_frame([{"interval_start": "2026-01-01T00:00:00Z", "states": [
+    total = D.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
         {"state_type": "COMPLETED", "count_runs": 5, "sum_estimated_run_time": 50, "sum_estimated_lateness": 10}]}])
-    part = D.history_frame([{"interval_start": "2026-01-01T00:00:00Z", "states": [
+    part = D.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
         {"state_type": "COMPLETED", "count_runs": 3, "sum_estimated_run_time": 30, "sum_estimated_lateness": 4}]}], "a")
     rest = D.subtract_groups(total, part, "other")
     assert rest[["count", "run_s", "queued_s"]].iloc[0].tolist() == [2, 20.0, 6.0]
@@ -206,8 +195,8 @@ def test_filter_change_derives_runs_from_the_wider_view(seeded, monkeypatch):
     wide = _spec(seeded)
     D.load_view(wide, use_cache=True, store=None)
     reads = []
-    real = D.fetch_runs
-    monkeypatch.setattr(D, "fetch_runs", lambda *a, **k: reads.append(k) or real(*a, **k))
+    real = api_cache.fetch_runs
+    monkeypatch.setattr(api_cache, "fetch_runs", lambda *a, **k: reads.append(k) or real(*a, **k))
     for narrow in (replace(wide, owners=("alice",)), replace(wide, jobs=(seeded.jobs[1],)),
                    replace(wide, statuses=("failed", "running"), grouping="owner")):
         reads.clear()

@@ -17,6 +17,7 @@ from prefect.states import Completed, Running, Scheduled
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.blocks.run_index import IndexRow, RunIndex
 from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import index_sync as X
 from prefect_launch.dashboard import index_view as IV
 from fixtures_dashboard import seed_runs
@@ -180,7 +181,7 @@ def test_history_counts_run_time_and_lateness_like_prefect():
     # filters: owner narrows to the one run that has it
     only = IV.select(rows, D.ViewSpec(since=t0, until=now, owners=("alice",)))
     assert list(only["id"]) == ["a"]
-    r = IV.runs_frame(IV.newest(rows, 3), _raw([dict(id="c", name="run-c", message="m")]), now)
+    r = F.runs_frame(IV.newest(rows, 3), _raw([dict(id="c", name="run-c", message="m")]), now)
     assert list(r["id"]) == ["b", "c", "d"]  # newest expected start first, limited
     r = r.set_index("id")
     assert r.loc["c", "queued_s"] == 1800 and np.isnan(r.loc["c", "duration_s"])
