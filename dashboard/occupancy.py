@@ -72,7 +72,12 @@ class Buckets:
         return self.lo_us + self.n * self.step_s * 1_000_000
 
     def starts(self) -> pd.DatetimeIndex:
-        return pd.to_datetime(self.lo_us + np.arange(self.n, dtype="int64") * self.step_s * 1_000_000, unit="us", utc=True)
+        """The buckets' start times (computed once per instance: the panels all ask)."""
+        got = self.__dict__.get("_starts")
+        if got is None:
+            got = pd.to_datetime(self.lo_us + np.arange(self.n, dtype="int64") * self.step_s * 1_000_000, unit="us", utc=True)
+            object.__setattr__(self, "_starts", got)
+        return got
 
     def rel(self, t_us: np.ndarray) -> np.ndarray:
         """Epoch microseconds -> seconds from the first bucket's start (float, small: exact sums)."""

@@ -7,9 +7,10 @@ The run panels come from one of two sources, and each source only *reads*:
 * Prefect's API (:mod:`.api`, :mod:`.api_cache`) until then: server-side aggregates and
   counts, and the newest ``detail_limit`` runs turned into the same prepared rows.
 
-Either gives a :class:`RunInputs`; :func:`run_frames` makes every run panel's frame from
-it with the one producer of each (:mod:`.frames`, :mod:`.occupancy`, :mod:`.summary`), so
-a view cannot differ by where it came from except in what the source could read.
+Either gives a :class:`RunInputs`; :func:`run_frames` and :func:`occupancy_view` make every
+run panel's frame from it with the one producer of each (:mod:`.frames`, :mod:`.occupancy`,
+:mod:`.summary`), so a view cannot differ by where it came from except in what the source
+could read.
 """
 
 from __future__ import annotations
@@ -181,6 +182,17 @@ def occupancy_view(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.
     return OC.compute(rows, groups, spec.since, spec.until, interval_s, now, shown, complete=complete)
 
 
+def run_frames(inputs: RunInputs, spec: ViewSpec, pools: pd.DataFrame, workers: pd.DataFrame, agents: pd.DataFrame,
+               pool_names: Sequence[str], now: dt.datetime) -> dict:
+    """The run panels' frames from either source's inputs, each by its one producer."""
+    runs = F.runs_frame(inputs.listed, inputs.details, now)
+    now_counts = F.now_counts_frame(inputs.counts, pool_names)
+    return dict(hist=inputs.hist, runs=runs, runs_total=inputs.runs_total, now_counts=now_counts,
+                errors=F.errors_frame(F.runs_frame(inputs.failed, inputs.details, now), inputs.error_logs),
+                totals=F.totals(inputs.hist_total), incremental=inputs.incremental,
+                summary=summary_frame(pools, now_counts, workers, agents, runs, tuple(spec.queues)))
+
+
 def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = True, store: Any = "auto",
               now: Optional[dt.datetime] = None, source: str = "auto") -> View:
     """Everything the page shows for one sidebar state.
@@ -227,15 +239,10 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     t_occ = time.perf_counter()
     occ = occupancy_view(inputs.occupancy_rows, spec, interval_s, now, agents, pool_names, inputs.occupancy_complete)
     timings["occupancy"] = time.perf_counter() - t_occ
-    runs = F.runs_frame(inputs.listed, inputs.details, now)
-    now_counts = F.now_counts_frame(inputs.counts, pool_names)
-    view = View(
-        spec=spec, now=now, interval_s=interval_s, pools=pools, hist=inputs.hist, runs=runs, runs_total=inputs.runs_total,
-        errors=F.errors_frame(F.runs_frame(inputs.failed, inputs.details, now), inputs.error_logs), now_counts=now_counts,
-        workers=workers, agents=agents, metrics=metrics, ui_base=api.ui_url(), incremental=inputs.incremental, timings=timings,
-        totals=F.totals(inputs.hist_total), metrics_available=store_obj is not None, source="index" if svc is not None else "api",
-        occupancy=occ, summary=summary_frame(pools, now_counts, workers, agents, runs, tuple(spec.queues)),
-    )
+    view = View(spec=spec, now=now, interval_s=interval_s, pools=pools, workers=workers, agents=agents, metrics=metrics,
+                ui_base=api.ui_url(), timings=timings, metrics_available=store_obj is not None,
+                source="index" if svc is not None else "api", occupancy=occ, **run_frames(inputs, spec, pools, workers, agents,
+                                                                                         pool_names, now))
     timings["total"] = time.perf_counter() - t0
     return view
 
