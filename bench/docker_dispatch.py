@@ -10,8 +10,12 @@ is read back with docker inspect (``limits_ok``).
 
     .venv/bin/python bench/docker_dispatch.py [--runs 10] [--gap 2.0]
 
+Each phase waits (up to --timeout s) for all its runs to end, then stops its containers so they
+do not load the next phase. A percentile no run reached is null, never a crash.
+
 Last line: one JSON object with ours_p50_s, ours_p95_s, stock_p50_s, stock_p95_s, speedup_p50,
-ours_container_p50_s, stock_container_p50_s, limits_ok.
+ours_container_p50_s, stock_container_p50_s, limits_ok (and the runs that reached Running /
+Completed per side, and this machine's 1-minute load average at start and end).
 """
 
 from __future__ import annotations
@@ -53,9 +57,15 @@ def _started_at(value: str) -> float:
     return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0")[:6])
 
 
-def measure(deployment: str, runs: int, gap: float, label: str, docker_client):
-    """Per run: submit -> Running (server) and submit -> container started (dockerd)."""
+def measure(deployment: str, runs: int, gap: float, label: str, docker_client, timeout: float):
+    """Per run: submit -> Running (server) and submit -> container started (dockerd).
+
+    Waits until every run is final (at most ``timeout`` s after the last submission); runs still
+    not final then are cancelled so they do not load the next phase, and their containers are
+    read (limits) and then stopped.
+    """
     from prefect import get_client
+    from prefect.states import Cancelled
 
     running: list[float] = []
     container: list[float] = []
@@ -66,10 +76,10 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client):
         for i in range(runs):
             ids.append(client.create_flow_run_from_deployment(dep.id, parameters={"i": i}).id)
             time.sleep(gap)
-        deadline = time.time() + 180 + runs * 10
-        while time.time() < deadline:
+        deadline = time.time() + timeout
+        while True:
             frs = [client.read_flow_run(i) for i in ids]
-            if all(fr.state and fr.state.is_final() for fr in frs):
+            if all(fr.state and fr.state.is_final() for fr in frs) or time.time() > deadline:
                 break
             time.sleep(0.5)
         for fr in frs:
@@ -78,11 +88,31 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client):
                 running.append((fr.start_time - fr.created).total_seconds())
             if found:
                 containers[str(fr.id)] = found[0]
-                container.append(_started_at(found[0].attrs["State"]["StartedAt"]) - fr.created.timestamp())
+                started = found[0].attrs["State"]["StartedAt"]
+                if not started.startswith("0001-"):  # never started: Docker's zero time
+                    container.append(_started_at(started) - fr.created.timestamp())
         states = [fr.state_name for fr in frs]
+        late = [fr for fr in frs if not (fr.state and fr.state.is_final())]
+        for fr in late:
+            client.set_flow_run_state(fr.id, Cancelled(message=f"benchmark: not final {timeout:g} s after the "
+                                                               "last submission"), force=True)
+    if late:
+        print(f"warning: {label}: {len(late)} of {runs} runs not final after {timeout:g} s "
+              f"(states {states}); cancelled", file=sys.stderr, flush=True)
     if len(running) < runs:
-        print(f"warning: {label}: {runs - len(running)} runs never started; states {states}", file=sys.stderr)
+        print(f"warning: {label}: {runs - len(running)} runs never reached Running", file=sys.stderr, flush=True)
     return running, container, containers, states
+
+
+def stop_containers(containers: dict) -> None:
+    """Stop a phase's containers before the next phase starts (a lingering one would load it)."""
+    for c in containers.values():
+        try:
+            c.reload()
+            if c.status == "running":
+                c.kill()
+        except Exception:
+            pass
 
 
 def wait_worker(pool: str, timeout: float = 300) -> None:
@@ -114,10 +144,23 @@ def limits_ok(containers: dict) -> bool:
     return ok
 
 
+def _p(values: list[float], q: float):
+    """A percentile rounded for the report, or None when no run got there (never a crash)."""
+    if not values:
+        return None
+    return round(statistics.median(values) if q == 0.5 else percentile(values, q), 3)
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.2f} s"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between submissions")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds after the last submission to wait for every run of a phase to end")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="docker-dispatch-bench-"))
     py = sys.executable
@@ -125,6 +168,7 @@ def main() -> None:
 
     import docker
 
+    load_before = round(os.getloadavg()[0], 2)
     with docker_daemon() as url, prefect_server():
         os.environ["DOCKER_HOST"] = url
         client = docker.DockerClient(base_url=url, timeout=120)
@@ -152,12 +196,14 @@ def main() -> None:
                         logs / "stock-worker.log", env):
             wait_worker("bench-stock-docker")
             stock, stock_c, stock_containers, stock_states = measure(stock_dep, args.runs, args.gap,
-                                                                      "stock docker worker", client)
+                                                                      "stock docker worker", client, args.timeout)
+        stop_containers(stock_containers)
         with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch-docker", "--name",
                          "bench-docker", "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log", env):
             wait_worker("bench-launch-docker")
             ours, ours_c, ours_containers, ours_states = measure(ours_dep, args.runs, args.gap,
-                                                                  "launch-docker agent", client)
+                                                                  "launch-docker agent", client, args.timeout)
+            stop_containers(ours_containers)
         checked = limits_ok(ours_containers)
         for c in list(stock_containers.values()) + list(ours_containers.values()):
             c.remove(force=True)
@@ -165,25 +211,32 @@ def main() -> None:
 
     figures = {
         "runs": args.runs,
-        "ours_p50_s": round(statistics.median(ours), 3),
-        "ours_p95_s": round(percentile(ours, 0.95), 3),
-        "stock_p50_s": round(statistics.median(stock), 3),
-        "stock_p95_s": round(percentile(stock, 0.95), 3),
-        "ours_container_p50_s": round(statistics.median(ours_c), 3),
-        "ours_container_p95_s": round(percentile(ours_c, 0.95), 3),
-        "stock_container_p50_s": round(statistics.median(stock_c), 3),
-        "stock_container_p95_s": round(percentile(stock_c, 0.95), 3),
+        "ours_p50_s": _p(ours, 0.5),
+        "ours_p95_s": _p(ours, 0.95),
+        "stock_p50_s": _p(stock, 0.5),
+        "stock_p95_s": _p(stock, 0.95),
+        "ours_container_p50_s": _p(ours_c, 0.5),
+        "ours_container_p95_s": _p(ours_c, 0.95),
+        "stock_container_p50_s": _p(stock_c, 0.5),
+        "stock_container_p95_s": _p(stock_c, 0.95),
+        "ours_running": len(ours),
+        "stock_running": len(stock),
         "ours_completed": ours_states.count("Completed"),
         "stock_completed": stock_states.count("Completed"),
         "limits_ok": checked,
+        "loadavg_1m": [load_before, round(os.getloadavg()[0], 2)],  # this machine's load at start and end
     }
-    figures["speedup_p50"] = round(figures["stock_p50_s"] / figures["ours_p50_s"], 2)
-    print(f"image job, {args.runs} runs one every {args.gap:g} s (logs in {logs})")
+    both = figures["ours_p50_s"] and figures["stock_p50_s"]
+    figures["speedup_p50"] = round(figures["stock_p50_s"] / figures["ours_p50_s"], 2) if both else None
+    print(f"image job, {args.runs} runs one every {args.gap:g} s (logs in {logs}); "
+          f"load average {figures['loadavg_1m'][0]} at start, {figures['loadavg_1m'][1]} at end")
     for who, key in (("stock docker worker", "stock"), ("launch-docker agent", "ours")):
-        print(f"  {who:20s}: submit->Running p50 {figures[key + '_p50_s']:.2f} s p95 {figures[key + '_p95_s']:.2f} s;"
-              f" submit->container started p50 {figures[key + '_container_p50_s']:.2f} s"
-              f" p95 {figures[key + '_container_p95_s']:.2f} s")
-    print(f"  speedup at p50 (Running): {figures['speedup_p50']:.1f}x; limits read back: {checked}")
+        print(f"  {who:20s}: {figures[key + '_running']}/{args.runs} Running, {figures[key + '_completed']} "
+              f"Completed; submit->Running p50 {_fmt(figures[key + '_p50_s'])} p95 {_fmt(figures[key + '_p95_s'])};"
+              f" submit->container started p50 {_fmt(figures[key + '_container_p50_s'])}"
+              f" p95 {_fmt(figures[key + '_container_p95_s'])}")
+    speedup = f"{figures['speedup_p50']:.1f}x" if figures["speedup_p50"] else "n/a"
+    print(f"  speedup at p50 (Running): {speedup}; limits read back: {checked}")
     print(json.dumps(figures))
 
 

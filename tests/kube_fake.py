@@ -68,9 +68,10 @@ class FakeKube:
                "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "creationTimestamp": now(),
                             "uid": str(uuid.uuid4())},
                "spec": json.loads(json.dumps(job["spec"]["template"]["spec"])),
-               "status": {"phase": phase, **status}}
+               "status": {"phase": phase}}
         with self.lock:
             self.pods[(ns, pod_name)] = pod
+        self.set_pod(pod_name, **status)
         return pod_name
 
     def set_pod(self, pod_name: str, phase: Optional[str] = None, node: Optional[str] = None, **status: Any) -> None:
@@ -80,6 +81,11 @@ class FakeKube:
                 pod["status"]["phase"] = phase
             if node:
                 pod["spec"]["nodeName"] = node
+            for cs in status.get("containerStatuses") or []:  # the fields the API always sends
+                cs.setdefault("image", pod["spec"]["containers"][0].get("image") or "img")
+                cs.setdefault("imageID", "")
+                cs.setdefault("ready", False)
+                cs.setdefault("restartCount", 0)
             pod["status"].update(status)
 
     def delete_pod(self, pod_name: str) -> None:

@@ -203,8 +203,11 @@ def test_exit_code_eviction_preemption_and_oom_are_recorded(prefect_server, kube
             "exitCode": 3, "reason": "Error", "message": "ModuleNotFoundError: no module named 'torch'"}}}])
         # 2: the kubelet evicts the pod
         s.fake.set_pod(pods[1], "Failed", reason="Evicted", message="The node was low on resource: memory.")
-        # 3: the scheduler announces the preemption of the running pod
+        # 3: the scheduler preempts it: the pod is deleted, the job fails (backoffLimit 0), the event stays
         s.fake.add_event(pods[2], "Preempted", "Preempted by pod 5e1f on node n1")
+        s.fake.delete_pod(pods[2])
+        s.fake.set_job_condition(jobs[2], "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff "
+                                 "limit")
         # 4: OOM kill
         s.fake.set_pod(pods[3], "Failed", containerStatuses=[{"name": "prefect-job", "state": {"terminated": {
             "exitCode": 137, "reason": "OOMKilled"}}}])
@@ -268,3 +271,89 @@ def test_only_the_verbs_of_the_documented_rbac_are_used(prefect_server, kube):
                                      ("PUT", "secret"), ("DELETE", "secret")}
 
     go(body, kube)
+
+
+def test_agent_picks_the_kubernetes_worker_for_kubernetes_queues():
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.agent_runner import worker_for, worker_types
+
+    backends = worker_types()
+    spec = {"job_configuration": {"launch": _spec("q")}}
+    assert worker_for("q", SimpleNamespace(type="launch-kubernetes", base_job_template=spec), backends) \
+        is LaunchKubernetesWorker
+    # what `queue apply` writes for target: kubernetes (prefect-kubernetes's pool type, our declaration)
+    assert worker_for("q", SimpleNamespace(type="kubernetes", base_job_template=spec), backends) \
+        is LaunchKubernetesWorker
+    assert worker_for("q", SimpleNamespace(type="launch-docker", base_job_template={}), backends).type \
+        == "launch-docker"
+    with pytest.raises(LookupError, match="target type 'kubernetes'"):  # a plain prefect-kubernetes pool
+        worker_for("q", SimpleNamespace(type="kubernetes", base_job_template={"job_configuration": {}}), backends)
+
+
+def test_prefect_finds_the_worker_type():
+    from prefect.workers.base import BaseWorker
+
+    assert BaseWorker.get_worker_class_from_type("launch-kubernetes") is LaunchKubernetesWorker
+
+
+def test_agent_serves_a_kubernetes_queue_and_cancels_on_exit(prefect_server, kube, tmp_path, monkeypatch):
+    """`prefect-launch agent --queue Q` on a kubernetes queue: the Job is made; stopping it with --on-exit cancel
+    deletes the Job of the run still running and records it Cancelled with the reason."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Completed, Running
+
+    from launch_helpers import agent
+
+    import kubernetes_asyncio.config.kube_config as kube_config
+
+    monkeypatch.setenv("KUBECONFIG", kube_config.KUBE_CONFIG_DEFAULT_LOCATION)  # for the agent's process
+    monkeypatch.setenv("LAUNCH_KUBERNETES_POLL_SECONDS", "0.3")
+    pool = f"k8s-{uuid.uuid4().hex[:8]}"
+    template = LaunchKubernetesWorker.get_default_base_job_template()
+    template["job_configuration"]["launch"] = _spec(pool)
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="launch-kubernetes", base_job_template=template))
+        dep = client.create_deployment(flow_id=client.create_flow_from_name("k8s-probe"), name=pool,
+                                       work_pool_name=pool, job_variables={"image": "reg.example/job:1"})
+        name = f"agent-{pool}"
+        with agent([pool], name, "cpu=1,memory=1Gi", tmp_path, wait_online=False) as proc:
+            done, kept = (client.create_flow_run_from_deployment(dep, job_variables={"preset": "small"})
+                          for _ in range(2))
+
+            def job_of(fr, timeout=120):
+                deadline = time.time() + timeout
+                while time.time() < deadline:
+                    for j in list(kube.jobs.values()):
+                        if j["metadata"]["labels"].get(RUN_ID_LABEL) == str(fr.id):
+                            return j
+                    time.sleep(0.2)
+                raise AssertionError(f"no Job for run {fr.id}; agent log: {(tmp_path / f'agent-{name}.log').read_text()}")
+
+            jobs = {fr.id: job_of(fr) for fr in (done, kept)}
+            for fr in (done, kept):
+                pod = kube.add_pod(jobs[fr.id], "Running")
+                kube.set_pod(pod, node="n1")
+                client.set_flow_run_state(fr.id, Running())
+                if fr is done:
+                    client.set_flow_run_state(fr.id, Completed())
+                    kube.set_pod(pod, "Succeeded", containerStatuses=[{"name": "prefect-job", "state": {
+                        "terminated": {"exitCode": 0, "reason": "Completed"}}}])
+            log_path = tmp_path / f"agent-{name}.log"
+            ended = f"Kubernetes job default/{jobs[done.id]['metadata']['name']} ended"
+            deadline = time.time() + 90
+            while time.time() < deadline and (
+                    (client.read_flow_run(kept.id).labels or {}).get(PLACED_LABEL) is None
+                    or ended not in log_path.read_text()):
+                time.sleep(0.3)
+            time.sleep(2)  # its end recorded (1 s grace for the engine's own state)
+        # leaving the block sent SIGTERM with --on-exit cancel and waited for the agent to exit
+        assert proc.returncode is not None
+        log = (tmp_path / f"agent-{name}.log").read_text()
+        assert "placed by the cluster" in log and "cancelling 1 running run(s)" in log, log
+        assert client.read_flow_run(done.id).state.is_completed()
+        state = client.read_flow_run(kept.id).state
+        assert state.is_cancelled() and state.message.startswith(f"cancelled: agent {name} was stopped"), state
+        assert ("default", jobs[kept.id]["metadata"]["name"]) not in kube.jobs
+        assert ("default", jobs[done.id]["metadata"]["name"]) in kube.jobs  # finished: left to its TTL

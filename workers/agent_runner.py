@@ -1,4 +1,8 @@
-"""Run one agent: a launch worker per queue (process or docker back end), all sharing one capacity ledger."""
+"""Run one agent: a launch worker per queue (process, docker or kubernetes back end).
+
+Process and docker queues share one capacity ledger (the box's CPUs, memory, GPUs);
+kubernetes queues book nothing locally: the cluster places their pods.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,38 @@ from prefect_launch.workers.resources import detect_capacity
 
 
 def worker_types() -> dict[str, type]:
-    """Pool type -> launch worker class, for every back end an agent can serve."""
+    """Pool type -> launch worker class, for every back end an agent can serve (kubernetes: see `worker_for`)."""
     from prefect_launch.workers.docker_worker import LaunchDockerWorker
     from prefect_launch.workers.worker import LaunchProcessWorker
 
     return {w.type: w for w in (LaunchProcessWorker, LaunchDockerWorker)}
+
+
+def kubernetes_worker() -> type:
+    """The launch-kubernetes worker, imported only for an agent that serves a kubernetes queue."""
+    try:
+        from prefect_launch.workers.kubernetes_worker import LaunchKubernetesWorker
+    except ImportError as exc:
+        raise LookupError(f"kubernetes queues need prefect-kubernetes ({exc}); install the extra: "
+                          "pip install 'prefect-launch[kubernetes]'") from None
+    return LaunchKubernetesWorker
+
+
+def worker_for(queue: str, pool: object, backends: dict[str, type]) -> type:
+    """The worker class that serves ``pool``: its type's, or launch-kubernetes for a kubernetes pool that
+    carries a launch queue declaration (a plain prefect-kubernetes pool is left to its own worker)."""
+    from prefect_launch.workers.queue_spec import queue_spec_of
+
+    kind = getattr(pool, "type", None)
+    if kind in backends:
+        return backends[kind]
+    if kind == "launch-kubernetes" or (kind == "kubernetes" and queue_spec_of(pool) is not None):
+        return kubernetes_worker()
+    raise LookupError(
+        f"queue {queue!r} has target type {kind!r}; an agent serves "
+        f"{', '.join(sorted([*backends, 'launch-kubernetes']))} queues (re-apply the queue file to move a docker "
+        "queue to launch-docker)"
+    )
 
 
 async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool,
@@ -34,14 +65,11 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 pool = await client.read_work_pool(q)
             except ObjectNotFound:
                 raise LookupError(f"unknown queue {q!r}; create it with `prefect-launch queue apply FILE`") from None
-            if pool.type not in backends:
-                raise LookupError(
-                    f"queue {q!r} has target type {pool.type!r}; an agent serves {', '.join(sorted(backends))} "
-                    "queues (re-apply the queue file to move a docker queue to launch-docker)"
-                )
-            kinds[q] = backends[pool.type]
+            kinds[q] = worker_for(q, pool, backends)
     agent = AgentContext.detect(capacity)
-    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}", flush=True)
+    cluster = [q for q in queues if kinds[q].type == "launch-kubernetes"]
+    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}"
+          + (f" (kubernetes queues {', '.join(cluster)}: placed by the cluster)" if cluster else ""), flush=True)
     workers = [
         kinds[q](work_pool_name=q, name=name, agent=agent, create_pool_if_not_found=False, use_cgroups=use_cgroups)
         for q in queues

@@ -501,6 +501,7 @@ class LaunchKubernetesWorker(KubernetesWorker):
         selector = f"{RUN_ID_LABEL}={run_id}"
         seen_pods: list[str] = []
         placed = None
+        failures = 0
         try:
             while True:
                 stop = self._stop.get(run_id)
@@ -508,19 +509,29 @@ class LaunchKubernetesWorker(KubernetesWorker):
                     stop = await self._stop_requested(flow_run, running_since, timeout_s)
                 if stop is not None:
                     return await self._end_job(api, flow_run, namespace, job, stop)
-                body = await api.read_job(namespace, job)
-                pods = await api.list_pods(namespace, selector) if body is not None else []
-                for p in pods:
-                    if p["metadata"]["name"] not in seen_pods:
-                        seen_pods.append(p["metadata"]["name"])
-                phases = {(p.get("status") or {}).get("phase") for p in pods}
-                events: list[dict[str, Any]] = []
-                if body is not None and (not pods or phases - {"Running"}):  # events explain waits and ends
-                    events = await api.list_events(namespace, [job, *seen_pods])
+                try:
+                    body = await api.read_job(namespace, job)
+                    pods = await api.list_pods(namespace, selector) if body is not None else []
+                    for p in pods:
+                        if p["metadata"]["name"] not in seen_pods:
+                            seen_pods.append(p["metadata"]["name"])
+                    phases = {(p.get("status") or {}).get("phase") for p in pods}
+                    events: list[dict[str, Any]] = []
+                    if body is not None and (not pods or phases - {"Running"}):  # events explain waits and ends
+                        events = await api.list_events(namespace, [job, *seen_pods])
+                    failures = 0
+                except Exception as exc:  # the API server is away for a while: the pod is not, keep following
+                    failures += 1
+                    if failures in (1, 10) or failures % 100 == 0:
+                        self._logger.warning("reading Kubernetes job %s/%s failed (%d in a row): %s",
+                                             namespace, job, failures, exc)
+                    await anyio.sleep(min(30.0, self.watch_seconds * 2 ** min(failures, 5)))
+                    continue
                 obs = observe(body, pods, events)
                 if obs.kind == "ended":
                     if body is None and self._stop.get(run_id) is not None:  # deleted by our own cancel
                         return await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
+                    self.get_flow_run_logger(flow_run).info(f"Kubernetes job {namespace}/{job} ended: {obs.message}")
                     return obs
                 if obs.kind == "running" and running_since is None:
                     running_since = time.time()  # the timeout counts from here, as on every back end
