@@ -9,6 +9,8 @@ Streamlit lists this file in the sidebar next to the queue monitor (a ``pages/``
 
 from __future__ import annotations
 
+import contextlib
+
 import streamlit as st
 
 from prefect_launch.dashboard import sessions_frames as F
@@ -19,18 +21,29 @@ st.set_option("client.toolbarMode", "minimal")
 
 S = st.session_state
 ME = O.viewer()
+_RUN_CLIENT = None  # one Prefect client for a whole script run (see main)
+
+
+@contextlib.contextmanager
+def _client():
+    """The run's Prefect client; callbacks (run before the script) open their own."""
+    if _RUN_CLIENT is not None:
+        yield _RUN_CLIENT
+    else:
+        with O.client() as c:
+            yield c
 
 
 # ----------------------------------------------------------------------------- reads (cached briefly)
 @st.cache_data(ttl=30, show_spinner=False)
 def _queues() -> list[dict]:
-    with O.client() as c:
+    with _client() as c:
         return O.launch_queues(c)
 
 
 @st.cache_data(ttl=5, show_spinner=False)
 def _sessions(owner, include_ended: bool) -> list:
-    with O.client() as c:
+    with _client() as c:
         return O.sessions(c, owner, include_ended)
 
 
@@ -113,7 +126,7 @@ def _dry_run(req) -> None:
 
     S.sl_planned = None
     try:
-        with O.client() as c:
+        with _client() as c:
             S.sl_planned = O.start(c, req, dry_run=True)
         S.sl_warnings = S.sl_planned.warnings
     except LaunchValidationError as exc:
@@ -149,7 +162,7 @@ def _launch() -> None:
     if errors:
         return
     try:
-        with O.client() as c:
+        with _client() as c:
             out = O.start(c, req, dry_run=False)
     except LaunchValidationError as exc:
         S.sl_errors = F.field_errors(getattr(exc, "problems", None) or [str(exc)])
@@ -159,7 +172,7 @@ def _launch() -> None:
     for w in out.warnings:
         _flash("launch:warning", w)
     if out.run_ids:
-        S["session_pick"] = out.run_ids[0]
+        S["sel_session"] = out.run_ids[0]
     keep = {k: S.sl_form[k] for k in ("type", "queue")}
     S.sl_form = F.empty_form() | keep
     S.sl_gen += 1
@@ -296,7 +309,7 @@ def panel_recent(can_write: bool) -> None:
         st.subheader("Recent launches")
         _show_flash("recent")
         try:
-            with O.client() as c:
+            with _client() as c:
                 entries = O.recent(c, ME)
         except Exception as exc:
             st.error(f"Cannot read recent launches: {F.plain(exc)}")
@@ -314,26 +327,27 @@ def panel_recent(can_write: bool) -> None:
         c1, c2, c3 = st.columns([1, 1, 1])
         if c1.button("Relaunch", key="recent_relaunch"):
             try:
-                with O.client() as c:
+                with _client() as c:
                     out = O.relaunch(c, ME, eid)
                 _flash("recent:success", f"Relaunched {entry.label}: {', '.join(out.names)}")
                 if out.run_ids:
-                    S["session_pick"] = out.run_ids[0]
+                    S["sel_session"] = out.run_ids[0]
             except (LookupError, LaunchValidationError) as exc:
                 _flash("recent:error", str(exc))
             _refresh()
             st.rerun()
-        if c2.button("Edit in the launcher", key="recent_edit"):
+        if c2.button("Edit", key="recent_edit", help="Load it into the launcher, change it, launch"):
             _load_form(F.form_from_request(entry.request))
             st.rerun()
         if c3.button("Unpin" if entry.pinned else "Pin", key="recent_pin"):
-            with O.client() as c:
+            with _client() as c:
                 O.pin(c, ME, eid, not entry.pinned)
             st.rerun()
 
 
 # ----------------------------------------------------------------------------- sessions and detail
 def panel_sessions(all_owners: bool, include_ended: bool) -> list:
+    """The session list; a click on a row opens it in the detail panel."""
     with st.container(key="panel-sessions", border=True):
         st.subheader("Sessions")
         try:
@@ -342,10 +356,19 @@ def panel_sessions(all_owners: bool, include_ended: bool) -> list:
             st.error(f"Cannot read sessions: {F.plain(exc)}")
             return []
         st.caption(("Every owner's" if all_owners else f"{F.plain(ME)}'s") + " sessions"
-                   + (", ended ones included" if include_ended else ", live ones") + f": {len(rows)}")
-        if rows:
-            st.dataframe(F.sessions_frame(rows), hide_index=True, width="stretch", key="sessions_table",
-                         column_config={"position": st.column_config.NumberColumn("position", format="%d")})
+                   + (", ended ones included" if include_ended else ", live ones") + f": {len(rows)} · "
+                   "click a row for its detail")
+        if not rows:
+            return rows
+        frame = F.sessions_frame(rows)
+        event = st.dataframe(frame, hide_index=True, width="stretch", key="sessions_table", on_select="rerun",
+                             selection_mode="single-row",
+                             column_config={"position": st.column_config.NumberColumn("position", format="%d")})
+        picked = list(event.selection.rows) if event and event.selection else []
+        if picked != S.get("sessions_table_seen"):  # a click (not a stale index after the list changed)
+            S["sessions_table_seen"] = picked
+            if picked and picked[0] < len(frame):
+                S["sel_session"] = frame["id"].iloc[picked[0]]
         return rows
 
 
@@ -394,7 +417,7 @@ def _actions(detail: dict, run_id: str) -> None:
                             help="Only while it runs; the same naming rule as at launch")
         if st.button("Rename", key="rename_go", disabled=not running):
             try:
-                with O.client() as c:
+                with _client() as c:
                     old = O.rename(c, run_id, new, ME)
                 _flash("manage:success", f"Renamed {old} -> {new.strip()}")
             except ValueError as exc:
@@ -407,6 +430,9 @@ def _actions(detail: dict, run_id: str) -> None:
         if not F.is_live(detail.get("status")):
             st.caption("This session has ended.")
             return
+        if detail.get("status") == "Cancelling":
+            st.caption("Being terminated: its agent is stopping it.")
+            return
         if not S.get("confirm_terminate") == run_id:
             if st.button("Terminate", key="terminate"):
                 S["confirm_terminate"] = run_id
@@ -415,7 +441,7 @@ def _actions(detail: dict, run_id: str) -> None:
             st.warning("Stop its apps and processes, release its capacity, delete its scratch folder? Mounts are kept.")
             if st.button("Confirm terminate", key="terminate_confirm", type="primary"):
                 try:
-                    with O.client() as c:
+                    with _client() as c:
                         status = O.terminate(c, run_id, ME)
                     _flash("manage:success", f"Terminating {detail.get('name')}: {status}")
                 except ValueError as exc:
@@ -435,19 +461,19 @@ def panel_detail(rows: list, can_write: bool) -> None:
             st.caption("No session to show.")
             return
         by_id = {r.id: r for r in rows}
-        ids = list(by_id)
-        if S.get("session_pick") not in ids:  # nothing picked yet, or it left the list
-            S["session_pick"] = ids[0]
-        pick = st.selectbox("Session", ids, format_func=lambda i: F.session_label(by_id[i]), key="session_pick")
+        if S.get("sel_session") not in by_id:  # nothing picked yet, or it left the list
+            S["sel_session"] = rows[0].id
+        pick = S["sel_session"]
         try:
-            with O.client() as c:
+            with _client() as c:
                 detail = O.detail(c, pick, ME)
         except Exception as exc:
             st.error(f"Cannot read the session: {F.plain(exc)}")
             return
         mine = detail.get("owner") == ME
-        st.markdown(f"**{F.plain(F.shown_name(detail.get('name')))}** · {F.plain(detail.get('status'))} · "
-                    f"{F.plain(detail.get('type') or '-')} · {F.plain(pick)}")
+        with st.container(key="detail-head"):
+            st.markdown(f"**{F.plain(F.shown_name(detail.get('name')))}** · {F.plain(detail.get('status'))} · "
+                        f"{F.plain(detail.get('type') or '-')} · {F.plain(pick)}")
         left, right = st.columns([3, 2])
         with left:
             st.dataframe(F.detail_frame(detail), hide_index=True, width="stretch", key="detail_table")
@@ -482,6 +508,16 @@ def panel_detail(rows: list, can_write: bool) -> None:
 
 
 def main() -> None:
+    global _RUN_CLIENT
+    with O.client() as c:
+        _RUN_CLIENT = c
+        try:
+            _page()
+        finally:
+            _RUN_CLIENT = None
+
+
+def _page() -> None:
     st.title("Sessions")
     sb = st.sidebar
     sb.header("Sessions")
