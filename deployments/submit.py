@@ -45,6 +45,7 @@ class SubmitRequest(BaseModel):
     idempotency_key: Optional[str] = Field(
         None, description="Names this submission: repeating it with the same key returns the same runs")
     timeout: Optional[str] = None  # e.g. "90s", "2h": the agent ends the run Failed after this long
+    preemptible: Optional[bool] = None  # None: the queue's default for the priority level
     scheduled_time: Optional[datetime] = None  # never starts before (a batch session's --starts-at)
     extra_tags: list[str] = Field(default_factory=list)  # e.g. a session's type
     extra_labels: dict[str, str] = Field(default_factory=dict)
@@ -209,9 +210,10 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
         raise LaunchValidationError(f"unknown priority {priority!r}; queue {queue!r} has {', '.join(spec.priorities)}")
     run_vars = {k: v for k, v in {"preset": req.preset, "cpu": req.cpu, "memory": req.memory, "gpu": req.gpu,
                                   "shm_size": req.shm_size, "agent": req.agent,
-                                  "timeout": str(req.timeout) if req.timeout is not None else None}.items()
+                                  "timeout": str(req.timeout) if req.timeout is not None else None,
+                                  "preemptible": req.preemptible}.items()
                 if v is not None}
-    resolved = resolve_request(spec, deployment.job_variables or {}, run_vars)
+    resolved = resolve_request(spec, deployment.job_variables or {}, run_vars, priority=priority)
     env = parse_env(req.env)
     secret_env = parse_secret_env(req.secret_env, env)
     check_secret_blocks(client, secret_env)

@@ -174,6 +174,10 @@ def submit_cmd(
     timeout: Optional[str] = typer.Option(None, "--timeout",
                                           help="End the run Failed after it ran this long, e.g. 90s, 30m, 2h "
                                                "(default: the queue's timeout, if any)"),
+    preemptible: Optional[bool] = typer.Option(
+        None, "--preemptible/--not-preemptible",
+        help="May fill idle hardware and be preempted (SIGTERM, the queue's grace, back to the queue keeping its "
+             "submit time) when a regular run needs it; default: the queue's setting for the priority"),
     as_json: bool = typer.Option(False, "--json", help="Print the created run ids as JSON."),
 ) -> None:
     """Validate and enqueue run(s) of JOB; nothing is enqueued when anything is wrong."""
@@ -184,7 +188,7 @@ def submit_cmd(
         req = SubmitRequest(job=job, queue=queue, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
                             shm_size=shm_size, priority=priority, params=parse_params(param or []),
                             env=list(env or []), secret_env=list(secret_env or []), name=name, count=count, agent=agent, owner=owner,
-                            timeout=timeout)
+                            timeout=timeout, preemptible=preemptible)
         with _client() as client:
             result = submit(client, req)
     except LaunchValidationError as exc:

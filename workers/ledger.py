@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Optional
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prefect_launch.workers.resources import Resources
 
@@ -24,6 +25,9 @@ class Allocation(BaseModel):
     cpu_cores: list[int] = []
     queue: Optional[str] = None
     preset: Optional[str] = None
+    preemptible: bool = False  # may be preempted for a regular run (issue 12)
+    owner: Optional[str] = None  # for quotas and fair share
+    booked_at: float = Field(default_factory=time.time)  # newest preemptible runs go first
 
 
 class Ledger:
@@ -57,7 +61,8 @@ class Ledger:
             return self._allocs.get(str(run_id))
 
     def try_allocate(self, run_id: str, request: Resources, queue: str | None = None,
-                     preset: str | None = None) -> Optional[Allocation]:
+                     preset: str | None = None, preemptible: bool = False,
+                     owner: str | None = None) -> Optional[Allocation]:
         """Reserve ``request`` for ``run_id`` if it fits now; None otherwise."""
         run_id = str(run_id)
         with self._lock:
@@ -70,7 +75,8 @@ class Ledger:
             if len(gpus) < request.gpu:
                 return None
             alloc = Allocation(run_id=run_id, resources=request, gpu_indices=gpus,
-                               cpu_cores=self._pick_cores(request.cpu), queue=queue, preset=preset)
+                               cpu_cores=self._pick_cores(request.cpu), queue=queue, preset=preset,
+                               preemptible=preemptible, owner=owner)
             self._allocs[run_id] = alloc
             return alloc
 

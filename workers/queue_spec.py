@@ -88,6 +88,26 @@ class Bounds(BaseModel):
         return out
 
 
+class QuotaSpec(BaseModel):
+    """Most one owner may hold at once on a queue's agents; unset = no cap on that resource."""
+
+    cpu: Optional[float] = Field(None, ge=0)
+    memory: Optional[str] = None
+    gpu: Optional[int] = Field(None, ge=0)
+
+    @field_validator("memory")
+    @classmethod
+    def _mem(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            parse_size(v, "quota memory")
+        return v
+
+    def resources(self):
+        from prefect_launch.workers.fair_share import Quota
+
+        return Quota(cpu=self.cpu, memory=parse_size(self.memory) if self.memory else None, gpu=self.gpu)
+
+
 class QueueSpec(BaseModel):
     """One launch queue as declared in queues.yaml."""
 
@@ -103,6 +123,31 @@ class QueueSpec(BaseModel):
     image: Optional[str] = None  # default image for docker/kubernetes queues
     timeout: Optional[str] = None  # default run timeout, e.g. "2h"; a run's --timeout overrides it
     idle: Optional[IdlePolicy] = None  # idle checks that reclaim held hardware (workers/idle_checks.py)
+    # issue 12: preemptible fill, fair share and quotas between owners
+    preemptible_priorities: list[str] = Field(default_factory=list)  # runs at these levels are preemptible by default
+    preempt_grace: str = "30s"  # SIGTERM -> kill; the job sees LAUNCH_PREEMPT_DEADLINE to checkpoint
+    fair_share: bool = False  # within a priority level, the owner holding the least goes first (DRF)
+    owner_quota: Optional[QuotaSpec] = None  # most any one owner holds at once
+    owner_quotas: dict[str, QuotaSpec] = Field(default_factory=dict)  # per-owner overrides
+
+    @field_validator("preempt_grace", mode="before")
+    @classmethod
+    def _grace(cls, v: object) -> str:
+        from prefect_launch.workers.durations import parse_duration
+
+        if v is None or v == "":
+            return "30s"
+        parse_duration(v, "preempt_grace")  # type: ignore[arg-type]
+        return str(v)
+
+    def quota_for(self, owner: Optional[str]) -> Optional["QuotaSpec"]:
+        return self.owner_quotas.get(owner or "") or self.owner_quota
+
+    @property
+    def preempt_grace_s(self) -> float:
+        from prefect_launch.workers.durations import parse_duration
+
+        return float(parse_duration(self.preempt_grace, "preempt_grace") or 30.0)
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -119,6 +164,14 @@ class QueueSpec(BaseModel):
     def _name(cls, v: str) -> str:
         if not _NAME_RE.match(v):
             raise ValueError(f"queue name {v!r} must be lowercase letters, digits, '-' or '_' (max 63)")
+        return v
+
+    @field_validator("preemptible_priorities")
+    @classmethod
+    def _pre_levels(cls, v: list[str]) -> list[str]:
+        unknown = [p for p in v if p not in PRIORITIES]
+        if unknown:
+            raise ValueError(f"preemptible_priorities must be priority levels {list(PRIORITIES)}, got {unknown}")
         return v
 
     @field_validator("priorities")

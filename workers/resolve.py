@@ -26,6 +26,7 @@ class ResolvedRequest(BaseModel):
     resources: Resources
     agent: Optional[str] = None
     timeout_s: Optional[float] = None  # the agent ends the run Failed after this long running
+    preemptible: bool = False  # may use idle capacity and give it back to a regular run (issue 12)
 
 
 def _layer_overlay(spec: QueueSpec, base: Resources, layer: dict[str, Any], where: str) -> tuple[Resources, Optional[str]]:
@@ -62,18 +63,26 @@ def resolve_request(
     spec: QueueSpec,
     deployment_vars: Optional[dict[str, Any]] = None,
     run_vars: Optional[dict[str, Any]] = None,
+    priority: Optional[str] = None,
 ) -> ResolvedRequest:
-    """Resolve and validate; raises LaunchValidationError with what to change."""
+    """Resolve and validate; raises LaunchValidationError with what to change.
+
+    ``priority`` (the run's work queue) gives the queue's default for ``preemptible``."""
     res = spec.presets[spec.default_preset].to_resources()
     preset = spec.default_preset
     agent = None
     timeout = parse_duration(spec.timeout, f"timeout of queue {spec.name!r}")
+    preemptible = bool(priority and priority in spec.preemptible_priorities)
     for layer, where in ((deployment_vars or {}, "in the job's deployment"), (run_vars or {}, "in the submission")):
         res, named = _layer_overlay(spec, res, layer, where)
         preset = named or preset
         agent = layer.get("agent") or agent
         if layer.get("timeout") not in (None, ""):
             timeout = parse_duration(layer["timeout"], f"timeout {where}")
+        if layer.get("preemptible") is not None:
+            if not isinstance(layer["preemptible"], bool):
+                raise LaunchValidationError(f"preemptible must be true or false {where}, got {layer['preemptible']!r}")
+            preemptible = layer["preemptible"]
     problems = spec.bounds.violations(res)
     if problems:
         raise LaunchValidationError(
@@ -84,4 +93,4 @@ def resolve_request(
             f"shm_size ({res.shm_size} bytes) is larger than memory ({res.memory} bytes); "
             "lower --shm-size or raise --memory"
         )
-    return ResolvedRequest(preset=preset, resources=res, agent=agent, timeout_s=timeout)
+    return ResolvedRequest(preset=preset, resources=res, agent=agent, timeout_s=timeout, preemptible=preemptible)

@@ -13,7 +13,7 @@ from typing import Any
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resources import format_size, parse_size
 
-LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "secret_env")
+LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "preemptible", "secret_env")
 
 
 def _worker_template(pool_type: str) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def build_base_job_template(spec: QueueSpec) -> dict[str, Any]:
     props["gpu"].update(type="integer", minimum=0)
     props["memory"]["type"] = props["shm_size"]["type"] = props["agent"]["type"] = "string"
     props["timeout"]["type"] = "string"
+    props["preemptible"]["type"] = "boolean"
     props["secret_env"].update(type="object", additionalProperties={"type": "string"})  # NAME -> Secret block
     if spec.timeout:
         props["timeout"]["description"] += f" Queue default: {spec.timeout}."

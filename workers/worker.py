@@ -76,6 +76,10 @@ class LaunchVariables(ProcessVariables):
         default=None, pattern=TIMEOUT_PATTERN,
         description="End the run Failed after it has run this long, e.g. 90s, 30m, 2h.",
     )
+    preemptible: Optional[bool] = Field(
+        default=None, description="May use idle capacity and be preempted (SIGTERM, grace, back to the queue) "
+        "when a regular run needs it.",
+    )
     secret_env: Optional[dict[str, str]] = Field(
         default=None, description="Environment from Prefect Secret blocks: NAME -> Secret block name "
         "(the agent reads the value at start; only the name is stored).",
