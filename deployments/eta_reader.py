@@ -1,35 +1,105 @@
-"""Reads what `eta.predict` needs from Prefect: agents, running runs, waiting runs, past run times."""
+"""Reads what `eta.predict` needs from Prefect: agents, claimed and waiting runs, past runs, overheads.
+
+Per queue, one read of its newest finished runs (cached for `HISTORY_TTL_S`) gives every job
+shape's past run times; the state histories of its newest `OVERHEAD_SAMPLES` of them (finished
+runs' states never change: cached for good) give the claim -> start and end -> next claim
+overheads.
+"""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from prefect_launch.deployments.eta import AgentCap, Running, Waiting, median_runtime, predict
+from prefect_launch.deployments.eta import (AgentCap, Overhead, PastRun, Running, Waiting, expected_runtime,
+                                            job_shape, learn_overhead, predict)
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.resolve import resolve_request
+from prefect_launch.workers.run_journal import parse_alloc_label
+from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL
+
+HISTORY_LIMIT = 200
+HISTORY_TTL_S = 5.0
+OVERHEAD_SAMPLES = 10
+_history: dict[tuple[str, str], tuple[float, list[PastRun], Overhead]] = {}
+_states: dict[str, tuple[Optional[datetime], Optional[datetime]]] = {}  # finished run -> (Pending, Running) times
 
 
-def _expected(client: Any, deployment_id: Any, cache: dict, timeout_s: Optional[float]) -> Optional[float]:
-    """Median of the job's last 20 completed runs, else the run's timeout, else unknown."""
-    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
-                                                FlowRunFilterState, FlowRunFilterStateType)
+def _api_key() -> str:
+    try:
+        from prefect.settings import PREFECT_API_URL
+
+        return str(PREFECT_API_URL.value() or "")
+    except Exception:
+        return ""
+
+
+def _claim_start(client: Any, run_id: str) -> tuple[Optional[datetime], Optional[datetime]]:
+    """Its last Pending (claim) and the first Running after it (start), from its state history."""
+    if run_id not in _states:
+        states = sorted(client.read_flow_run_states(run_id), key=lambda s: s.timestamp)
+        claimed = started = None
+        for s in states:
+            kind = s.type.value
+            if kind == "PENDING":
+                claimed, started = s.timestamp, None
+            elif kind == "RUNNING" and claimed is not None and started is None:
+                started = s.timestamp
+        if len(_states) > 5000:
+            _states.clear()
+        _states[run_id] = (claimed, started)
+    return _states[run_id]
+
+
+def _agent_of(labels: Optional[dict]) -> Optional[str]:
+    labels = labels or {}
+    parsed = parse_alloc_label(labels.get(ALLOC_LABEL))
+    return parsed[0] if parsed else labels.get(WORKER_LABEL)
+
+
+def queue_history(client: Any, queue: str) -> tuple[list[PastRun], Overhead]:
+    """The queue's newest finished runs (newest first) and the overhead they show; cached briefly."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
-    if deployment_id not in cache:
-        past = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                any_=[StateType.COMPLETED]))),
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-            sort=FlowRunSort.END_TIME_DESC, limit=20) if deployment_id else []
-        cache[deployment_id] = median_runtime([r.total_run_time.total_seconds() for r in past
-                                               if r.total_run_time and r.total_run_time.total_seconds() > 0])
-    return cache[deployment_id] if cache[deployment_id] is not None else timeout_s
+    key = (_api_key(), queue)
+    hit = _history.get(key)
+    if hit and time.monotonic() - hit[0] < HISTORY_TTL_S:
+        return hit[1], hit[2]
+    finished = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
+            StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]))),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])),
+        sort=FlowRunSort.END_TIME_DESC, limit=HISTORY_LIMIT)
+    past = []
+    for k, fr in enumerate(finished):
+        ran = fr.state_type in (StateType.COMPLETED, StateType.FAILED)  # cancelled ones say nothing of the job
+        claimed = started = None
+        if k < OVERHEAD_SAMPLES:
+            try:
+                claimed, started = _claim_start(client, str(fr.id))
+            except Exception:
+                pass
+        past.append(PastRun(
+            deployment_id=str(fr.deployment_id) if fr.deployment_id else None,
+            shape=job_shape(fr.deployment_id, fr.parameters), queue=queue, agent=_agent_of(fr.labels),
+            created=fr.created, claimed=claimed, started=started, ended=fr.end_time,
+            run_s=fr.total_run_time.total_seconds() if ran and fr.total_run_time else None))
+    overhead = learn_overhead(past)
+    _history[key] = (time.monotonic(), past, overhead)
+    return past, overhead
 
 
-def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = None) -> dict[str, Optional[datetime]]:
+def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = None,
+                     include_claimed: bool = False) -> dict[str, Optional[datetime]]:
+    """Predicted start of every waiting run of ``queues`` (None: cannot be told honestly).
+
+    ``include_claimed``: also the claimed ones: a running run's start, a Pending one's claim + start overhead.
+    """
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
@@ -44,8 +114,8 @@ def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = N
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=all_queues)), limit=200)
     specs = {q: queue_spec_of(client.read_work_pool(q)) for q in all_queues}
     prios = {q: {wq.name: wq.priority for wq in client.read_work_queues(work_pool_name=q)} for q in all_queues}
+    history: dict[str, tuple[list[PastRun], Overhead]] = {}  # read only for queues with live runs
     deployments: dict[Any, dict] = {}
-    cache: dict = {}
     running, waiting = [], []
     held = {r.run_id: (a.name, r.resources) for a in agents_state for r in a.runs}
     for fr in runs:
@@ -61,15 +131,27 @@ def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = N
             req = resolve_request(spec, deployments[fr.deployment_id], fr.job_variables or {})
         except Exception:
             continue
-        expected = _expected(client, fr.deployment_id, cache, req.timeout_s)
+        if fr.work_pool_name not in history:
+            history[fr.work_pool_name] = queue_history(client, fr.work_pool_name)
+        past, _ = history[fr.work_pool_name]
+        expected = expected_runtime(job_shape(fr.deployment_id, fr.parameters), fr.deployment_id, past, req.timeout_s)
+        rid = str(fr.id)
         if fr.state_type == StateType.SCHEDULED:
-            waiting.append(Waiting(run_id=str(fr.id), queue=fr.work_pool_name, resources=req.resources,
+            waiting.append(Waiting(run_id=rid, queue=fr.work_pool_name, resources=req.resources,
                                    priority_rank=prios[fr.work_pool_name].get(fr.work_queue_name or "", 99),
                                    submitted=fr.created or now, expected_s=expected, agent=req.agent,
                                    not_before=fr.expected_start_time))
-        elif str(fr.id) in held:
-            agent, res = held[str(fr.id)]
-            running.append(Running(run_id=str(fr.id), agent=agent, resources=res,
-                                   started=fr.start_time or now, expected_s=expected))
+            continue
+        # claimed: it holds capacity on its agent (the registry's word, else the run's labels; else not yet known)
+        agent, res = held.get(rid, (_agent_of(fr.labels), req.resources))
+        running_since = fr.start_time if fr.state_type == StateType.RUNNING else None
+        claimed = fr.state.timestamp if fr.state_type == StateType.PENDING and fr.state else None
+        running.append(Running(run_id=rid, agent=agent, queue=fr.work_pool_name, resources=res,
+                               started=running_since or (None if claimed else now), claimed=claimed,
+                               expected_s=expected))
     backfill = {q: bool(s and s.backfill) for q, s in specs.items()}
-    return predict(now, agents, running, waiting, backfill=backfill)
+    overhead = {q: h[1] for q, h in history.items()}
+    out = predict(now, agents, running, waiting, backfill=backfill, overhead=overhead)
+    if not include_claimed:
+        out = {r: t for r, t in out.items() if r not in {c.run_id for c in running}}
+    return out
