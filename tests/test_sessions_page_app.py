@@ -1,0 +1,107 @@
+"""The Sessions page's logic with Streamlit's AppTest against a real Prefect server (no agent,
+no browser): errors filed under their fields on each step and from the review's dry run, a
+launch, the recent launch loaded back into the launcher, terminate of a waiting session.
+test_sessions_page_browser.py covers the page end to end in Chromium with an agent."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from launch_helpers import apply_queue, read_runs, wait_final
+
+PAGE = Path(__file__).resolve().parents[1] / "dashboard" / "pages" / "1_Sessions.py"
+PRESETS = {"small": {"cpu": 1, "memory": "1Gi"}, "big": {"cpu": 2, "memory": "1Gi"}}
+
+
+@pytest.fixture(scope="module")
+def queue(prefect_server, tmp_path_factory):
+    return apply_queue(tmp_path_factory.mktemp("sessions-app"),
+                       {"name": f"sa-{uuid.uuid4().hex[:6]}", "presets": PRESETS, "default_preset": "small"})
+
+
+def _page() -> AppTest:
+    import streamlit as st
+
+    st.cache_data.clear()  # a page another test opened within the TTL would hide this test's queue
+    at = AppTest.from_file(str(PAGE), default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _next(at: AppTest) -> AppTest:
+    at.button(key="launch_next").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _shown(at: AppTest) -> str:
+    return "\n".join(e.value for e in at.error)
+
+
+def test_launcher_files_errors_under_fields_then_launches(queue, tmp_path):
+    name = f"app-{uuid.uuid4().hex[:6]}"
+    at = _page()
+    S = at.session_state
+    # step 1: interactive hides the batch-only fields; batch with a bad name and no command stays here
+    at.radio(key="lf_type_0").set_value("interactive").run()
+    assert "lf_startup_command_0" not in [t.key for t in at.text_input]
+    at.radio(key="lf_type_0").set_value("batch").run()
+    at.text_input(key="lf_name_0").input("x!")
+    _next(at)
+    assert S["sl_step"] == 0 and set(S["sl_errors"]) == {"name", "startup_command"}
+    assert "name 'x\\!'" in _shown(at) and "needs \\-\\-startup\\-command" in _shown(at)  # escaped Markdown
+    at.text_input(key="lf_name_0").input(name)
+    at.text_input(key="lf_startup_command_0").input("true")
+    _next(at)
+    # step 2: this queue, preset big, an impossible CPU count (only the queue's resolution refuses it)
+    assert S["sl_step"] == 1 and S["sl_errors"] == {}
+    at.selectbox(key="lf_queue_0").set_value(queue).run()
+    at.selectbox(key="lf_preset_0").set_value("big")
+    at.text_input(key="lf_cpu_0").input("-1")
+    _next(at)
+    # step 3: a relative host folder is refused under Mounts
+    at.text_area(key="lf_mounts_0").input("relative:/data")
+    _next(at)
+    assert S["sl_step"] == 2 and list(S["sl_errors"]) == ["mounts"] and "absolute path" in S["sl_errors"]["mounts"][0]
+    at.text_area(key="lf_mounts_0").input(f"{tmp_path}:/data")
+    _next(at)
+    # step 4: a port out of range is refused under Ports
+    at.text_input(key="lf_ports_0").input("80")
+    _next(at)
+    assert S["sl_step"] == 3 and "port 80 is outside 1024-65535" in S["sl_errors"]["ports"][0]
+    at.text_input(key="lf_ports_0").input("")
+    _next(at)
+    # review: the dry run's refusal lands on the CPU field, Launch is off, Edit goes back to its step
+    assert S["sl_step"] == 4 and list(S["sl_errors"]) == ["cpu"], S["sl_errors"]
+    assert at.button(key="launch_go").disabled
+    at.button(key="goto_1").click().run()
+    assert S["sl_step"] == 1 and at.text_input(key="lf_cpu_0").value == "-1"
+    at.text_input(key="lf_cpu_0").input("")
+    for _ in range(3):
+        _next(at)
+    assert S["sl_step"] == 4 and S["sl_errors"] == {} and S["sl_planned"].preset == "big"
+    review = dict(next(d.value for d in at.dataframe if list(d.value.columns) == ["item", "value"])
+                  .itertuples(index=False))
+    assert review["names"] == name and review["resources"].startswith("cpu=2") and review["mounts"] == f"{tmp_path}:/data"
+    at.button(key="launch_go").click().run()
+    assert not at.exception and S["sl_step"] == 0
+    assert any(f"{name} (" in s.value.replace("\\", "") for s in at.success), [s.value for s in at.success]
+    run = read_runs([S["sel_session"]])[0]
+    assert run.name == name and run.work_pool_name == queue and run.parameters["mounts"] == [f"{tmp_path}:/data"]
+
+    # the launch is the newest recent configuration; Edit loads it into the launcher
+    assert at.selectbox(key="recent_pick").value is not None
+    at.button(key="recent_edit").click().run()
+    gen = S["sl_gen"]
+    assert at.text_input(key=f"lf_name_{gen}").value == name
+    assert at.text_input(key=f"lf_startup_command_{gen}").value == "true"
+
+    # terminate the session (waiting: no agent serves this queue): cancelled at once
+    at.button(key="terminate").click().run()
+    at.button(key="terminate_confirm").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert wait_final([str(run.id)], timeout=30)[0].state.is_cancelled()
