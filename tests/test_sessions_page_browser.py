@@ -9,6 +9,8 @@ One test, one module-scoped streamlit server: kept short for the suite's time bu
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import sys
 import time
@@ -31,9 +33,10 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM}
 
 @pytest.fixture(scope="module")
 def sessions_page(prefect_server, tmp_path_factory):
+    """Streamlit (the monitor, pages/ included), a launch queue and an agent for it, started side by side:
+    the agent comes online while the browser steps through the launcher."""
     tmp = tmp_path_factory.mktemp("sessions-page")
     uniq = uuid.uuid4().hex[:6]
-    queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small"})
     metrics_url = f"sqlite:///{tmp / 'metrics.db'}"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -41,10 +44,12 @@ def sessions_page(prefect_server, tmp_path_factory):
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]
     env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_METRICS_URL=metrics_url)
-    with background_process(args, tmp / "streamlit.log", env=env, cwd=ROOT) as proc, \
-            agent([queue], f"sp-{uniq}", "cpu=2,memory=4Gi", tmp):
-        wait_healthy(url, proc, timeout=90, log=tmp / "streamlit.log", health_path="/_stcore/health", what="streamlit")
-        yield {"url": url, "queue": queue, "metrics_url": metrics_url, "uniq": uniq}
+    log = tmp / "streamlit.log"
+    with background_process(args, log, env=env, cwd=ROOT) as proc:
+        queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small"})
+        with agent([queue], f"sp-{uniq}", "cpu=2,memory=4Gi", tmp, wait_online=False):
+            wait_healthy(url, proc, timeout=90, log=log, health_path="/_stcore/health", what="streamlit")
+            yield {"url": url, "queue": queue, "metrics_url": metrics_url, "uniq": uniq, "agent_log": tmp / f"agent-sp-{uniq}.log"}
 
 
 def _seed_history(metrics_url: str, run_id: str) -> bool:
@@ -65,7 +70,7 @@ def _seed_history(metrics_url: str, run_id: str) -> bool:
 
 
 def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     url, queue, uniq = sessions_page["url"], sessions_page["queue"], sessions_page["uniq"]
     name, new_name = f"page-{uniq}", f"page-{uniq}-renamed"
@@ -82,7 +87,8 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1500, "height": 2600})
+        page = browser.new_page(viewport={"width": 1500, "height": 2600}, accept_downloads=True)
+        page.add_init_script("delete window.showSaveFilePicker")  # the table's CSV as a plain download
         try:
             # the page is in the monitor's sidebar navigation (a pages/ folder beside app.py)
             page.goto(url + "/Sessions", wait_until="domcontentloaded")
@@ -127,19 +133,30 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             rid = str(runs[0].id)
             assert runs[0].work_pool_name == queue
 
-            # the list and the detail panel show it; wait (refreshing) until the agent runs it
-            pick = page.locator(".st-key-session_pick input")
-            assert pick.input_value().startswith(f"{name} · ") and rid[:8] in pick.input_value()
-            assert page.locator(".st-key-panel-sessions [data-testid='stDataFrame']").count() == 1
+            # the list shows it (newest first); a click on its row opens it in the detail panel
+            table = page.locator(".st-key-panel-sessions [data-testid='stDataFrame']")
+            table.hover()
+            with page.expect_download(timeout=30_000) as dl:
+                table.get_by_role("button", name="Download as CSV").click()
+            listed = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
+            assert listed[0]["id"] == rid and listed[0]["name"] == name and listed[0]["type"] == "batch", listed[0]
+            assert listed[0]["queue"] == queue and listed[0]["resources"].startswith("cpu=1")
+            box = table.bounding_box()
+            page.mouse.click(box["x"] + 12, box["y"] + 35 + 17)  # row 1's selection marker (rows are 35 px)
+            settled(page)
+            head = page.locator(".st-key-detail-head")
+            expect(head).to_contain_text(f"{name} · ", timeout=30_000)
+            assert rid in head.inner_text().replace("\\", "")
             history = _seed_history(sessions_page["metrics_url"], rid)
             deadline = time.time() + 120
-            while " · Running · " not in pick.input_value():
-                assert time.time() < deadline, f"never Running: {pick.input_value()} / {read_runs([rid])[0].state_name}"
+            while " · Running · " not in head.inner_text():  # refreshed until the agent runs it
+                assert time.time() < deadline, (f"never Running: {head.inner_text()} / "
+                                                f"{read_runs([rid])[0].state_name}; agent log {sessions_page['agent_log']}")
                 page.locator(".st-key-sessions_refresh button").click()
                 settled(page)
                 time.sleep(1)
             detail = page.locator(".st-key-panel-detail")
-            assert f"{name} · Running · batch · {rid}" in detail.inner_text().replace("\\", "")
+            assert f"{name} · Running · batch · {rid}" in head.inner_text().replace("\\", "")
             assert "No apps: batch sessions run a command." in detail.inner_text()
 
             # scheduling history: filtered by result, a record's sub-steps expanded
@@ -152,7 +169,8 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
                 hist.get_by_text("1 of 2 records").wait_for(timeout=60_000)
                 settled(page)
                 exp = hist.locator('[data-testid="stExpander"]')
-                assert exp.count() == 1 and "page-test-wait" in exp.inner_text() and "x3" in exp.inner_text()
+                expect(exp).to_have_count(1, timeout=30_000)  # the filtered-out record's expander is gone
+                assert "page-test-wait" in exp.inner_text() and "x3" in exp.inner_text()
                 exp.locator("summary").click()
                 exp.get_by_text("needs cpu=1, 0 free (seeded by the page test)").wait_for(timeout=30_000)
                 assert exp.locator('[data-testid="stDataFrame"]').count() == 1  # the sub-steps table
@@ -166,7 +184,7 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             done.wait_for(timeout=60_000)
             settled(page)
             assert read_runs([rid])[0].name == new_name
-            assert f"{new_name} · Running" in detail.inner_text().replace("\\", "")
+            expect(head).to_contain_text(f"{new_name} · Running", timeout=30_000)
             page.locator(".st-key-terminate button").click()
             page.locator(".st-key-terminate_confirm button").wait_for(timeout=60_000)
             page.locator(".st-key-terminate_confirm button").click()
