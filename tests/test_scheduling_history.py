@@ -17,6 +17,7 @@ from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.blocks.scheduling_history import (HistoryWriter, SchedulingRecord, SubStep, read_history,
                                                       record, record_many)
 
+from fixtures_pg import pg_server, pg_url  # noqa: F401  (fixtures)
 from launch_helpers import agent, apply_queue, cli, cli_json, wait_final
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -33,7 +34,15 @@ def store(tmp_path):
     return RunMetricsStore(url=f"sqlite:///{tmp_path / 'h.db'}")
 
 
-def test_repeats_merge_into_the_latest_record_and_anything_else_starts_a_new_one(store):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request, tmp_path):
+    """The merge rule on both SQL back ends the store supports."""
+    url = f"sqlite:///{tmp_path / 'h.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    return RunMetricsStore(url=url)
+
+
+def test_repeats_merge_into_the_latest_record_and_anything_else_starts_a_new_one(any_store):
+    store = any_store
     for i in range(4):  # the agent re-plans every 2 s while the run waits
         record(store, _rec("r1", at=2 * i, msg=f"waiting: try {i}"))
     steps = [SubStep(step=s, result="SUCCESS", message=s) for s in

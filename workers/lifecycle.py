@@ -32,16 +32,18 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
 
 import anyio
 import anyio.to_thread
 
-from prefect.states import Cancelled, Crashed, Failed, State
+from prefect.states import Cancelled, Crashed, Failed, Scheduled, State
 from prefect.utilities.engine import propose_state
 
 from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRecord, SubStep
@@ -67,7 +69,7 @@ PUBLISH_DEBOUNCE_S = 1.0
 TIMEOUT_GRACE_S = float(os.environ.get("LAUNCH_TIMEOUT_GRACE_SECONDS", "10"))
 HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's minimum; the zombie automation waits 3x
 HISTORY_FLUSH_S = float(os.environ.get("LAUNCH_HISTORY_FLUSH_SECONDS", "1"))
-IDLE_PUBLISH_S = float(os.environ.get("LAUNCH_IDLE_PUBLISH_SECONDS", "10"))  # idle-check label refresh, at most
+IDLE_PUBLISH_S = float(os.environ.get("LAUNCH_IDLE_PUBLISH_SECONDS", "30"))  # moving idle deadlines: label refresh
 
 DEFAULT_SPEC = QueueSpec(
     name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
@@ -271,15 +273,20 @@ class LaunchWorkerCore:
             start=self._start, wait=self._note_waiting, reject=self._reject,
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
             log=self._logger.debug, history=self._note_history,
+            preempt=self._preempt, stopping=lambda: set(self.agent.preempting),
         )
+        foreign = [c for q, cs in self.agent.unplaced.items() if q != self._work_pool_name for c in cs]
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
-                                      self._priorities, hooks)
+                                      self._priorities, hooks, foreign=foreign)
+        self.agent.unplaced[self._work_pool_name] = result.unplaced
         if result.started:
             self._publish_soon()
         return result.started
 
     def _start(self, flow_run: "FlowRun", alloc: Allocation, request: ResolvedRequest) -> None:
         self._wait_notes.forget(flow_run.id)
+        self._ended.discard(flow_run.id)  # a preempted run placed again starts with a clean slate
+        self._kill_reasons.pop(flow_run.id, None)
         self._requests[flow_run.id] = request
         self.get_flow_run_logger(flow_run).info(
             f"Agent '{self.name}' starting flow run with {alloc.resources.describe()}"
@@ -339,6 +346,9 @@ class LaunchWorkerCore:
     async def _run_env(self, alloc: Allocation, secret_env: Optional[dict[str, str]]) -> dict[str, str]:
         """Pinning (GPUs, threads, the allocation), secrets read now, and heartbeats for the zombie automation."""
         env = run_environment(alloc, self.name)
+        if alloc.preemptible:  # the job may checkpoint between SIGTERM and the kill
+            env.update(LAUNCH_PREEMPTIBLE="1", LAUNCH_PREEMPT_GRACE_S=f"{self.queue_spec().preempt_grace_s:g}",
+                       LAUNCH_PREEMPT_DEADLINE_FILE=str(preempt_deadline_file(alloc.run_id)))
         env.update(await resolve_secret_env({"secret_env": secret_env}))
         env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", HEARTBEAT_S)
         return env
@@ -505,6 +515,7 @@ class LaunchWorkerCore:
         self._idle.pop(flow_run_id, None)
         self._signalled.pop(flow_run_id, None)
         self._stops.pop(flow_run_id, None)
+        self.agent.preempting.discard(str(flow_run_id))
         if self.ledger.release(str(flow_run_id)) is not None:
             self.journal.remove(str(flow_run_id))
             self._end_states.pop(flow_run_id, None)
@@ -567,7 +578,36 @@ class LaunchWorkerCore:
         except Exception:
             return False
 
-    async def _stop_run(self, flow_run: "FlowRun", handle: RunHandle, state: State) -> None:
+    async def _preempt(self, victims: list[str], by: "FlowRun") -> None:
+        """Give capacity back to ``by``: each victim is stopped by the worker of its own queue and goes back
+        to the queue keeping its submit time, with the reason in its state and history."""
+        for run_id in victims:
+            alloc = self.ledger.get(run_id)
+            worker = self.agent.workers.get(alloc.queue) if alloc else None
+            worker = worker if isinstance(worker, LaunchWorkerCore) else self
+            handle = worker._handles.get(UUID(run_id))
+            if alloc is None or handle is None or run_id in self.agent.preempting:
+                continue
+            try:
+                victim = await self.client.read_flow_run(UUID(run_id))
+            except Exception as exc:
+                self._logger.warning("could not read run %s to preempt it: %s", run_id, exc)
+                continue
+            grace = worker.queue_spec().preempt_grace_s
+            message = (f"preempted by {by.name} ({by.id}) on agent {self.name}: back to the queue with its "
+                       f"submit time; it runs again when capacity frees")
+            self.agent.preempting.add(run_id)
+            self._note(victim.id, "terminate", "SUCCESS", error_code="preempted", from_state="RUNNING",
+                       to_state="SCHEDULED", message=message)
+            state = Scheduled(scheduled_time=victim.expected_start_time, message=message)
+            try:
+                preempt_deadline_file(run_id).write_text(f"{time.time() + grace:.3f}\n")
+            except OSError:
+                pass
+            worker._runs_task_group.start_soon(worker._stop_run, victim, handle, state, grace)
+
+    async def _stop_run(self, flow_run: "FlowRun", handle: RunHandle, state: State,
+                        grace_s: float = TIMEOUT_GRACE_S) -> None:
         """The agent ends a run it decided to stop (timeout, idle reclaim): SIGTERM, grace, kill.
 
         ``state`` (reason first in its message) becomes the run's final state when its process is gone,
@@ -583,14 +623,14 @@ class LaunchWorkerCore:
         t0 = datetime.now(timezone.utc)
         await self._terminate(run_id, handle, force=False)
         steps.append(SubStep(step="signal", result="SUCCESS", started=t0, ended=datetime.now(timezone.utc),
-                             message=f"SIGTERM to the run; {TIMEOUT_GRACE_S:g} s to exit"))
-        deadline = time.time() + TIMEOUT_GRACE_S
+                             message=f"SIGTERM to the run; {grace_s:g} s to exit"))
+        deadline = time.time() + grace_s
         while time.time() < deadline and await self._handle_alive(run_id, handle):
             await asyncio.sleep(0.2)
         if await self._handle_alive(run_id, handle):
             now = datetime.now(timezone.utc)
             steps.append(SubStep(step="signal", result="SUCCESS", started=now, ended=now,
-                                 message=f"still alive after the {TIMEOUT_GRACE_S:g} s grace: killed"))
+                                 message=f"still alive after the {grace_s:g} s grace: killed"))
         await self._terminate(run_id, handle, force=True)
 
     def _stop_steps(self, run_id: UUID) -> list[SubStep]:
@@ -619,7 +659,7 @@ class LaunchWorkerCore:
         ports = [int(p) for p in str((flow_run.labels or {}).get("launch.session.ports") or "").split(",")
                  if p.strip().isdigit()]
         watch_net = bool(policy.network_idle_timeout and session_type == "interactive" and ports)
-        published = {"at": 0.0, "key": None}
+        published: dict[str, Any] = {"at": 0.0, "kind": None, "full": None}
         fired: list[Verdict] = []
 
         def on_sample(sample: Any) -> None:
@@ -636,10 +676,13 @@ class LaunchWorkerCore:
                 asyncio.run_coroutine_threadsafe(self._reclaim_idle(flow_run, verdict), loop)
                 return
             status = checker.status(now)
-            key = json.dumps([{k: v for k, v in c.items() if k not in ("averages", "connections")}
-                              for c in status["checks"]], sort_keys=True)
-            if key != published["key"] or now - published["at"] >= IDLE_PUBLISH_S:
-                published.update(at=now, key=key)
+            # a change of kind (grace over, window full, app up) at once; moving deadlines and averages at most
+            # every IDLE_PUBLISH_S; nothing while nothing changes (readers compute the time left themselves)
+            full = json.dumps(status["checks"], sort_keys=True)
+            kind = json.dumps([{k: v for k, v in c.items() if k not in ("deadline", "averages", "connections")}
+                               for c in status["checks"]], sort_keys=True)
+            if kind != published["kind"] or (full != published["full"] and now - published["at"] >= IDLE_PUBLISH_S):
+                published.update(at=now, kind=kind, full=full)
                 asyncio.run_coroutine_threadsafe(self._publish_idle(flow_run.id, status), loop)
 
         sampler.on_sample = on_sample
@@ -860,3 +903,10 @@ def _signal_group(pid: int, sig: int) -> None:
 def _entry_for(rec: Recovery, agent: str) -> JournalEntry:
     return JournalEntry(run_id=rec.run_id, agent=agent, allocation=rec.alloc, pid=rec.pid,
                         pid_started=rec.pid_started, started_at=rec.started_at, container=rec.container)
+
+
+def preempt_deadline_file(run_id: str) -> Path:
+    """Where a preemptible run finds the time (epoch seconds) it will be killed, once it is preempted."""
+    folder = Path(tempfile.gettempdir()) / "prefect-launch-preempt"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / str(run_id)
