@@ -155,3 +155,39 @@ def test_one_priority_order_across_an_agents_queues():
     big = _cand(5, 2, prio=1).model_copy(update={"name": "big"})
     assert plan([low], free, TOTAL, "w1", foreign=[big])[0].reason == "waiting: queued behind big (FIFO)"
     assert plan([low], free, TOTAL, "w1", backfill=True, foreign=[big])[0].action == "start"
+
+
+def _owned(i: int, owner: str, gpu: int = 1, prio: int = 3, pre: bool = False) -> Candidate:
+    c = _cand(i, gpu, prio)
+    return c.model_copy(update={"owner": owner, "request": c.request.model_copy(update={"preemptible": pre})})
+
+
+def test_quota_makes_an_owner_wait_without_holding_the_queue():
+    from prefect_launch.workers.fair_share import Quota
+    from prefect_launch.workers.placement import Quotas
+
+    q = Quotas(default=Quota(gpu=1), held={"alice": Resources(gpu=1)})
+    d = {x.run_id: x for x in plan([_owned(1, "alice"), _owned(2, "bob")], TOTAL, TOTAL, "w1", quotas=q)}
+    assert d["r1"].action == "wait" and "owner alice is at its quota" in d["r1"].reason
+    assert d["r2"].action == "start"  # FIFO is not held by a run over its owner's quota
+    # a run started in this round counts against the quota of the next one
+    d = [x.action for x in plan([_owned(1, "bob"), _owned(2, "bob")], TOTAL, TOTAL, "w1", quotas=Quotas(default=Quota(gpu=1)))]
+    assert d == ["start", "wait"]
+
+
+def test_fair_share_interleaves_owners_in_a_priority_level():
+    from prefect_launch.workers.placement import FairShare
+
+    flood = [_owned(i, "alice") for i in range(4)] + [_owned(10, "bob")]  # bob submitted last
+    fair = FairShare(capacity=TOTAL, held={"alice": Resources(gpu=1)})
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    d = {x.run_id: x.action for x in plan(flood, free, TOTAL, "w1", backfill=True, fair=fair)}
+    assert d["r10"] == "start" and all(d[f"r{i}"] == "wait" for i in range(4))
+    d = {x.run_id: x.action for x in plan(flood, free, TOTAL, "w1", backfill=True)}
+    assert d["r0"] == "start" and d["r10"] == "wait"  # without fair share: FIFO, alice first
+
+
+def test_regular_runs_go_before_preemptible_ones_of_the_same_level():
+    free = Resources(cpu=4, memory=8 * GI, gpu=1)
+    d = {x.run_id: x.action for x in plan([_owned(1, "a", pre=True), _owned(2, "b")], free, TOTAL, "w1")}
+    assert d == {"r2": "start", "r1": "wait"}

@@ -28,6 +28,8 @@ class AgentContext:
             warm_engines = int(os.environ.get("LAUNCH_WARM_ENGINES", "2"))
         self.warm_pool: Optional[WarmPool] = WarmPool(warm_engines) if warm_engines > 0 else None
         self.draining = False  # set on the first SIGINT/SIGTERM: claim nothing new
+        self.unplaced: dict[str, list] = {}  # queue -> its waiting candidates, for one priority order across queues
+        self.preempting: set[str] = set()  # run ids told to give their capacity back (inside their grace)
         self.recovery_started = False
         self._recovered: Optional[asyncio.Event] = None
         self._journal = None

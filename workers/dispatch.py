@@ -22,11 +22,12 @@ from uuid import UUID
 
 from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep
 from prefect_launch.workers.ledger import Allocation, Ledger
-from prefect_launch.workers.placement import Candidate, plan
+from prefect_launch.workers.placement import Candidate, Decision, FairShare, Quotas, plan
+from prefect_launch.workers.preemption import Holder, choose_victims
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
-from prefect_launch.workers.resources import LaunchValidationError
-from prefect_launch.workers.run_tags import WAIT_LABEL
+from prefect_launch.workers.resources import LaunchValidationError, Resources
+from prefect_launch.workers.run_tags import OWNER, WAIT_LABEL, tag_value
 
 OTHER_QUEUE_TOOK_IT = "waiting: capacity taken by a run of another queue"
 
@@ -43,6 +44,9 @@ class DispatchHooks:
     booked: Callable[[Allocation], None] = lambda alloc: None  # e.g. journal it before anything starts
     log: Callable[[str], None] = lambda msg: None
     history: Callable[[SchedulingRecord], None] = lambda rec: None  # a decision, for the scheduling history
+    # preempt(victim run ids, the waiting run they make room for): SIGTERM, grace, back to their queue
+    preempt: Optional[Callable[[list[str], Any], Awaitable[None]]] = None
+    stopping: Callable[[], set[str]] = lambda: set()  # runs already told to give their capacity back
 
 
 @dataclass
@@ -50,6 +54,8 @@ class CycleResult:
     started: list[Any] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    unplaced: list[Candidate] = field(default_factory=list)  # for the agent's other queues' plans
+    preempted: list[str] = field(default_factory=list)
 
 
 def _now() -> datetime:
@@ -75,6 +81,12 @@ def _waiting_record(run_id: str, reason: str, request: Optional[ResolvedRequest]
                        error_code=code, message=reason, started=now, ended=now)
         return SchedulingRecord(run_id=run_id, phase="check_precondition", result="NEED_RETRY", error_code=code,
                                 message=reason, sub_steps=[*steps, step])
+    if "at its quota" in reason or "preempt" in reason:
+        code = "over-quota" if "at its quota" in reason else "preempting"
+        step = SubStep(step="capacity_check", result="NEED_RETRY", error_code=code, message=reason,
+                       started=now, ended=now)
+        return SchedulingRecord(run_id=run_id, phase="schedule", result="NEED_RETRY", error_code=code,
+                                message=reason, sub_steps=[*steps, step])
     if reason.endswith("(FIFO)"):
         step = SubStep(step="sequencing", result="SKIPPED", error_code="blocked-by-head", message=reason,
                        started=now, ended=now)
@@ -94,8 +106,12 @@ async def dispatch_cycle(
     agent_name: str,
     priorities: dict[str, int],
     hooks: DispatchHooks,
+    foreign: Optional[list[Candidate]] = None,
 ) -> CycleResult:
-    """Place ``runs`` (Prefect FlowRun-like objects) of one queue against the agent's ledger."""
+    """Place ``runs`` (Prefect FlowRun-like objects) of one queue against the agent's ledger.
+
+    ``foreign``: the waiting runs of the agent's other queues, planned in the same priority order.
+    """
     out = CycleResult()
     # 1. heads: the runs Prefect offers this worker, deduplicated by the caller
     by_id = {str(fr.id): fr for fr in runs}
@@ -109,7 +125,8 @@ async def dispatch_cycle(
         error = request = None
         t0 = _now()
         try:
-            request = resolve_request(spec, await hooks.deployment_vars(fr.deployment_id), fr.job_variables or {})
+            request = resolve_request(spec, await hooks.deployment_vars(fr.deployment_id), fr.job_variables or {},
+                                      priority=fr.work_queue_name)
             requests[rid] = request
         except LaunchValidationError as exc:
             error = str(exc)
@@ -123,6 +140,7 @@ async def dispatch_cycle(
         candidates.append(Candidate(
             run_id=rid, name=fr.name, submitted=fr.expected_start_time,
             priority_rank=priorities.get(fr.work_queue_name or "", 99), request=request, error=error,
+            owner=tag_value(getattr(fr, "tags", None), OWNER),
         ))
     pinned_elsewhere = any(r.agent and r.agent != agent_name for r in requests.values())
     offline, known = (await hooks.pinned_agents()) if pinned_elsewhere else ({}, None)
@@ -130,8 +148,12 @@ async def dispatch_cycle(
     t_plan = _now()
     free_before = ledger.free()
     decisions = plan(candidates, free_before, ledger.capacity, agent_name, spec.backfill,
-                     agents_offline=offline, agents_known=known)
+                     agents_offline=offline, agents_known=known, foreign=[c for c in foreign or []
+                                                                          if ledger.get(c.run_id) is None],
+                     fair=_fair_share(spec, ledger), quotas=_quotas(spec, ledger, queue))
     t_planned = _now()
+    by_cand = {c.run_id: c for c in candidates}
+    decisions = await _preempt_for_head(decisions, by_cand, by_id, ledger, hooks, spec, out)
     for position, decision in enumerate(decisions, 1):
         fr = by_id[decision.run_id]
         req = requests.get(decision.run_id)
@@ -145,7 +167,8 @@ async def dispatch_cycle(
                                  message=f"needs {req.resources.describe()}; agent {agent_name} had "
                                          f"{free_before.describe()} free"))
             t_alloc = _now()
-            alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset)
+            alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset,
+                                        preemptible=req.preemptible, owner=by_cand[decision.run_id].owner)
             if alloc is None:
                 out.waiting[decision.run_id] = OTHER_QUEUE_TOOK_IT
                 steps.append(SubStep(step="allocation", result="NEED_RETRY", error_code="capacity-taken",
@@ -183,9 +206,66 @@ async def dispatch_cycle(
             await hooks.reject(fr, decision.reason)
         else:
             out.waiting[decision.run_id] = decision.reason
+            if decision.action == "wait" and decision.run_id in by_cand:
+                out.unplaced.append(by_cand[decision.run_id].model_copy(update={"name": f"{fr.name} (queue {queue})"}))
             _note(hooks, _waiting_record(decision.run_id, decision.reason, req, agent_name, steps, decision.action))
             await hooks.wait(fr, decision.reason)
     return out
+
+
+def _held_by_owner(ledger: Ledger, queue: Optional[str] = None) -> dict[str, Resources]:
+    held: dict[str, Resources] = {}
+    for a in ledger.allocations():
+        if queue is not None and a.queue != queue:
+            continue
+        h = held.get(a.owner or "", Resources())
+        held[a.owner or ""] = Resources(cpu=h.cpu + a.resources.cpu, memory=h.memory + a.resources.memory,
+                                        gpu=h.gpu + a.resources.gpu)
+    return held
+
+
+def _fair_share(spec: QueueSpec, ledger: Ledger) -> Optional[FairShare]:
+    return FairShare(held=_held_by_owner(ledger), capacity=ledger.capacity) if spec.fair_share else None
+
+
+def _quotas(spec: QueueSpec, ledger: Ledger, queue: str) -> Optional[Quotas]:
+    """Owner quotas count what each owner holds of this queue on this agent."""
+    if spec.owner_quota is None and not spec.owner_quotas:
+        return None
+    return Quotas(caps={o: q.resources() for o, q in spec.owner_quotas.items()},
+                  default=spec.owner_quota.resources() if spec.owner_quota else None,
+                  held=_held_by_owner(ledger, queue))
+
+
+async def _preempt_for_head(decisions: list[Decision], cands: dict[str, Candidate], runs: dict[str, Any],
+                            ledger: Ledger, hooks: DispatchHooks, spec: QueueSpec, out: CycleResult) -> list[Decision]:
+    """The first regular run that waits only for capacity preemptible runs hold gets it back from them:
+    the fewest, newest such runs are told to stop (SIGTERM, the queue's grace, back to their queue)."""
+    if hooks.preempt is None:
+        return decisions
+    for i, d in enumerate(decisions):
+        c = cands.get(d.run_id)
+        if d.action != "wait" or c is None or c.request is None or c.preemptible:
+            continue
+        if not d.reason.startswith("waiting: needs") and "the room is kept" not in d.reason:
+            continue  # waits for its turn (FIFO) or its quota: preemption would not start it
+        stopping = hooks.stopping()
+        holders = [Holder(run_id=a.run_id, resources=a.resources, preemptible=a.preemptible,
+                          started=datetime.fromtimestamp(a.booked_at, timezone.utc), stopping=a.run_id in stopping)
+                   for a in ledger.allocations()]
+        victims = choose_victims(c.request.resources, ledger.free(), holders)
+        if victims is None:
+            return decisions  # preemption cannot make room for the head: nothing is preempted
+        if victims:
+            await hooks.preempt(victims, runs[d.run_id])
+            out.preempted.extend(victims)
+            why = (f"waiting: preempting {len(victims)} preemptible run(s) to make room "
+                   f"(they have {spec.preempt_grace_s:g} s to checkpoint)")
+        else:
+            why = "waiting: preempted runs are giving their capacity back"
+        decisions = [*decisions[:i], d.model_copy(update={"reason": why}), *decisions[i + 1:]]
+        return decisions
+    return decisions
 
 
 class WaitNotes:

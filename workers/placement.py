@@ -10,10 +10,12 @@ queue, since another agent may take them.
 from __future__ import annotations
 
 from datetime import datetime
+from itertools import groupby
 from typing import Literal, Optional
 
 from pydantic import BaseModel
 
+from prefect_launch.workers.fair_share import Quota, drf_order, over_quota
 from prefect_launch.workers.resolve import ResolvedRequest
 from prefect_launch.workers.resources import Resources
 
@@ -27,6 +29,11 @@ class Candidate(BaseModel):
     submitted: Optional[datetime] = None
     request: Optional[ResolvedRequest] = None
     error: Optional[str] = None  # a validation error found by the worker
+    owner: Optional[str] = None  # the run's owner: tag, for quotas and fair share
+
+    @property
+    def preemptible(self) -> bool:
+        return bool(self.request and self.request.preemptible)
 
 
 class Decision(BaseModel):
@@ -40,13 +47,41 @@ def explain(short: list[tuple[str, str, str]], agent_name: str, what: str) -> st
     return "waiting: " + "; ".join(f"needs {n}={need}, agent {agent_name} has {have} {what}" for n, need, have in short)
 
 
-def order(candidates: list[Candidate]) -> list[Candidate]:
-    """Priority first, then submit time (stable for equal keys)."""
+def order(candidates: list[Candidate], fair: Optional["FairShare"] = None) -> list[Candidate]:
+    """Priority first, regular before preemptible within a level (a preempted run keeps its submit time
+    and must not win the room back from the run that preempted it), then submit time; with ``fair``,
+    owners by dominant resource share within each group (FIFO within an owner)."""
     far = datetime.max
-    return sorted(
+    ranked = sorted(
         candidates,
-        key=lambda c: (c.priority_rank, (c.submitted.replace(tzinfo=None) if c.submitted else far)),
+        key=lambda c: (c.priority_rank, c.preemptible, (c.submitted.replace(tzinfo=None) if c.submitted else far)),
     )
+    if fair is None:
+        return ranked
+    out: list[Candidate] = []
+    for _, group in groupby(ranked, key=lambda c: (c.priority_rank, c.preemptible)):
+        out.extend(drf_order(list(group), owner_of=lambda c: c.owner,
+                             request_of=lambda c: c.request.resources if c.request else None,
+                             held=fair.held, capacity=fair.capacity))
+    return out
+
+
+class FairShare(BaseModel):
+    """What each owner holds now and the capacity shares are measured against."""
+
+    held: dict[str, Resources] = {}
+    capacity: Resources
+
+
+class Quotas(BaseModel):
+    """Owner quotas of the queue: ``of(owner)`` is the cap, ``held`` what each owner holds now."""
+
+    caps: dict[str, Quota] = {}
+    default: Optional[Quota] = None
+    held: dict[str, Resources] = {}
+
+    def of(self, owner: Optional[str]) -> Optional[Quota]:
+        return self.caps.get(owner or "") or self.default
 
 
 def plan(
@@ -58,6 +93,8 @@ def plan(
     agents_offline: Optional[dict[str, str]] = None,
     agents_known: Optional[set[str]] = None,
     foreign: Optional[list[Candidate]] = None,
+    fair: Optional[FairShare] = None,
+    quotas: Optional[Quotas] = None,
 ) -> list[Decision]:
     """``agents_offline`` maps an offline agent to why ('offline since ...'); ``agents_known`` the names
     seen at all, so a run pinned to an agent that is gone or never existed says so instead of waiting mutely.
@@ -65,13 +102,16 @@ def plan(
     ``foreign`` are the waiting runs of the agent's other queues (their ``name`` says which queue): they
     are planned in the same priority order but get no decision here (their own queue starts them), so a
     ``low`` run of this queue never takes the room a ``critical`` run of another queue is about to take.
+    ``fair`` orders owners by dominant share inside a priority level; ``quotas`` make a run whose owner
+    would go over its cap wait with that reason (it does not hold the queue: others may go).
     """
     decisions: list[Decision] = []
     free = free.model_copy()
     head: Optional[Candidate] = None
     mine = {id(c) for c in candidates}
     kept: list[Candidate] = []  # runs of other queues that go first and fit: their room is kept
-    for c in order([*candidates, *(foreign or [])]):
+    held = dict(quotas.held) if quotas else {}
+    for c in order([*candidates, *(foreign or [])], fair):
         if id(c) not in mine:
             before = free
             head, free = _plan_foreign(c, head, free, total, agent_name, backfill)
@@ -101,6 +141,11 @@ def plan(
             decisions.append(Decision(run_id=c.run_id, action="wait",
                                       reason=f"waiting: queued behind {head.name or head.run_id} (FIFO)"))
             continue
+        over = over_quota(held.get(c.owner or "", Resources()), req, quotas.of(c.owner), f"owner {c.owner}") \
+            if quotas and quotas.of(c.owner) else None
+        if over:
+            decisions.append(Decision(run_id=c.run_id, action="wait", reason=over))
+            continue
         short = req.shortfall(free)
         if short:
             room = free
@@ -114,6 +159,10 @@ def plan(
                 head = c
             continue
         free = Resources(cpu=free.cpu - req.cpu, memory=free.memory - req.memory, gpu=free.gpu - req.gpu)
+        if quotas is not None:
+            mine_held = held.get(c.owner or "", Resources())
+            held[c.owner or ""] = Resources(cpu=mine_held.cpu + req.cpu, memory=mine_held.memory + req.memory,
+                                            gpu=mine_held.gpu + req.gpu)
         decisions.append(Decision(run_id=c.run_id, action="start", reason=f"starting on agent {agent_name}"))
     return decisions
 
