@@ -357,3 +357,33 @@ def test_agent_serves_a_kubernetes_queue_and_cancels_on_exit(prefect_server, kub
         assert state.is_cancelled() and state.message.startswith(f"cancelled: agent {name} was stopped"), state
         assert ("default", jobs[kept.id]["metadata"]["name"]) not in kube.jobs
         assert ("default", jobs[done.id]["metadata"]["name"]) in kube.jobs  # finished: left to its TTL
+
+
+def test_restarted_worker_follows_its_running_jobs_again(prefect_server, kube):
+    """A run whose Job a previous life of the agent created: the new worker finds it and records its eviction."""
+    from prefect.states import Pending, Running
+
+    from prefect_launch.workers.kubernetes_manifest import job_manifest
+    from prefect_launch.workers.resources import Resources
+    from prefect_launch.workers.run_tags import WORKER_LABEL
+
+    async def body(s: Scene):
+        fr = await s.client.create_flow_run_from_deployment(s.deployment_id)
+        m = job_manifest(run_id=str(fr.id), name="left-over", image="img", queue="q", agent=AGENT,
+                         resources=Resources(cpu=1, memory=1 << 30))
+        code, job = s.fake.handle("POST", "/apis/batch/v1/namespaces/default/jobs", {}, m)
+        assert code == 201
+        pod = s.fake.add_pod(job, "Running")
+        s.fake.set_pod(pod, node="n4")
+        await s.client.set_flow_run_state(fr.id, Pending(), force=True)
+        await s.client.set_flow_run_state(fr.id, Running(), force=True)
+        await s.client.update_flow_run_labels(fr.id, {WORKER_LABEL: AGENT})
+        await s.client.update_flow_run(fr.id, infrastructure_pid=f"default:{job['metadata']['name']}")
+        s.worker._reattached = False  # as at the start of a new agent
+        await s.worker._initialize_after_sync()
+        await s.until(lambda: fr.id in s.worker._watching)
+        s.fake.set_pod(pod, "Failed", reason="Evicted", message="The node had condition: [DiskPressure].")
+        state = await s.final(fr)
+        assert state.is_crashed() and state.message.startswith("evicted by the kubelet: The node had condition")
+
+    go(body, kube)

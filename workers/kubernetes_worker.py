@@ -389,6 +389,10 @@ class LaunchKubernetesWorker(KubernetesWorker):
             accepted.append(entry)
         return await super()._submit_scheduled_flow_runs(accepted)
 
+    def _release_limit_slot(self, flow_run_id: UUID) -> None:
+        super()._release_limit_slot(flow_run_id)
+        self._requests.pop(flow_run_id, None)  # a run accepted but never started (its Pending claim lost)
+
     async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
         message = f"Rejected by agent {self.name}: {reason}"
         self.get_flow_run_logger(flow_run).error(message)
@@ -572,6 +576,7 @@ class LaunchKubernetesWorker(KubernetesWorker):
     async def _record_end(self, flow_run: "FlowRun", end: Observation) -> int:
         """The run's end state where Kubernetes knows better than the engine; the status code for Prefect."""
         stop = self._stop.pop(flow_run.id, None)
+        self._wait_notes.forget(flow_run.id)
         with anyio.CancelScope(shield=True):
             if stop is not None:
                 await self._mark(flow_run, stop)
