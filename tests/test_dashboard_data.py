@@ -169,6 +169,23 @@ def test_interval_and_alignment():
     assert s.timestamp() % 900 == 0 and e.timestamp() % 900 == 0 and s <= now - dt.timedelta(days=1) and e >= now
 
 
+def test_queued_and_duration_rule_written_once():
+    """The one rule both the run tables and the history's queued seconds use."""
+    import numpy as np
+
+    now = 1_000_000_000.0
+    s = 1e6
+    exp = np.array([0, 0, 0, 500 * s, 10 * s, 0, now + 60 * s])
+    start = np.array([60 * s, 60 * s, np.nan, np.nan, 5 * s, np.nan, np.nan])
+    end = np.array([160 * s, np.nan, np.nan, np.nan, 20 * s, np.nan, np.nan])
+    terminal = np.array([True, False, False, False, True, True, False])
+    q, d = D.queued_and_duration(exp, start, end, terminal, now)
+    # finished; running; waiting since 0; waiting since 500 s; started early (never below 0);
+    # cancelled before it started; due later
+    assert q.tolist() == [60, 60, now / s, now / s - 500, 0, 0, 0]
+    assert d[:2].tolist() == [100, now / s - 60] and d[4] == 15 and np.isnan(d[[2, 3, 5, 6]]).all()
+
+
 def test_tag_combos_and_subtract():
     now = dt.datetime.now(UTC)
     spec = D.ViewSpec(since=now, until=now, owners=("a", "b"), presets=("x",))

@@ -43,3 +43,17 @@ def test_waiting_for_capacity_with_the_head_runs_reason():
     s2 = summary_frame(pools, counts, workers, agents, runs.assign(waiting="")).set_index("queue")
     assert s2.loc["eval", "now"] == "waiting for capacity"
     assert head_reasons(runs.iloc[:0]) == {}
+
+
+def test_headline_and_capacity_used():
+    from prefect_launch.dashboard.summary import capacity_used, headline
+
+    pools, counts, workers, agents, runs = _frames()
+    s = summary_frame(pools, counts, workers, agents, runs)
+    assert headline(s) == dict(busy=1, queues=4, queued=4, running=2)
+    assert headline(s.iloc[:0]) == dict(busy=0, queues=0, queued=0, running=0)
+    cost = pd.DataFrame({"gpu_used_h": [1.0, 0.5], "cpu_used_h": [None, None]})
+    # 1.5 GPU-hours used of 2 GPUs x 3 h
+    assert capacity_used(cost, dict(gpu=2.0, cpu=8.0), 3 * 3600) == dict(gpu=25.0, cpu=None)  # CPU not measured: None
+    assert capacity_used(cost, dict(gpu=None, cpu=None), 3600) == dict(gpu=None, cpu=None)  # no agent capacity
+    assert capacity_used(None, dict(gpu=2.0, cpu=8.0), 3600) == dict(gpu=None, cpu=None)
