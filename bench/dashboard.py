@@ -10,6 +10,13 @@ through Prefect's ORM table definitions - thousands of times faster than creatin
 through the API - and starts the server again. Metrics are written to the run metrics
 store when `prefect_launch.blocks.metrics_store` is importable.
 
+The runs look like a working week: submissions peak on weekday working hours and at a
+nightly sweep; durations run from minutes to hours (median ~10 min, ~1 in 6 over an hour,
+the longest a day or more), so runs span many buckets of the 7-day view; the two
+launch-process pools' runs are placed on simulated agents (8 GPUs / 64 cores each): a run
+starts when its GPUs and cores are free and carries the agent's placement label, so the
+Gantt draws real lanes per agent and device and waits grow at the peaks.
+
 The run index (the monitor's copy of the runs' filter columns, in the metrics store)
 is built once after seeding and its build time printed; then the data layer is timed
 from the index (what the page uses once the index covers the range) and, for
@@ -24,16 +31,19 @@ several times (medians printed):
   the median over the queue and owner changes; each kind is printed (and in the JSON as
   <kind>_s);
 - naive: page through every flow run in the range with the Prefect client (200 per
-  request, the API's cap) - what a dashboard without server-side aggregation does.
+  request, the API's cap) - what a dashboard without server-side aggregation does
+  (--naive-max-runs: stop after that many and extrapolate, for 1M runs).
 
 The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speedup_cold (the
 index path), and queue_s, owner_s, job_s, preset_s, status_s, grouping_s, refresh_s,
-index_build_s, api_cold_s, api_filter_s (the API-only path), occupancy_s (the occupancy panels of
-the 7-day view, computed from the index's rows), and page_cold_s, page_warm_s: what a person waits
-for, from navigation to a fully drawn page (every panel there, every chart drawn, the script done)
-in headless Chromium through Playwright - cold: the first visit after `streamlit run` started
-(its caches empty, the run index already built); warm: a new visit (new session) right after
-(null where Chromium or Playwright is missing, or with --no-page).
+index_build_s, api_cold_s, api_filter_s (the API-only path; null with --sources index), occupancy_s
+(the occupancy panels of the 7-day view, computed from the index's rows held in memory), and
+page_cold_s, page_warm_s: what a person waits for, from navigation to a fully drawn page (every
+panel there, every chart drawn, the script done) in headless Chromium through Playwright - cold:
+the first visit after `streamlit run` started (its caches empty, the run index already built);
+warm: a new visit (new session) right after (null where Chromium or Playwright is missing, or
+with --no-page); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+figure is an upper bound). Progress lines carry the elapsed time and the load average.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import contextlib
 import functools
 import datetime as dt
 import json
+import math
 import os
 import random
 import statistics
@@ -51,7 +62,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-
+from typing import Optional
 
 from prefect_launch.local_server import background_process, free_port, local_prefect_server, wait_healthy
 
@@ -69,6 +80,54 @@ PRESETS = {
     "gpu-1": dict(cpu=8, memory="32Gi", gpu=1),
     "gpu-2": dict(cpu=16, memory="64Gi", gpu=2),
 }
+# what each pool runs (the kubernetes pool: anything, placed by Kubernetes, not by an agent)
+POOL_PRESETS = {"gpu-a100": {"gpu-1": 0.7, "gpu-2": 0.3}, "cpu-batch": {"small": 0.6, "medium": 0.4},
+                "k8s-gpu": {"small": 0.25, "medium": 0.25, "gpu-1": 0.25, "gpu-2": 0.25}}
+# launch agents per pool (8 GPUs / 64 cores each): sized per 100k runs a week so that waits stay
+# short except at the weekday peaks (scaled with --runs)
+AGENTS_PER_100K = {"gpu-a100": 48, "cpu-batch": 14}
+GPUS_PER_AGENT, CORES_PER_AGENT = 8, 64
+# durations: minutes to hours (runs span many buckets of a 7-day view's hourly intervals)
+DURATIONS = ((0.55, 240.0, 0.8), (0.30, 1800.0, 0.6), (0.15, 3 * 3600.0, 0.7))  # (share, median s, log sigma)
+
+
+def _duration(rng: random.Random) -> float:
+    roll = rng.random()
+    for share, median, sigma in DURATIONS:
+        if roll < share:
+            return rng.lognormvariate(math.log(median), sigma)
+        roll -= share
+    return rng.lognormvariate(math.log(DURATIONS[-1][1]), DURATIONS[-1][2])
+
+
+class Cluster:
+    """Launch agents of one pool: when each GPU and core is free next. A run starts on the
+    agent where its GPUs and cores free up first (not before it is due), and holds them to
+    its end: placements and waits as an agent's ledger makes them."""
+
+    def __init__(self, pool: str, agents: int) -> None:
+        import numpy as np
+
+        self.names = [f"{pool}-node{i:02d}" for i in range(agents)]
+        self.gpu = np.zeros((agents, GPUS_PER_AGENT))
+        self.core = np.zeros((agents, CORES_PER_AGENT))
+
+    def place(self, due: float, gpus: int, cores: int, duration: float) -> tuple[float, str]:
+        """(start, placement label) of a run due at ``due`` (epoch s)."""
+        import numpy as np
+
+        g_ready = np.sort(self.gpu, axis=1)[:, gpus - 1] if gpus else np.zeros(len(self.names))
+        c_ready = np.partition(self.core, cores - 1, axis=1)[:, cores - 1]
+        ready = np.maximum(np.maximum(g_ready, c_ready), due)
+        a = int(np.argmin(ready))
+        start = float(ready[a])
+        g = np.argsort(self.gpu[a], kind="stable")[:gpus] if gpus else np.array([], dtype=int)
+        c = np.argsort(self.core[a], kind="stable")[:cores]
+        self.gpu[a, g] = start + duration
+        self.core[a, c] = start + duration
+        label = (f"agent {self.names[a]}: cpu={cores},memory=1Gi,gpu={gpus}; gpus {','.join(map(str, sorted(g))) or 'none'}; "
+                 f"cores {','.join(map(str, sorted(c)))}")
+        return start, label
 
 
 def create_objects(api_url: str) -> dict:
@@ -105,7 +164,12 @@ def _load_shape(t: dt.datetime) -> float:
 
 
 def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, seed: int = 7) -> list[dict]:
-    """Insert n flow runs with one current-state row each into the server's SQLite DB."""
+    """Insert n flow runs with one current-state row each into the server's SQLite DB.
+
+    Runs of the launch-process pools are placed on simulated agents (:class:`Cluster`):
+    their start waits for free GPUs and cores, and they carry the agent's placement label
+    (``launch.placement``) as real runs do; the kubernetes pool's runs start after a short
+    random wait and carry none."""
     import sqlalchemy as sa
     from prefect.server.database import orm_models
     from prefect.server.schemas.states import StateType
@@ -113,24 +177,37 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
     rng = random.Random(seed)
     start = now - dt.timedelta(days=7)
     span = (now - start).total_seconds()
-    runs, states, summary = [], [], []
-    while len(runs) < n:
+    now_s = now.timestamp()
+    expected: list[float] = []
+    while len(expected) < n:  # submission times, shaped like a working week
         exp = start + dt.timedelta(seconds=rng.random() * span)
-        if rng.random() > _load_shape(exp) / 1.4:
-            continue
+        if rng.random() <= _load_shape(exp) / 1.4:
+            expected.append(exp.timestamp())
+    expected.sort()
+    clusters = {p: Cluster(p, max(1, round(k * n / 100_000))) for p, k in AGENTS_PER_100K.items()}
+    runs, states, summary = [], [], []
+    for exp_s in expected:
         pool = rng.choice(POOLS)[0]
         job = rng.choice(JOBS)
         owner = rng.choice(OWNERS)
-        preset = rng.choice(list(PRESETS))
+        choices = POOL_PRESETS[pool]
+        preset = rng.choices(list(choices), weights=list(choices.values()))[0]
         prio = rng.choice(PRIORITIES)
-        queued = rng.expovariate(1 / 90.0)
-        duration = rng.lognormvariate(6.0, 1.0)
-        st_start = exp + dt.timedelta(seconds=queued)
+        duration = _duration(rng)
+        p = PRESETS[preset]
+        due = exp_s + rng.expovariate(1 / 15.0)  # the agent's next poll
+        labels = {}
+        if pool in clusters:
+            start_s, labels["launch.placement"] = clusters[pool].place(due, p["gpu"], p["cpu"], duration)
+        else:
+            start_s = exp_s + rng.expovariate(1 / 90.0)
+        exp = dt.datetime.fromtimestamp(exp_s, dt.timezone.utc)
+        st_start = dt.datetime.fromtimestamp(start_s, dt.timezone.utc)
         st_end = st_start + dt.timedelta(seconds=duration)
         roll = rng.random()
         message = None
-        if st_start > now:
-            stype, sname, st_start, st_end = StateType.SCHEDULED, "Scheduled", None, None
+        if start_s > now_s:
+            stype, sname, st_start, st_end, labels = StateType.SCHEDULED, "Scheduled", None, None, {}
         elif st_end > now:
             stype, sname, st_end = StateType.RUNNING, "Running", None
         elif roll < 0.07:
@@ -144,7 +221,7 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
         rid, sid = uuid.uuid4(), uuid.uuid4()
         ts = st_end or st_start or exp
         total = dt.timedelta(seconds=duration) if st_end else dt.timedelta(0)
-        jv = {"preset": preset, **PRESETS[preset]}
+        jv = {"preset": preset, **p}
         runs.append(
             dict(
                 id=rid, created=exp, updated=ts, name=f"{job}-{rid.hex[:8]}", flow_id=uuid.UUID(objects["flow_id"]),
@@ -152,7 +229,7 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
                 work_queue_id=uuid.UUID(objects["pools"][pool]["queues"][prio]), state_type=stype, state_name=sname,
                 state_timestamp=ts, state_id=sid, expected_start_time=exp, start_time=st_start, end_time=st_end,
                 total_run_time=total, run_count=1 if st_start else 0,
-                tags=["launch", f"owner:{owner}", f"preset:{preset}"], job_variables=jv, labels={},
+                tags=["launch", f"owner:{owner}", f"preset:{preset}"], job_variables=jv, labels=labels,
             )
         )
         states.append(dict(id=sid, flow_run_id=rid, type=stype, name=sname, timestamp=ts, message=message, created=ts, updated=ts))
@@ -165,6 +242,16 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
             conn.execute(sa.insert(orm_models.FlowRunState.__table__), states[i : i + 5000])
     engine.dispose()
     return summary
+
+
+def duration_figures(summary: list[dict]) -> str:
+    """What the seeded runs look like: durations, waits and concurrency (for the record)."""
+    import statistics as stats
+
+    d = sorted(r["duration"] for r in summary)
+    q = lambda f: d[min(len(d) - 1, int(f * len(d)))]  # noqa: E731
+    return (f"durations: median {q(0.5) / 60:.0f} min, p90 {q(0.9) / 3600:.1f} h, max {d[-1] / 3600:.1f} h, "
+            f"mean {stats.fmean(d) / 60:.0f} min; over 1 h: {sum(x > 3600 for x in d) / len(d):.0%}")
 
 
 def seed_metrics(summary: list[dict], seed: int = 11) -> bool:
@@ -210,8 +297,10 @@ def seed_metrics(summary: list[dict], seed: int = 11) -> bool:
     return True
 
 
-def naive_read(api_url: str, since: dt.datetime, until: dt.datetime) -> int:
-    """Page through every run in the range with the client, 200 at a time (the API's cap).
+def naive_read(api_url: str, since: dt.datetime, until: dt.datetime, max_runs: Optional[int] = None) -> int:
+    """Page through every run in the range with the client, 200 at a time (the API's cap);
+    with ``max_runs``, stop once that many are read (the caller extrapolates: the pages cost
+    the same all the way down).
 
     Keyset pages (expected_start_time before the last one seen) keep this linear; offset
     paging measured far worse at 100k runs (783 s, 128 runs/s: each page re-skips the offset).
@@ -228,15 +317,24 @@ def naive_read(api_url: str, since: dt.datetime, until: dt.datetime) -> int:
             page = client.read_flow_runs(flow_run_filter=flt, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
             new = [r for r in page if r.id not in seen]
             seen.update(r.id for r in page)
-            if len(page) < 200 or not new:
+            if len(page) < 200 or not new or (max_runs and len(seen) >= max_runs):
                 return len(seen)
             before = page[-1].expected_start_time
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (the box is shared: timings are upper bounds)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 print = functools.partial(print, flush=True)  # noqa: A001  (progress shows up when piped)
 
 
 CHROMIUM = "/usr/bin/chromium"
+PAGE_TIMEOUT_S = 600
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
@@ -272,7 +370,12 @@ def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
                         page = browser.new_page(viewport={"width": 1600, "height": 7000})
                         t = time.perf_counter()
                         page.goto(url, wait_until="commit")
-                        page.wait_for_function(DRAWN_JS, timeout=300_000, polling=50)
+                        try:
+                            page.wait_for_function(DRAWN_JS, timeout=PAGE_TIMEOUT_S * 1000, polling=50)
+                        except Exception as exc:  # not drawn in time: said so, the other figures still printed
+                            print(f"page not drawn within {PAGE_TIMEOUT_S} s ({type(exc).__name__})")
+                            page.close()
+                            return colds, warms
                         out.append(time.perf_counter() - t)
                         page.close()
                 finally:
@@ -285,28 +388,43 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--naive-repeat", type=int, default=1)
+    ap.add_argument("--naive-max-runs", type=int, default=None,
+                    help="read at most this many runs the naive way and extrapolate its time to every run in range")
+    ap.add_argument("--sources", default="index,api", help="data paths to time: index, api or both (the JSON's figures are the index's)")
     ap.add_argument("--keep", action="store_true", help="keep the server's PREFECT_HOME")
+    ap.add_argument("--home", help="reuse a PREFECT_HOME kept by --keep (its runs and metrics; no seeding)")
     ap.add_argument("--page-repeat", type=int, default=2, help="fresh `streamlit run`s timed in the browser")
     ap.add_argument("--no-page", action="store_true", help="skip the browser timing (page_cold_s, page_warm_s)")
     args = ap.parse_args()
+    t_start = time.perf_counter()
+    load_start = loadavg()
 
-    home = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    def stage(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s, load {loadavg()}] {msg}")
+
+    stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs)")
+    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    now = dt.datetime.now(dt.timezone.utc)
-
-    t0 = time.perf_counter()
-    with local_prefect_server(home, port):
-        objects = create_objects(api_url)
-    summary = bulk_insert_runs(home / "prefect.db", objects, args.runs, now)
-    t_seed = time.perf_counter() - t0
-    print(f"seeded {args.runs} runs over 7 days in {t_seed:.1f} s (bulk insert through Prefect's ORM tables)")
+    if args.home:
+        now = dt.datetime.fromisoformat((home / "bench-now.txt").read_text().strip())
+        stage(f"reusing {home} (seeded at {now:%Y-%m-%d %H:%M} UTC)")
+    else:
+        now = dt.datetime.now(dt.timezone.utc)
+        (home / "bench-now.txt").write_text(now.isoformat())
+        t0 = time.perf_counter()
+        with local_prefect_server(home, port):
+            objects = create_objects(api_url)
+        summary = bulk_insert_runs(home / "prefect.db", objects, args.runs, now)
+        t_seed = time.perf_counter() - t0
+        stage(f"seeded {args.runs} runs over 7 days in {t_seed:.1f} s (bulk insert through Prefect's ORM tables)")
+        print(duration_figures(summary))
     server = contextlib.ExitStack()
     server.enter_context(local_prefect_server(home, port))
     try:
-        has_metrics = seed_metrics(summary)
-        print(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
+        has_metrics = True if args.home else seed_metrics(summary)
+        stage(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
         from prefect_launch.dashboard import data
 
         since, until = now - dt.timedelta(days=7), now + dt.timedelta(minutes=1)
@@ -322,9 +440,15 @@ def main() -> None:
             "grouping": data.ViewSpec(**later, grouping="owner"),
         }
 
-        def timed(fn) -> float:
-            t = time.perf_counter()
+        cpu: dict[str, list[float]] = {}  # this process's CPU seconds per timed call, by what was timed
+
+        def timed(fn, what: str = "") -> float:
+            """Wall seconds of fn(); its CPU seconds (this process, all threads: the server's are not
+            in it) go to ``cpu[what]`` - on a loaded box the wall time is an upper bound, the CPU time
+            is what the page's process itself spends."""
+            t, c = time.perf_counter(), time.process_time()
             fn()
+            cpu.setdefault(what, []).append(time.process_time() - c)
             return time.perf_counter() - t
 
         # the run index is built once (what the page does in the background on first use)
@@ -334,7 +458,7 @@ def main() -> None:
         t = time.perf_counter()
         built = index_sync.build(index_sync.RunIndex(store), data.get_api(api_url), days=8)
         t_build = time.perf_counter() - t
-        print(f"run index built in {t_build:.1f} s ({built.runs_read} runs read, one-off; kept in step by syncs afterwards)")
+        stage(f"run index built in {t_build:.1f} s ({built.runs_read} runs read, one-off; kept in step by syncs afterwards)")
 
         def measure(source: str) -> tuple[list[float], dict[str, list[float]], list[float]]:
             """cold: every cache empty. filter change: from the default view just loaded (what the
@@ -344,9 +468,10 @@ def main() -> None:
             for _ in range(args.repeat):
                 for kind, spec in changes.items():
                     data.clear_caches()
-                    colds.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=True, source=source)))
+                    colds.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=True, source=source), f"{source} cold"))
                     time.sleep(index_sync.MIN_SYNC_S)  # a person takes longer than this: the change syncs the index first
-                    per[kind].append(timed(lambda: data.load_view(spec, api_url=api_url, use_cache=True, source=source)))
+                    what = f"{source} filter" if kind in ("queue", "owner") else f"{source} {kind}"
+                    per[kind].append(timed(lambda: data.load_view(spec, api_url=api_url, use_cache=True, source=source), what))
             data.clear_caches()
             data.load_view(base, api_url=api_url, use_cache=True, source=source)
             refreshes = []
@@ -355,22 +480,39 @@ def main() -> None:
                 refreshes.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=True, source=source)))
             return colds, per, refreshes
 
-        results = {source: measure(source) for source in ("index", "api")}
+        sources = [x for x in ("index", "api") if x in args.sources.split(",")]
+        if "index" not in sources:
+            sources.insert(0, "index")  # the JSON's figures are the index path's
+        results = {}
+        for source in sources:
+            results[source] = measure(source)
+            stage(f"{source} path timed")
+        view = data.load_view(base, api_url=api_url, use_cache=False, source="index")
+        in_range = int(view.totals["runs"])
         naives = []
         counted = 0
         for _ in range(args.naive_repeat):
             t = time.perf_counter()
-            counted = naive_read(api_url, since, until)
-            naives.append(time.perf_counter() - t)
-        view = data.load_view(base, api_url=api_url, use_cache=False, source="index")
+            counted = naive_read(api_url, since, until, args.naive_max_runs)
+            took = time.perf_counter() - t
+            naives.append(took * in_range / counted if counted < in_range else took)
+        extrapolated = counted < in_range
+        stage(f"naive read: {counted} runs" + (f", extrapolated to the {in_range} in range" if extrapolated else ""))
         # the occupancy panels of the 7-day view (pure computation over the index's rows)
-        occ_times = [data.load_view(base, api_url=api_url, use_cache=True, source="index").timings["occupancy"]
-                     for _ in range(max(args.repeat, 3))]
+        occ_times, occ_cpu = [], []
+        for _ in range(max(args.repeat, 3)):
+            v = data.load_view(base, api_url=api_url, use_cache=True, source="index")
+            occ_times.append(v.timings["occupancy"])
+            occ_cpu.append(v.timings.get("occupancy_cpu", float("nan")))
         occupancy_s = statistics.median(occ_times)
-        print(f"occupancy panels (7 days)  median {occupancy_s:.3f} s  ({', '.join(f'{x:.3f}' for x in occ_times)}; "
-              f"{view.occupancy.runs} runs overlap the range)")
+        occupancy_cpu_s = statistics.median(occ_cpu)
+        lanes = view.occupancy.lanes
+        print(f"occupancy panels (7 days)  median {occupancy_s:.3f} s, CPU {occupancy_cpu_s:.3f} s  "
+              f"({', '.join(f'{x:.3f}' for x in occ_times)}; "
+              f"{view.occupancy.runs} runs overlap the range; Gantt: "
+              + (f"{lanes['lane'].nunique()} lanes, {len(lanes)} segments)" if lanes is not None else "one bar per run)"))
         naive = statistics.median(naives)
-        print(f"runs in range: {counted} (naive read), {int(view.totals['runs'])} (index)")
+        print(f"runs in range: {counted} (naive read{', stopped there' if extrapolated else ''}), {in_range} (index)")
         figures: dict = {}
         for source, (colds, per, refreshes) in results.items():
             med = {k: statistics.median(v) for k, v in per.items()}
@@ -382,12 +524,17 @@ def main() -> None:
                 what = "grouping change (to owner)" if kind == "grouping" else f"filter change (one {kind})"
                 print(f"{what:26s} median {med[kind]:.3f} s  ({', '.join(f'{x:.3f}' for x in xs)})")
             print(f"filter change (queue and owner together)  median {filt:.3f} s")
+            print(f"CPU of this process        cold median {statistics.median(cpu[source + ' cold']):.3f} s, "
+                  f"filter change median {statistics.median(cpu[source + ' filter']):.3f} s")
             print(f"refresh (incremental)      median {figures[source]['refresh']:.3f} s")
         ours = figures["index"]
-        print(f"naive paging (stock client) median {naive:.3f} s  ({counted / naive:.0f} runs/s)")
-        print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x "
-              f"(API-aggregation path: cold {naive / figures['api']['cold']:.1f}x, filter {naive / figures['api']['filt']:.1f}x)")
+        api = figures.get("api")
+        print(f"naive paging (stock client) median {naive:.3f} s  ({in_range / naive:.0f} runs/s"
+              + (f"; extrapolated from {counted} runs)" if extrapolated else ")"))
+        print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x"
+              + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
         page_cold, page_warm = page_times(home, args.page_repeat) if not args.no_page else ([], [])
+        stage("page timed" if page_cold else "page not timed")
         page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
         page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
         if page_cold:
@@ -400,14 +547,17 @@ def main() -> None:
                 dict(runs=args.runs, cold_s=round(ours["cold"], 3), filter_s=round(ours["filt"], 3), naive_s=round(naive, 3),
                      speedup_cold=round(naive / ours["cold"], 1), speedup_filter=round(naive / ours["filt"], 1),
                      **{f"{k}_s": round(v, 3) for k, v in ours["med"].items()}, refresh_s=round(ours["refresh"], 3),
-                     index_build_s=round(t_build, 1), api_cold_s=round(figures["api"]["cold"], 3),
-                     api_filter_s=round(figures["api"]["filt"], 3), occupancy_s=round(occupancy_s, 3),
-                     page_cold_s=page_cold_s, page_warm_s=page_warm_s)
+                     index_build_s=round(t_build, 1), api_cold_s=round(api["cold"], 3) if api else None,
+                     api_filter_s=round(api["filt"], 3) if api else None, naive_extrapolated=extrapolated,
+                     occupancy_s=round(occupancy_s, 3), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
+                     cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
+                     filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
+                     loadavg_start=load_start, loadavg_end=loadavg())
             )
         )
     finally:
         server.close()
-        if not args.keep:
+        if not args.keep and not args.home:
             import shutil
 
             shutil.rmtree(home, ignore_errors=True)

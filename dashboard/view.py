@@ -236,9 +236,10 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     timings["metrics"] = time.perf_counter() - t0
     agents = F.agents_frame(f_agents.result(), now)
     workers = F.workers_frame(f_workers.result())
-    t_occ = time.perf_counter()
+    t_occ, c_occ = time.perf_counter(), time.thread_time()
     occ = occupancy_view(inputs.occupancy_rows, spec, interval_s, now, agents, pool_names, inputs.occupancy_complete)
     timings["occupancy"] = time.perf_counter() - t_occ
+    timings["occupancy_cpu"] = time.thread_time() - c_occ  # this thread's CPU: what it costs on an idle core
     view = View(spec=spec, now=now, interval_s=interval_s, pools=pools, workers=workers, agents=agents, metrics=metrics,
                 ui_base=api.ui_url(), timings=timings, metrics_available=store_obj is not None,
                 source="index" if svc is not None else "api", occupancy=occ, **run_frames(inputs, spec, pools, workers, agents,
