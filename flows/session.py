@@ -18,6 +18,7 @@ into it and outlive it.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -54,7 +55,7 @@ def _link_mounts(scratch: Path, mounts: list[str]) -> list[str]:
     return linked
 
 
-def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_port(host: str, port: int, proc, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -63,7 +64,7 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 12
             s.settimeout(0.5)
             if s.connect_ex((host, port)) == 0:
                 return
-        time.sleep(0.3)
+        time.sleep(0.05)  # a connect to a closed loopback port costs nothing; poll tightly
     raise RuntimeError(f"the app did not listen on {host}:{port} within {timeout:.0f} s")
 
 
@@ -71,6 +72,31 @@ def _store_token(run_id: str, token: str) -> None:
     from prefect.blocks.system import Secret
 
     Secret(value=token).save(f"session-token-{run_id}", overwrite=True)
+
+
+def _token_writer(run_id: str, token: str):
+    """Store the token later in one API call: the block type and schema are registered (and the
+    document built) now, while the app starts. Falls back to a plain save."""
+    try:
+        from prefect.blocks.system import Secret
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import BlockDocumentCreate
+
+        Secret.register_type_and_schema()
+        doc = BlockDocumentCreate(**Secret(value=token)._to_block_document(
+            name=f"session-token-{run_id}", include_secrets=True).model_dump(
+            include={"name", "block_schema_id", "block_type_id", "data", "is_anonymous"}))
+    except Exception:
+        return lambda: _store_token(run_id, token)
+
+    def write() -> None:
+        try:
+            with get_client(sync_client=True) as client:
+                client.create_block_document(block_document=doc)
+        except Exception:  # already there (a retry), or anything else: the plain path
+            _store_token(run_id, token)
+
+    return write
 
 
 def _drop_token(run_id: str) -> None:
@@ -82,15 +108,99 @@ def _drop_token(run_id: str) -> None:
         pass
 
 
-def _jupyter(scratch: Path, port: int, host: str, token: str) -> subprocess.Popen:
+# Server extensions a session needs: the lab UI and its terminal. Language-server discovery
+# (jupyter_lsp) and the classic-notebook shim only lengthen the start.
+JUPYTER_EXTENSIONS = {"jupyterlab": True, "jupyter_server_terminals": True, "jupyter_lsp": False,
+                      "notebook_shim": False}
+
+
+def _jupyter_argv(scratch: Path, port: int, host: str) -> list[str]:
+    exts = ",".join(f"{json.dumps(k)}:{'True' if v else 'False'}" for k, v in JUPYTER_EXTENSIONS.items())
+    return ["--no-browser", f"--ip={host}", f"--port={port}", "--port-retries=0", f"--ServerApp.root_dir={scratch}",
+            "--ServerApp.allow_remote_access=False", "--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True",
+            f"--ServerApp.jpserver_extensions={{{exts}}}", "--LabApp.extension_manager=readonly",
+            "--LabApp.news_url=None", *(["--allow-root"] if os.geteuid() == 0 else [])]
+
+
+class _ForkedApp:
+    """The app in a forked child of this (already-imported) interpreter; Popen's poll/terminate/kill/wait."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _fork_jupyter(scratch: Path, argv: list[str], token: str) -> _ForkedApp:
+    """Serve JupyterLab from a fork of this process, which has JupyterLab imported already.
+
+    Importing JupyterLab is most of its start (seconds; far more on a busy machine). The agent's
+    warm engines import it before any run exists, so a session forks a server that only has to
+    start. The child is what ``python -m jupyterlab`` would be: same cgroup, CPUs, process group,
+    environment and stdout/stderr as the run; it never runs this process's exit handlers.
+    """
+    pid = os.fork()
+    if pid:
+        return _ForkedApp(pid)
+    code = 1
+    try:
+        # Python's own signal defaults (the server installs its handlers); the run's descriptors stay
+        # open, as closing them under this process's objects could later close the server's own.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ["JUPYTER_TOKEN"] = token
+        os.chdir(scratch)
+        from jupyterlab.labapp import LabApp
+
+        LabApp.launch_instance(argv=argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _jupyter(scratch: Path, port: int, host: str, token: str):
+    argv = _jupyter_argv(scratch, port, host)
+    if "jupyterlab.labapp" in sys.modules and hasattr(os, "fork"):  # imported already (a warm engine): fork
+        return _fork_jupyter(scratch, argv, token)
     env = dict(os.environ, JUPYTER_TOKEN=token)
-    return subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ip={host}", f"--port={port}",
-         "--port-retries=0", f"--ServerApp.root_dir={scratch}", "--ServerApp.allow_remote_access=False",
-         "--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True", "--LabApp.extension_manager=readonly",
-         *(["--allow-root"] if os.geteuid() == 0 else [])],
-        cwd=scratch, env=env, stdout=sys.stdout, stderr=sys.stderr,
-    )
+    return subprocess.Popen([sys.executable, "-m", "jupyterlab", *argv], cwd=scratch, env=env,
+                            stdout=sys.stdout, stderr=sys.stderr)
 
 
 @flow(name="launch-session", log_prints=True)
@@ -129,13 +239,17 @@ def session(session_type: str = "interactive", startup_command: str = "", ports:
             raise ValueError("an interactive session needs at least one port for its apps")
         token = secrets.token_urlsafe(24)
         children = []
+        store_token = None
         for app, port in zip(apps, ports):
             if app != "jupyterlab":
                 raise ValueError(f"unknown app {app!r}; sessions serve: jupyterlab")
             children.append(_jupyter(scratch, port, bind_host, token))
+            store_token = store_token or _token_writer(run_id, token)  # while the app starts
             _wait_port(bind_host, port, children[-1])
-            log.info("%s ready on http://%s:%s/lab (token in Secret block session-token-%s)", app, bind_host, port, run_id)
-        _store_token(run_id, token)  # only now: `session show` gives a URL once the app answers
+            how = "forked from the warm engine" if isinstance(children[-1], _ForkedApp) else "started cold"
+            log.info("%s ready on http://%s:%s/lab (%s; token in Secret block session-token-%s)", app, bind_host,
+                     port, how, run_id)
+        (store_token or (lambda: _store_token(run_id, token)))()  # only now: a URL once the app answers
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
             while all(c.poll() is None for c in children):

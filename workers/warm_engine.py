@@ -18,16 +18,27 @@ import sys
 
 PRELOAD = ("prefect.engine", "prefect.flow_engine", "prefect.flows", "prefect.deployments.steps",
            "prefect._internal.control_listener", "prefect.client.orchestration")
+# What an interactive session serves (flows/session.py forks its server from this interpreter when
+# it is imported). Where installed; skipped as soon as a run is waiting; LAUNCH_WARM_APPS=0: never.
+PRELOAD_APPS = ("jupyter_server.serverapp", "jupyter_server_terminals", "jupyterlab.labapp")
 
 
 def main() -> None:
     import importlib
+    import select
 
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    for name in PRELOAD_APPS if os.environ.get("LAUNCH_WARM_APPS", "1") != "0" else ():
+        if select.select([sys.stdin], [], [], 0)[0]:  # the order is here: a job does not wait for the apps
+            break
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            break
     line = sys.stdin.readline()
     if not line:  # the agent went away before using us
         return
