@@ -128,6 +128,49 @@ def test_history_table_indents_sub_steps():
     assert list(table.columns[4].cells)[0] == "3"
 
 
+def test_dispatch_cycle_records_each_decision_with_its_sub_steps():
+    """The cycle with fakes: a placed run, one that waits for capacity, one behind it (FIFO), one rejected."""
+    import asyncio
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from prefect_launch.workers.dispatch import DispatchHooks, dispatch_cycle
+    from prefect_launch.workers.ledger import Ledger
+    from prefect_launch.workers.queue_spec import Preset, QueueSpec
+    from prefect_launch.workers.resources import Resources
+
+    spec = QueueSpec(name="q", presets={"one": Preset(cpu=1, memory="1Gi"), "two": Preset(cpu=2, memory="1Gi")},
+                     default_preset="one")
+    runs = [SimpleNamespace(id=uuid4(), name=f"r{i}", deployment_id=None, job_variables=jv, tags=[],
+                            expected_start_time=T0 + timedelta(seconds=i), work_queue_name="default", labels={})
+            for i, jv in enumerate([{}, {"preset": "two"}, {}, {"preset": "nope"}])]
+    notes: list[SchedulingRecord] = []
+
+    async def nothing(*_a):
+        return None
+
+    async def no_agents():
+        return {}, set()
+
+    async def empty(_):
+        return {}
+
+    hooks = DispatchHooks(deployment_vars=empty, pinned_agents=no_agents, start=lambda *a: None, wait=nothing,
+                          reject=nothing, history=notes.append, preempt=nothing)
+    asyncio.run(dispatch_cycle(runs, spec, Ledger(Resources(cpu=2, memory=4 << 30)), "q", "a1", {"default": 1}, hooks))
+    by = {n.run_id: n for n in notes}
+    placed, big, behind, bad = (by[str(r.id)] for r in runs)
+    assert (placed.phase, placed.result, placed.from_state, placed.to_state) == ("schedule", "SUCCESS", "SCHEDULED",
+                                                                                 "PENDING")
+    assert [(s.step, s.result) for s in placed.sub_steps] == [
+        ("sequencing", "SUCCESS"), ("validation", "SUCCESS"), ("capacity_check", "SUCCESS"), ("allocation", "SUCCESS")]
+    assert (big.phase, big.result, big.error_code) == ("schedule", "NEED_RETRY", "insufficient-resources"), big
+    assert "needs cpu=2" in big.message and big.sub_steps[-1].step == "capacity_check"
+    assert (behind.result, behind.error_code) == ("SKIPPED", "blocked-by-head")
+    assert (bad.phase, bad.result, bad.to_state) == ("check_precondition", "GIVE_UP", "FAILED")
+    assert bad.sub_steps[1].step == "validation" and bad.sub_steps[1].result == "FAILURE"
+
+
 # ------------------------------------------------------------------ end to end
 
 def _wait_history(run_id: str, phase: str, timeout: float = 30) -> list:
@@ -146,7 +189,7 @@ def test_pending_then_started_run_and_timeout_in_the_history(tmp_path, unique_na
     q = apply_queue(tmp_path, {"name": f"sh-{unique_name}", "default_preset": "one",
                                "presets": {"one": {"cpu": 1, "memory": "512Mi"}, "two": {"cpu": 2, "memory": "512Mi"}}})
     common = ("session", "start", "--type", "batch", "--queue", q, "--owner", f"h{unique_name}")
-    first = cli_json(*common, "--name", f"first-{unique_name}", "--startup-command", "sleep 6", "--json")
+    first = cli_json(*common, "--name", f"first-{unique_name}", "--startup-command", "sleep 4", "--json")
     slow = cli_json(*common, "--name", f"slow-{unique_name}", "--startup-command", "sleep 60", "--timeout", "2s",
                     "--json")
     second = cli_json(*common, "--name", f"second-{unique_name}", "--preset", "two", "--startup-command", "true",

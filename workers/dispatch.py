@@ -253,7 +253,14 @@ async def _preempt_for_head(decisions: list[Decision], cands: dict[str, Candidat
         holders = [Holder(run_id=a.run_id, resources=a.resources, preemptible=a.preemptible,
                           started=datetime.fromtimestamp(a.booked_at, timezone.utc), stopping=a.run_id in stopping)
                    for a in ledger.allocations()]
-        victims = choose_victims(c.request.resources, ledger.free(), holders)
+        free = ledger.free()
+        for prior in decisions[:i]:  # what this cycle starts ahead of it is not free for it
+            pc = cands.get(prior.run_id)
+            if prior.action == "start" and pc is not None and pc.request is not None:
+                r = pc.request.resources
+                free = Resources(cpu=max(0.0, free.cpu - r.cpu), memory=max(0, free.memory - r.memory),
+                                 gpu=max(0, free.gpu - r.gpu))
+        victims = choose_victims(c.request.resources, free, holders)
         if victims is None:
             return decisions  # preemption cannot make room for the head: nothing is preempted
         if victims:
