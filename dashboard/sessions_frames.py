@@ -263,14 +263,12 @@ def review_rows(req: SessionRequest, started: Any = None) -> pd.DataFrame:
 # ------------------------------------------------------------------ sessions
 
 def fmt_seconds(s: Optional[float]) -> str:
+    """``1m30s``, ``2h5m``: the CLI's duration format (``-`` for none)."""
+    from prefect_launch.workers.durations import format_duration
+
     if s is None:
         return "-"
-    s = max(0.0, float(s))
-    if s < 90:
-        return f"{s:.0f}s"
-    if s < 5400:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
+    return format_duration(max(0.0, float(s)))
 
 
 def _time_of(row: Any) -> str:
@@ -306,14 +304,17 @@ def is_live(status: Optional[str]) -> bool:
     return status in LIVE_STATUSES
 
 
-def session_detail(fr: Any, row: Any, urls: list[str], usage: Optional[dict] = None) -> dict[str, Any]:
-    """What `session show --json` prints for the run ``fr`` (``row`` = its SessionRow)."""
+def session_detail(fr: Any, row: Any, urls: list[str], usage: Optional[dict] = None,
+                   idle_checks: Optional[dict] = None) -> dict[str, Any]:
+    """What `session show --json` prints for the run ``fr`` (``row`` = its SessionRow; ``idle_checks``
+    from ``session_view.idle_checks_of``)."""
     jv = getattr(fr, "job_variables", None) or {}
     params = getattr(fr, "parameters", None) or {}
     return {**row.model_dump(mode="json"), "env": jv.get("env") or {}, "mounts": params.get("mounts", []),
             "startup_command": params.get("startup_command") or None,
             "allocation": (getattr(fr, "labels", None) or {}).get("launch.placement"), "app_urls": list(urls),
-            "state_message": fr.state.message if getattr(fr, "state", None) else None, "usage": usage}
+            "state_message": fr.state.message if getattr(fr, "state", None) else None, "idle_checks": idle_checks,
+            "usage": usage}
 
 
 DETAIL_FIELDS = ("owner", "status", "type", "queue", "resources", "agent", "allocation", "created", "started",
@@ -361,27 +362,35 @@ IDLE_REASONS = ("idle-session-lifetime", "idle-timeout", "idle-utilization")
 
 
 def idle_rows(detail: dict[str, Any]) -> pd.DataFrame:
-    """Idle checks as `session show` reports them (``idle_checks``: checker -> seconds left, or a list
-    of dicts), plus the reclaim reason when an idle checker ended the session. Empty when neither."""
+    """Idle checks as `session show` reports them (``idle_checks``: the agent's last judgement with
+    ``checks`` and the printed ``lines``, from ``session_view.idle_checks_of``), plus the reclaim
+    reason when an idle checker ended the session. Empty when neither."""
     rows: list[dict[str, str]] = []
-    checks = detail.get("idle_checks")
-    if isinstance(checks, dict):
-        for name, left in checks.items():
-            rows.append({"check": str(name), "time left": fmt_seconds(left) if isinstance(left, (int, float))
-                         else ("not judged yet" if left is None else str(left)), "result": ""})
-    elif isinstance(checks, list):
-        for c in checks:
-            if isinstance(c, dict):
-                left = c.get("remaining_s", c.get("remaining"))
-                rows.append({"check": str(c.get("name") or c.get("check") or "-"),
-                             "time left": fmt_seconds(left) if isinstance(left, (int, float)) else "-",
-                             "result": str(c.get("result") or c.get("status") or "")})
+    idle = detail.get("idle_checks")
+    if isinstance(idle, dict):
+        checks = [c for c in idle.get("checks") or [] if isinstance(c, dict)]
+        lines = [str(x) for x in idle.get("lines") or []]
+        for i, c in enumerate(checks):
+            left = c.get("remaining_s", c.get("grace_remaining_s"))
+            line = lines[i] if i < len(lines) else ""
+            rows.append({"check": _text(c.get("name") or "-"),
+                         "time left": fmt_seconds(left) if isinstance(left, (int, float)) else "-",
+                         "status": _text(line.split(": ", 1)[1] if ": " in line else line)[:300]})
     msg = detail.get("state_message") or detail.get("reason") or ""
     for reason in IDLE_REASONS:
         if isinstance(msg, str) and reason in msg:
-            rows.append({"check": reason, "time left": "0s", "result": f"reclaimed: {msg[:300]}"})
+            rows.append({"check": reason, "time left": "0s", "status": f"reclaimed: {_text(msg)[:300]}"})
             break
-    return pd.DataFrame(rows, columns=["check", "time left", "result"])
+    return pd.DataFrame(rows, columns=["check", "time left", "status"])
+
+
+def idle_note(detail: dict[str, Any]) -> str:
+    """The "(as judged by the agent N ago)" line `session show` adds, or ""."""
+    idle = detail.get("idle_checks")
+    if not isinstance(idle, dict):
+        return ""
+    extra = [str(x) for x in idle.get("lines") or []][len(idle.get("checks") or []):]
+    return _text(" ".join(extra))[:200]
 
 
 # ------------------------------------------------------------------ scheduling history

@@ -76,13 +76,14 @@ def _usage(run_id: str) -> Optional[dict]:
 
 def detail(c: Any, run_id: str, who: str) -> dict[str, Any]:
     """`session show --json` of one run; app URLs (with their token) only when ``who`` owns it."""
-    from prefect_launch.deployments.session_view import row_of
+    from prefect_launch.deployments.session_view import idle_checks_of, row_of
     from prefect_launch.session_cli import _app_urls
 
     fr = c.read_flow_run(run_id)
-    row = row_of(fr, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    row = row_of(fr, now)
     urls = _app_urls(c, fr) if row.owner == who else []
-    return F.session_detail(fr, row, urls, _usage(run_id))
+    return F.session_detail(fr, row, urls, _usage(run_id), idle_checks_of(fr, now))
 
 
 def rename(c: Any, run_id: str, new_name: str, owner: str) -> str:

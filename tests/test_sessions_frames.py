@@ -118,7 +118,7 @@ def test_sessions_frame_and_labels():
             _row(id="dead", name="<b>x</b>", status="Completed", type=None, elapsed_s=7200.0)]
     df = F.sessions_frame(rows)
     assert list(df.columns) == F.SESSION_COLUMNS
-    assert df["time"].tolist() == ["ran 75s", "waited 3m", "ran 2.0h"]
+    assert df["time"].tolist() == ["ran 1m15s", "waited 3m20s", "ran 2h"]
     assert df["position"].tolist()[1] == 2 and df["eta"].tolist()[1] == "12:03:00"
     assert df["name"].tolist()[2] == "'<b>x</b>'"  # not a valid name: shown quoted, as data
     assert F.session_label(rows[1]) == "wait-here · Scheduled · ffff0000"
@@ -145,7 +145,7 @@ def test_detail_mirrors_session_show_and_app_links_are_validated():
     assert F.app_links(detail, viewer_is_owner=True) == [{"app": "JupyterLab", "port": "8890", "url": good}]
     assert F.app_links(detail, viewer_is_owner=False)[0]["url"] == "http://127.0.0.1:8890/lab?token=…"
     table = dict(F.detail_frame(detail).itertuples(index=False))
-    assert table["env"] == "A=1" and table["elapsed"] == "75s" and table["cpu mean %"] == "3.5"
+    assert table["env"] == "A=1" and table["elapsed"] == "1m15s" and table["cpu mean %"] == "3.5"
     assert "app_urls" not in table and "token" not in " ".join(table.values())
 
 
@@ -157,16 +157,29 @@ def test_plain_escapes_markdown_and_html():
     assert F.shown_name("ok-name") == "ok-name" and F.shown_name("a\x1b[31mb") == "'a[31mb'"
 
 
-def test_idle_rows_from_show_and_from_the_end_reason():
-    assert F.idle_rows({}).empty
-    d = {"idle_checks": {"max_lifetime": 125.0, "utilization": None}}
-    rows = F.idle_rows(d).to_dict("records")
-    assert rows[0] == {"check": "max_lifetime", "time left": "2m", "result": ""}
-    assert rows[1]["time left"] == "not judged yet"
-    listed = F.idle_rows({"idle_checks": [{"name": "network_idle_timeout", "remaining_s": 30, "result": "ok"}]})
-    assert listed.to_dict("records") == [{"check": "network_idle_timeout", "time left": "30s", "result": "ok"}]
+def test_idle_rows_from_session_show_and_from_the_end_reason():
+    """What `session show` gives (session_view.idle_checks_of on the agent's ``launch.idle`` label)."""
+    import json
+
+    from prefect_launch.deployments.session_view import idle_checks_of
+    from prefect_launch.workers.idle_checks import IdleChecker, IdlePolicy, UtilizationPolicy
+    from prefect_launch.workers.run_tags import IDLE_LABEL
+
+    assert F.idle_rows({}).empty and F.idle_note({}) == ""
+    t0 = NOW.timestamp()
+    checker = IdleChecker(IdlePolicy(max_lifetime="10m", network_idle_timeout="2m",
+                                     utilization=UtilizationPolicy(grace_period="1m", window="2m", cpu=5)),
+                          started=t0, session_type="interactive")
+    fr = SimpleNamespace(labels={IDLE_LABEL: json.dumps(checker.status(t0))},
+                         state=SimpleNamespace(type=SimpleNamespace(value="RUNNING"), message=None))
+    shown = idle_checks_of(fr, NOW + timedelta(seconds=30))
+    rows = F.idle_rows({"idle_checks": shown}).to_dict("records")
+    assert [r["check"] for r in rows] == ["session_lifetime", "network_timeout", "utilization"]
+    assert [r["time left"] for r in rows] == ["9m30s", "1m30s", "30s"]
+    assert rows[0]["status"].startswith("limit 10m") and "grace period" in rows[2]["status"]
+    assert F.idle_note({"idle_checks": shown}).startswith("(as judged by the agent")
     ended = F.idle_rows({"state_message": "idle-timeout: no connection to the session's apps for 30s"})
-    assert ended["check"].tolist() == ["idle-timeout"] and ended["result"][0].startswith("reclaimed")
+    assert ended["check"].tolist() == ["idle-timeout"] and ended["status"][0].startswith("reclaimed")
 
 
 def _rec(i, phase, result, attempts=1, subs=(), code=None):
@@ -223,6 +236,6 @@ def test_recent_frame_and_relaunch_request():
     assert F.relaunch_request(e, "alice", name="again-1").name == "again-1"
 
 
-@pytest.mark.parametrize("s,out", [(None, "-"), (5, "5s"), (600, "10m"), (7200, "2.0h"), (-3, "0s")])
+@pytest.mark.parametrize("s,out", [(None, "-"), (5, "5s"), (600, "10m"), (5400, "1h30m"), (-3, "0s")])
 def test_fmt_seconds(s, out):
     assert F.fmt_seconds(s) == out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import sys
 import time
 import uuid
@@ -37,35 +38,43 @@ def sessions_page(prefect_server, tmp_path_factory):
     the agent comes online while the browser steps through the launcher."""
     tmp = tmp_path_factory.mktemp("sessions-page")
     uniq = uuid.uuid4().hex[:6]
-    metrics_url = f"sqlite:///{tmp / 'metrics.db'}"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]
-    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_METRICS_URL=metrics_url)
+    env = dict(os.environ, PREFECT_API_URL=prefect_server)
+    env.pop("LAUNCH_METRICS_URL", None)  # the page reads the agent's store (its block, else the local default)
     log = tmp / "streamlit.log"
     with background_process(args, log, env=env, cwd=ROOT) as proc:
-        queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small"})
+        queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small",
+                                  "idle": {"max_lifetime": "1h"}})  # an idle check the detail panel shows
         with agent([queue], f"sp-{uniq}", "cpu=2,memory=4Gi", tmp, wait_online=False):
             wait_healthy(url, proc, timeout=90, log=log, health_path="/_stcore/health", what="streamlit")
-            yield {"url": url, "queue": queue, "metrics_url": metrics_url, "uniq": uniq, "agent_log": tmp / f"agent-sp-{uniq}.log"}
+            yield {"url": url, "queue": queue, "uniq": uniq, "agent_log": tmp / f"agent-sp-{uniq}.log"}
 
 
-def _seed_history(metrics_url: str, run_id: str) -> bool:
-    """Two scheduling records for the run in the page's metrics store, when that module is installed."""
+def _agent_store():
+    """The metrics store the agent writes to (workers/run_metrics.load_store) and the page reads."""
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
+
     try:
-        from prefect_launch.blocks.metrics_store import RunMetricsStore
+        return RunMetricsStore.load(os.environ.get("LAUNCH_METRICS_BLOCK", "default"), _sync=True)
+    except Exception:
+        return RunMetricsStore()
+
+
+def _seed_waiting_record(run_id: str) -> bool:
+    """A 'still waiting' decision with a sub-step beside the agent's own records, when the scheduling
+    history module is installed (the page then shows both)."""
+    try:
         from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep, record
     except ImportError:
         return False
-    store = RunMetricsStore(url=metrics_url)
-    record(store, SchedulingRecord(run_id=run_id, phase="schedule", result="NEED_RETRY", error_code="page-test-wait",
-                                   message="needs cpu=1, 0 free (seeded by the page test)", attempts=3,
-                                   sub_steps=[SubStep(step="capacity_check", result="FAILURE",
-                                                      message="capacity check seeded by the page test")]))
-    record(store, SchedulingRecord(run_id=run_id, phase="start", result="SUCCESS", from_state="SCHEDULED",
-                                   to_state="PENDING", message="started by the page test's agent"))
+    record(_agent_store(), SchedulingRecord(
+        run_id=run_id, phase="schedule", result="NEED_RETRY", error_code="page-test-wait",
+        message="needs cpu=1, 0 free (seeded by the page test)", attempts=3,
+        sub_steps=[SubStep(step="capacity_check", result="FAILURE", message="capacity check seeded by the page test")]))
     return True
 
 
@@ -79,6 +88,11 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
 
     def settled(page) -> None:  # the rerun a click started has finished drawing
         page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+    def refresh(page) -> None:  # the sidebar's Refresh; give the rerun time to start before waiting on it
+        page.locator(".st-key-sessions_refresh button").click()
+        page.wait_for_timeout(1000)
+        settled(page)
 
     def next_step(page, step: int) -> None:
         page.locator(".st-key-launch_next button").click()
@@ -143,34 +157,41 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             assert listed[0]["queue"] == queue and listed[0]["resources"].startswith("cpu=1")
             box = table.bounding_box()
             page.mouse.click(box["x"] + 12, box["y"] + 35 + 17)  # row 1's selection marker (rows are 35 px)
+            page.wait_for_timeout(1000)
             settled(page)
             head = page.locator(".st-key-detail-head")
             expect(head).to_contain_text(f"{name} · ", timeout=30_000)
             assert rid in head.inner_text().replace("\\", "")
-            history = _seed_history(sessions_page["metrics_url"], rid)
             deadline = time.time() + 120
             while " · Running · " not in head.inner_text():  # refreshed until the agent runs it
                 assert time.time() < deadline, (f"never Running: {head.inner_text()} / "
                                                 f"{read_runs([rid])[0].state_name}; agent log {sessions_page['agent_log']}")
-                page.locator(".st-key-sessions_refresh button").click()
-                settled(page)
-                time.sleep(1)
+                refresh(page)
             detail = page.locator(".st-key-panel-detail")
             assert f"{name} · Running · batch · {rid}" in head.inner_text().replace("\\", "")
             assert "No apps: batch sessions run a command." in detail.inner_text()
+            idle = page.locator(".st-key-detail-idle")
+            deadline = time.time() + 60
+            while "session_lifetime" not in idle.inner_text():  # the agent publishes its judgement on start
+                assert time.time() < deadline, idle.inner_text()
+                refresh(page)
+            assert re.search(r"session_lifetime\s+\d+m\d*s?\s+limit 1h", idle.inner_text()), idle.inner_text()
 
-            # scheduling history: filtered by result, a record's sub-steps expanded
+            # scheduling history: the agent's own records and a seeded one; filtered by result, sub-steps expanded
             hist = page.locator(".st-key-detail-history")
-            if history:
-                assert "2 of 2 records" in hist.inner_text(), hist.inner_text()
+            if _seed_waiting_record(rid):
+                deadline = time.time() + 60
+                while not ("start · SUCCESS" in hist.inner_text() and "page-test-wait" in hist.inner_text()):
+                    assert time.time() < deadline, hist.inner_text()  # the agent writes its records in batches
+                    refresh(page)
                 hist.locator(".st-key-hist_result input[role=combobox]").click()
                 page.get_by_role("option", name="NEED_RETRY", exact=True).click()
                 page.keyboard.press("Escape")
-                hist.get_by_text("1 of 2 records").wait_for(timeout=60_000)
+                expect(hist).to_contain_text(re.compile(r"1 of ([2-9]|\d\d+) records"), timeout=60_000)
                 settled(page)
                 exp = hist.locator('[data-testid="stExpander"]')
-                expect(exp).to_have_count(1, timeout=30_000)  # the filtered-out record's expander is gone
-                assert "page-test-wait" in exp.inner_text() and "x3" in exp.inner_text()
+                expect(exp).to_have_count(1, timeout=30_000)  # the filtered-out records' expanders are gone
+                assert "schedule · NEED_RETRY · page-test-wait · x3" in exp.inner_text()
                 exp.locator("summary").click()
                 exp.get_by_text("needs cpu=1, 0 free (seeded by the page test)").wait_for(timeout=30_000)
                 assert exp.locator('[data-testid="stDataFrame"]').count() == 1  # the sub-steps table

@@ -493,11 +493,14 @@ def panel_detail(rows: list, can_write: bool) -> None:
                     st.caption("No apps: " + ("batch sessions run a command." if detail.get("type") == "batch"
                                               else "the session has ended."))
             st.markdown("**Idle checks**")
-            idle = F.idle_rows(detail)
-            if len(idle):
-                st.dataframe(idle, hide_index=True, width="stretch", key="idle_table")
-            else:
-                st.caption("session show reports no idle checks for this session.")
+            with st.container(key="detail-idle"):
+                idle = F.idle_rows(detail)
+                if len(idle):
+                    st.table(idle, hide_index=True)
+                    if F.idle_note(detail):
+                        st.caption(F.plain(F.idle_note(detail)))
+                else:
+                    st.caption("No idle checks for this session (its queue declares none, or it is not running).")
         with st.container(key="detail-history"):
             _history_section(pick)
         if can_write and mine:
