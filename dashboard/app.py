@@ -278,8 +278,11 @@ def panel_runs(v: V.View) -> None:
 
 def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
     """Many runs: one lane per agent and device with the runs that held it."""
-    st.caption(f"{v.occupancy.runs:,} runs in range: one lane per agent and GPU (CPU-only runs: per core) with the runs "
-               f"that held it, coloured by {v.spec.grouping} (runs closer than a pixel merge). Drag across the chart to "
+    how = (f"one lane per agent for its GPUs (and one for its cores), coloured by the {v.spec.grouping} that held most of "
+           "its devices' time in each pixel (more devices than lanes the chart can show)" if lanes.attrs.get("folded") else
+           f"one lane per agent and GPU (CPU-only runs: per core) with the runs that held it, coloured by {v.spec.grouping} "
+           "(runs closer than a pixel merge)")
+    st.caption(f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to "
                "select a span; the table lists the runs in it.")
     event = st.altair_chart(charts.lanes_chart(lanes, v.spec.grouping), width="stretch", on_select="rerun", key="gantt")
     brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None

@@ -138,6 +138,7 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
     brush on x selects a span."""
     brush = alt.selection_interval(encodings=["x"], name="brush")
     n = max(seg["lane"].nunique(), 1)
+    folded = bool(seg.attrs.get("folded"))  # one lane per agent: the group holding most of its devices per pixel
     # label columns come as categoricals (cheap to build); the chart gets plain strings
     seg = seg.astype({c: object for c in ("lane", "agent", "group") if isinstance(seg[c].dtype, pd.CategoricalDtype)})
     return (
@@ -146,10 +147,11 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
         .encode(
             x=alt.X("start:T", title="time"),
             x2="end:T",
-            y=alt.Y("lane:N", title="agent · device", sort="ascending"),
+            y=alt.Y("lane:N", title="agent · devices" if folded else "agent · device", sort="ascending"),
             color=alt.Color("group:N", title=grouping, scale=alt.Scale(scheme="tableau20")),
-            tooltip=["lane:N", alt.Tooltip("group:N", title=grouping), alt.Tooltip("runs:Q", title="runs in segment"),
-                     alt.Tooltip("name:N", title="first run"), alt.Tooltip("start:T", format="%Y-%m-%d %H:%M:%S"),
+            tooltip=["lane:N", alt.Tooltip("group:N", title=f"{grouping} holding most" if folded else grouping),
+                     alt.Tooltip("runs:Q", title="runs holding in it" if folded else "runs in segment"),
+                     alt.Tooltip("name:N", title="one of its runs" if folded else "first run"), alt.Tooltip("start:T", format="%Y-%m-%d %H:%M:%S"),
                      alt.Tooltip("end:T", format="%Y-%m-%d %H:%M:%S")],
         )
         .add_params(brush)

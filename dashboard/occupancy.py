@@ -31,7 +31,7 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,8 @@ FINISHED = ("cancelled", "completed", "crashed", "failed")  # the order finished
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 PLACEMENT_RE = r"^agent (?P<agent>[^:]+): (?P<res>[^;]*); gpus (?P<gpus>[^;]*); cores (?P<cores>.*)$"
 PER_RUN_GANTT_MAX = 300  # more runs than this in range: the Gantt draws lanes per agent and device
+LANES_MAX = 64  # more devices than this (lanes under ~10 px at the chart's height): one lane per agent
+LANE_PIXELS = 600  # what a pixel of the Gantt's range is: 1/600 of it
 # what :func:`compute` reads of the rows besides their times (a narrow copy of the rows in range)
 ROW_COLUMNS = ("id", "name", "queue", "state_type", "placement", "gpu", "cpu")
 
@@ -410,9 +412,21 @@ def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 LANE_COLUMNS = ["lane", "agent", "start", "end", "group", "runs", "id", "name"]
 
 
-def _lane_tables(rows: pd.DataFrame) -> tuple[np.ndarray, list[list[int]], list[str], list[str]]:
-    """(key per run, lane ids per key, lane names, agent per key): a key per distinct
-    placement label, runs no agent placed one key (and lane) per queue."""
+@dataclass
+class LaneTables:
+    """How runs map to Gantt lanes: a key per distinct placement label (runs no agent placed:
+    one key per queue), the lanes (devices) each key held, and each lane's agent lane."""
+
+    key: np.ndarray  # per run
+    lanes_of: list[list[int]]  # per key: lane ids
+    agent_of: list[str]  # per key
+    lane_names: list[str]  # per lane: "agent · gpu 3"
+    fold_of: list[int]  # per lane: its agent lane ("agent · GPUs" / "agent · cores")
+    fold_names: list[str]
+    fold_agent: list[str]
+
+
+def _lane_tables(rows: pd.DataFrame) -> LaneTables:
     n = len(rows)
     if "placement" in rows:
         pcodes, plabels = label_codes(rows["placement"])
@@ -423,6 +437,9 @@ def _lane_tables(rows: pd.DataFrame) -> tuple[np.ndarray, list[list[int]], list[
     raw_key = np.where(placed, pcodes, len(plabels) + qcodes)
     used, key = np.unique(raw_key, return_inverse=True)
     lane_ids: dict[str, int] = {}
+    fold_ids: dict[str, int] = {}
+    fold_of: list[int] = []
+    fold_agent: list[str] = []
     lanes_of: list[list[int]] = []
     agent_of: list[str] = []
     for u in used:
@@ -431,16 +448,32 @@ def _lane_tables(rows: pd.DataFrame) -> tuple[np.ndarray, list[list[int]], list[
             agent = agent or "unreadable placement"
         else:
             agent, slots = str(qlabels[u - len(plabels)]), []
-        lanes_of.append([lane_ids.setdefault(f"{agent} · {x}", len(lane_ids)) for x in (slots or ["unplaced"])])
+        ids = []
+        for x in slots or ["unplaced"]:
+            name = f"{agent} · {x}"
+            if name not in lane_ids:
+                lane_ids[name] = len(lane_ids)
+                fold = f"{agent} · " + ("GPUs" if x.startswith("gpu") else "cores" if x.startswith("core") else x)
+                if fold not in fold_ids:
+                    fold_ids[fold] = len(fold_ids)
+                    fold_agent.append(agent)
+                fold_of.append(fold_ids[fold])
+            ids.append(lane_ids[name])
+        lanes_of.append(ids)
         agent_of.append(agent)
-    return key.astype("int64"), lanes_of, list(lane_ids), agent_of
+    return LaneTables(key.astype("int64"), lanes_of, agent_of, list(lane_ids), fold_of, list(fold_ids), fold_agent)
 
 
 def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, until_us: float,
-          gap_s: Optional[float] = None) -> pd.DataFrame:
+          gap_s: Optional[float] = None, max_lanes: Optional[int] = None) -> pd.DataFrame:
     """The Gantt over a long range: one lane per agent and GPU (CPU-only runs: per agent
     and core) with the runs that held it; runs in the same lane and group closer than
     ``gap_s`` (default: 1/600 of the range, below a pixel) merge into one segment.
+
+    More devices than ``max_lanes`` (default :data:`LANES_MAX`) cannot be told apart at the
+    chart's height: then each agent's GPUs (and its cores) fold into one lane that shows,
+    per pixel of the range (``gap_s``), the group that held most of its devices' time
+    (:func:`folded_lanes`; the frame's ``attrs["folded"]`` says so).
 
     Columns: lane, agent, start, end, group, runs (in the segment), id and name (its first run).
     """
@@ -449,22 +482,33 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
     keep = np.flatnonzero(~np.isnan(s) & (e > s))
     if not len(keep):
         return pd.DataFrame(columns=LANE_COLUMNS)
-    gap_us = (gap_s if gap_s is not None else (until_us - since_us) / 1e6 / 600) * 1e6
+    gap_s = gap_s if gap_s is not None else (until_us - since_us) / 1e6 / LANE_PIXELS
     r = rows.iloc[keep]
-    key, lanes_of, lane_names, agent_of = _lane_tables(r)
+    t = _lane_tables(r)
     # one row per (run, lane it held): lane ids of a key are a slice of one flat table
-    per_key = np.array([len(x) for x in lanes_of], dtype="int64")
-    flat = np.array([i for ls in lanes_of for i in ls], dtype="int64")
+    per_key = np.array([len(x) for x in t.lanes_of], dtype="int64")
+    flat = np.array([i for ls in t.lanes_of for i in ls], dtype="int64")
     offs = np.concatenate([[0], np.cumsum(per_key)[:-1]])
-    lens = per_key[key]
+    lens = per_key[t.key]
     rep = np.repeat(np.arange(len(r)), lens)
     within = np.arange(len(rep)) - np.repeat(np.cumsum(lens) - lens, lens)
-    lane = flat[offs[key][rep] + within]
+    lane = flat[offs[t.key][rep] + within]
     gcodes, gnames = _codes(pd.Series(groups).iloc[keep] if len(groups) == len(rows) else pd.Series(groups), len(r))
     grp = gcodes[rep]
+    names = rows["name"] if "name" in rows else rows["id"]
+    cat = pd.Categorical.from_codes  # labels repeat: codes into their few names, no string per segment
+    if len(t.lane_names) > (max_lanes if max_lanes is not None else LANES_MAX):
+        fold = np.asarray(t.fold_of, dtype="int64")[lane]
+        # one row per (run, agent lane), weighted by the devices of that lane it held
+        _, first_of, devices = np.unique(rep * len(t.fold_names) + fold, return_index=True, return_counts=True)
+        at = keep[rep[first_of]]  # as positions in ``rows``
+        return folded_lanes(fold[first_of], grp[first_of], _col(ph, "h0")[at], _col(ph, "h1")[at], devices,
+                            [str(x) for x in gnames], t.fold_names, t.fold_agent, rows["id"].iloc[at].array,
+                            names.iloc[at].array, since_us, until_us, gap_s)
     # relative integer microseconds: a lane's offset above every time of the lanes before it
     # turns one running maximum over all rows into one per lane (rows sorted by lane, start)
     base = int(since_us)
+    gap_us = gap_s * 1e6
     st = (s[keep][rep] - base).astype("int64")
     en = (e[keep][rep] - base).astype("int64")
     order = np.lexsort((st, lane))
@@ -478,15 +522,73 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
     ends = np.maximum.reduceat(en, first) + base
     counts = np.diff(np.r_[first, len(st)])
     lead = keep[rep[first]]  # the segments' first runs, as positions in ``rows``
-    names = rows["name"] if "name" in rows else rows["id"]
-    agent_names, agent_code = np.unique(np.asarray(agent_of, dtype=object), return_inverse=True)
-    cat = pd.Categorical.from_codes  # labels repeat: codes into their few names, no string per segment
-    return pd.DataFrame({
-        "lane": cat(lane[first], lane_names), "agent": cat(agent_code[key[rep[first]]], list(agent_names)),
+    agent_names, agent_code = np.unique(np.asarray(t.agent_of, dtype=object), return_inverse=True)
+    out = pd.DataFrame({
+        "lane": cat(lane[first], t.lane_names), "agent": cat(agent_code[t.key[rep[first]]], list(agent_names)),
         "start": pd.to_datetime(starts, unit="us", utc=True), "end": pd.to_datetime(ends, unit="us", utc=True),
         "group": cat(grp[first], [str(x) for x in gnames]), "runs": counts,
         "id": rows["id"].iloc[lead].array, "name": names.iloc[lead].array,
     })[LANE_COLUMNS]
+    out.attrs["folded"] = False
+    return out
+
+
+def folded_lanes(fold: np.ndarray, grp: np.ndarray, s_us: np.ndarray, e_us: np.ndarray, devices: np.ndarray,
+                 group_names: list[str], fold_names: list[str], fold_agent: list[str], ids: Any, names: Any,
+                 since_us: float, until_us: float, step_s: float) -> pd.DataFrame:
+    """Agent lanes: per lane and pixel (``step_s`` of the range), the group that held most
+    of its devices' time there (device-seconds); consecutive pixels of one group are one
+    segment. Inputs: one row per (run, agent lane) with the devices it held there.
+
+    runs = the runs holding a device of the lane at any moment of the segment; id / name:
+    a run of the segment's group holding in it (of those, the one that holds longest)."""
+    nf, ng = len(fold_names), len(group_names)
+    n = max(1, int(math.ceil((until_us - since_us) / 1e6 / step_s - 1e-9)))
+    b = Buckets(lo_us=int(since_us), step_s=step_s, n=n)  # type: ignore[arg-type]  (a float step: pixels)
+    secs = seconds_in(s_us, e_us, b, weights=devices.astype("float64"), codes=fold * ng + grp, n_groups=nf * ng)
+    secs = secs.reshape(nf, ng, n)
+    lab = np.where(secs.sum(axis=1) > 0, secs.argmax(axis=1), -1).ravel()  # (lane, pixel) -> group, -1: none held
+    new = np.r_[True, lab[1:] != lab[:-1]]
+    new[::n] = True  # a lane's first pixel starts a segment
+    seg = np.flatnonzero(new)
+    seg_end = np.r_[seg[1:], len(lab)]
+    held = lab[seg] >= 0
+    seg, seg_end = seg[held], seg_end[held]
+    f, k0, k1 = seg // n, seg % n, (seg_end - 1) % n + 1
+    step_us = step_s * 1e6
+    a_us = since_us + k0 * step_us
+    z_us = np.minimum(since_us + k1 * step_us, until_us)
+    # runs holding in [a, z) of lane f: started before z minus ended by a, within the lane (keys
+    # offset by lane above every time, so one sorted array serves all lanes)
+    width = int(until_us - since_us) + 2
+
+    def key(t: np.ndarray, lane: np.ndarray) -> np.ndarray:
+        return np.clip(t - since_us, 0, width - 1).astype("int64") + lane * width
+
+    ks = np.sort(key(s_us, fold))
+    ke = np.sort(key(e_us, fold))
+    lo, hi = key(a_us, f), key(z_us, f)
+    runs = np.searchsorted(ks, hi, "left") - np.searchsorted(ke, lo, "right")
+    # id / name: of the segment's group, the run started before its end that holds longest
+    # (it holds in the segment: that group held time in each of its pixels); sorted by
+    # (lane, group, start), a running maximum of the ends per (lane, group) block finds it
+    block = fold * ng + grp
+    by_start = np.argsort(key(s_us, block), kind="stable")
+    ends = key(e_us, block)[by_start]
+    top = np.maximum.accumulate(ends)
+    at_top = np.maximum.accumulate(np.where(ends == top, np.arange(len(ends)), 0))
+    last = np.searchsorted(key(s_us, block)[by_start], key(z_us, f * ng + lab[seg]), "left") - 1
+    who = by_start[at_top[np.maximum(last, 0)]]
+    agent_names, agent_code = np.unique(np.asarray(fold_agent, dtype=object), return_inverse=True)
+    cat = pd.Categorical.from_codes
+    out = pd.DataFrame({
+        "lane": cat(f, fold_names), "agent": cat(agent_code[f], list(agent_names)),
+        "start": pd.to_datetime(a_us, unit="us", utc=True), "end": pd.to_datetime(z_us, unit="us", utc=True),
+        "group": cat(lab[seg], group_names), "runs": runs.astype("int64"),
+        "id": pd.array(ids)[who], "name": pd.array(names)[who],
+    })[LANE_COLUMNS]
+    out.attrs["folded"] = True
+    return out
 
 
 # ----------------------------------------------------------------- whole view

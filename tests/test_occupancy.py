@@ -171,3 +171,27 @@ def test_resources_come_from_the_agents_placement_else_the_request():
                   dict(id="c", state_type="SCHEDULED")])
     gpu, cpu = OC.resources(rows)
     assert gpu.tolist() == [2.0, 1.0, 0.0] and cpu.tolist() == [0.5, 4.0, 0.0]
+
+
+def test_lanes_fold_per_agent_when_devices_outnumber_the_rows_a_chart_can_show():
+    """More devices than ``max_lanes``: one lane per agent, the group holding most of its
+    devices' time per pixel (here 10 s), the runs holding in each segment counted once."""
+    place = "agent {a}: cpu=1,memory=1Gi,gpu={n}; gpus {g}; cores 0"
+    runs = frame([
+        dict(id="al", name="al", queue="q", owner="alice", state_type="COMPLETED", expected_start_us=at(0), start_us=at(0),
+             end_us=at(100), placement=place.format(a="a", n=1, g="0")),
+        dict(id="bo", name="bo", queue="q", owner="bob", state_type="COMPLETED", expected_start_us=at(0), start_us=at(0),
+             end_us=at(30), placement=place.format(a="a", n=2, g="1,2")),  # 2 GPUs: outweighs alice's one
+        dict(id="ca", name="ca", queue="q", owner="carol", state_type="COMPLETED", expected_start_us=at(50), start_us=at(50),
+             end_us=at(70), placement=place.format(a="b", n=1, g="3")),
+    ])
+    now = T0 + dt.timedelta(seconds=200)
+    ph = OC.phases(runs, IV.us(now))
+    per_device = OC.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10)
+    assert per_device.attrs["folded"] is False and per_device["lane"].nunique() == 4
+    seg = OC.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10, max_lanes=3)
+    assert seg.attrs["folded"] is True
+    got = [(r.lane, r.group, (r.start - pd.Timestamp(T0)).total_seconds(), (r.end - pd.Timestamp(T0)).total_seconds(), r.runs, r.name)
+           for r in seg.itertuples()]
+    assert got == [("a · GPUs", "bob", 0, 30, 2, "bo"), ("a · GPUs", "alice", 30, 100, 1, "al"),
+                   ("b · GPUs", "carol", 50, 70, 1, "ca")]
