@@ -94,6 +94,12 @@ def shown_name(name: Optional[str]) -> str:
     return repr(_CONTROL.sub("", str(name or ""))[:64])
 
 
+def one_line(text: Any, limit: int = 100) -> str:
+    """Free text (a recent launch's label) for plain-text places such as picker options: one line, cut."""
+    s = _CONTROL.sub(" ", "" if text is None else str(text)).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{8,256}$")
 
 

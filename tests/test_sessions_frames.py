@@ -153,6 +153,7 @@ def test_plain_escapes_markdown_and_html():
     s = F.plain('<img src=x onerror="1"> [click](javascript:alert(1)) **b** `c`\x07')
     assert "<img" not in s and "](" not in s and "**" not in s and "`c`" not in s and "\x07" not in s
     assert F.plain("x" * 500, limit=10).endswith("…")
+    assert F.one_line("a\nb\tc" + "x" * 200, 10) == "a b cxxxx…"
     assert F.plain("name 'ab': a & b") == "name 'ab'\\: a &amp; b"
     assert F.shown_name("ok-name") == "ok-name" and F.shown_name("a\x1b[31mb") == "'a[31mb'"
 

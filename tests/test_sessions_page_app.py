@@ -105,3 +105,21 @@ def test_launcher_files_errors_under_fields_then_launches(queue, tmp_path):
     at.button(key="terminate_confirm").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert wait_final([str(run.id)], timeout=30)[0].state.is_cancelled()
+
+
+def test_login_gate_locks_launch_and_changes(queue, monkeypatch):
+    """With the monitor's login configured, the page reads but neither launches nor changes a session."""
+    monkeypatch.setenv("LAUNCH_DASHBOARD_PASSWORD", "s3cret-page")
+    at = _page()
+    assert "launch_next" not in [b.key for b in at.button] and "recent_relaunch" not in [b.key for b in at.button]
+    assert any("Sign in" in i.value for i in at.info)
+    assert not [b for b in at.button if b.key in ("rename_go", "terminate")]
+    def sign_in(password: str) -> None:
+        at.sidebar.text_input(key="sessions_password").input(password)
+        next(b for b in at.sidebar.button if b.label == "Sign in").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+
+    sign_in("wrong")
+    assert "launch_next" not in [b.key for b in at.button] and any("Wrong password" in e.value for e in at.error)
+    sign_in("s3cret-page")
+    assert "launch_next" in [b.key for b in at.button] and at.session_state["links_authed"]

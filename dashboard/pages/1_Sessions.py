@@ -322,7 +322,7 @@ def panel_recent(can_write: bool) -> None:
             return
         by_id = {e.id: e for e in entries}
         eid = st.selectbox("Launch configuration", list(by_id), key="recent_pick",
-                           format_func=lambda i: f"{i} · {by_id[i].label[:80]}")
+                           format_func=lambda i: f"{i} · {F.one_line(by_id[i].label, 80)}")
         entry = by_id[eid]
         c1, c2, c3 = st.columns([1, 1, 1])
         if c1.button("Relaunch", key="recent_relaunch"):
