@@ -4,14 +4,17 @@
     /api/status with the session's token. Ours: `start_session` on a launch queue served by
     a launch agent. Stock: the same session flow deployed on a plain `process` pool served by
     `prefect worker start --type process`, submitted with Prefect's client. Same server, same machine.
-(b) A mixed batch workload (sleeps of different lengths, two presets) on two agents: at each
-    submission, our predicted start (placement replayed forward) and the naive estimate (runs
-    ahead and running x the queue's median run time / runs that fit at once) against the actual
-    start; mean absolute errors.
+    Each side first waits until its agent/worker has polled the server and serves one warm-up
+    session that is not counted (a long-lived agent or worker, not one that is still starting).
+(b) A mixed batch workload (sleeps of different lengths, two presets) on two agents. Warm-up: one
+    run per length, not counted, so every job shape has a past run time. Then, right after each
+    submission, our predicted start (placement replayed forward) and the naive estimate (runs ahead
+    and running x the queue's median run time / runs that fit at once) against the actual start;
+    mean absolute errors over the same runs (those our prediction covers; how many is printed).
 
     .venv/bin/python bench/sessions.py [--ready-runs 5] [--eta-runs 30]
 
-Last line JSON: ready_p50_s, stock_ready_p50_s, eta_mae_s, naive_eta_mae_s.
+Last line JSON: ready_p50_s, stock_ready_p50_s, eta_mae_s, naive_eta_mae_s (and counts).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 import httpx
 
@@ -47,12 +51,12 @@ def _token(client, run_id: str, deadline: float) -> str:
         try:
             return Secret.load(f"session-token-{run_id}").get()
         except Exception:
-            time.sleep(0.2)
+            time.sleep(0.05)
     raise TimeoutError("no token")
 
 
 def _ready(port: int, run_id: str, t0: float, client) -> float:
-    deadline = time.time() + 180
+    deadline = time.time() + 240
     token = _token(client, run_id, deadline)
     while time.time() < deadline:
         try:
@@ -61,8 +65,18 @@ def _ready(port: int, run_id: str, t0: float, client) -> float:
                 return time.time() - t0
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise TimeoutError("JupyterLab never answered")
+
+
+def _wait_polled(client, pool: str, timeout: float = 300) -> None:
+    """Until a worker of ``pool`` has polled the server (a heartbeat on the pool)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if client.read_workers_for_work_pool(pool):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"no worker of {pool} polled within {timeout:.0f} s")
 
 
 def _stop(client, run_id: str) -> None:
@@ -86,15 +100,17 @@ def bench_ready(tmp: Path, n: int) -> tuple[list[float], list[float]]:
     ours, stock = [], []
     with background([*CLI, "agent", "--queue", "bench-sessions", "--capacity", "cpu=2,memory=8Gi", "--name", "bench",
                      "--on-exit", "cancel"], tmp / "agent.log"):
-        time.sleep(5)
         with get_client(sync_client=True) as client:
-            for i in range(n):
+            _wait_polled(client, "bench-sessions")
+            for i in range(n + 1):  # the first is the warm-up
                 t0 = time.time()
                 out = start_session(client, SessionRequest(queue="bench-sessions", name=f"ready-{i}", owner="bench"),
                                     record_recent=False)
-                ours.append(_ready(out.ports[0], out.run_ids[0], t0, client))
+                took = _ready(out.ports[0], out.run_ids[0], t0, client)
                 _stop(client, out.run_ids[0])
-                print(f"ours {i + 1}/{n}: {ours[-1]:.2f} s", flush=True)
+                if i:
+                    ours.append(took)
+                print(f"ours {'warm-up' if not i else f'{i}/{n}'}: {took:.2f} s", flush=True)
     from prefect import flow
 
     _cli_env = dict(os.environ)
@@ -105,21 +121,37 @@ def bench_ready(tmp: Path, n: int) -> tuple[list[float], list[float]]:
         ignore_warnings=True)
     with background([sys.executable, "-m", "prefect", "worker", "start", "--pool", "bench-stock", "--type", "process"],
                     tmp / "stock.log"):
-        time.sleep(5)
         with get_client(sync_client=True) as client:
+            _wait_polled(client, "bench-stock")
             dep = client.read_deployment_by_name("launch-session/session-stock")
-            for i in range(n):
+            for i in range(n + 1):
                 port = free_port()
                 t0 = time.time()
                 fr = client.create_flow_run_from_deployment(dep.id, parameters={"session_type": "interactive",
                                                                                "ports": [port]})
-                stock.append(_ready(port, str(fr.id), t0, client))
+                took = _ready(port, str(fr.id), t0, client)
                 _stop(client, str(fr.id))
-                print(f"stock {i + 1}/{n}: {stock[-1]:.2f} s", flush=True)
+                if i:
+                    stock.append(took)
+                print(f"stock {'warm-up' if not i else f'{i}/{n}'}: {took:.2f} s", flush=True)
     return ours, stock
 
 
-def bench_eta(tmp: Path, n: int) -> tuple[float, float]:
+def _queue_median_run_time(client, queue: str) -> float:
+    """The naive estimate's run time: the median of the queue's completed runs (what it has seen so far)."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    done = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+            any_=[StateType.COMPLETED]))),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])), limit=200)
+    times = [r.total_run_time.total_seconds() for r in done if r.total_run_time]
+    return statistics.median(times) if times else 0.0
+
+
+def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
     """Submit a mixed batch workload at once; compare predictions made right after each submission."""
     from prefect import get_client
 
@@ -131,64 +163,93 @@ def bench_eta(tmp: Path, n: int) -> tuple[float, float]:
                      "    one: {cpu: 1, memory: 1Gi}\n    two: {cpu: 2, memory: 1Gi}\n")
     _cli("queue", "apply", str(qfile))
     lengths = [2, 6, 4, 8, 3]
+    fit_at_once = 4  # 2 agents x 2 one-CPU runs
     predicted, naive, ids = {}, {}, []
     agents = [background([*CLI, "agent", "--queue", "bench-eta", "--capacity", "cpu=2,memory=4Gi", "--name", f"eta-{k}",
                           "--on-exit", "cancel"], tmp / f"eta-{k}.log") for k in range(2)]
     for a in agents:
         a.__enter__()
+
+    def submit(client, name: str, secs: int, preset: str) -> str:
+        out = start_session(client, SessionRequest(type="batch", queue="bench-eta", name=name, owner="bench",
+                                                   preset=preset, timeout=f"{secs + 2}s",
+                                                   startup_command=f"sleep {secs}"), record_recent=False)
+        return out.run_ids[0]
+
+    def wait_final(client, run_ids: list[str], timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline and not all(client.read_flow_run(x).state.is_final() for x in run_ids):
+            time.sleep(1)
+
     try:
-        time.sleep(6)
         with get_client(sync_client=True) as client:
-            # warm-up: one run per length gives every job shape a past run time (our medians use the job)
+            while len(client.read_workers_for_work_pool("bench-eta")) < 2:
+                time.sleep(0.5)
+            # warm-up: one run per length gives every job shape a past run time (our medians use the job);
+            # the naive estimate's queue median comes from the same runs. Not counted.
+            warm = [submit(client, f"eta-warm-{secs}", secs, "one") for secs in lengths]
+            wait_final(client, warm, 300)
             for i in range(n):
                 secs = lengths[i % len(lengths)]
                 preset = "two" if i % 3 == 0 else "one"
-                now = datetime.now(timezone.utc)
-                out = start_session(client, SessionRequest(type="batch", queue="bench-eta", name=f"eta-{i:03d}",
-                                                           owner="bench", preset=preset, timeout=f"{secs + 2}s",
-                                                           startup_command=f"sleep {secs}"), record_recent=False)
-                rid = out.run_ids[0]
+                rid = submit(client, f"eta-{i:03d}", secs, preset)
+                now = datetime.now(timezone.utc)  # the prediction is made now, right after the submission
                 ids.append(rid)
-                predicted[rid] = (predicted_starts(client, ["bench-eta"], now).get(rid), now)
+                predicted[rid] = predicted_starts(client, ["bench-eta"], now, include_claimed=True).get(rid)
                 ahead = len([x for x in ids[:-1] if not client.read_flow_run(x).state.is_final()])
                 # naive: runs ahead (running and waiting) x the queue's median run time / runs that fit at once
-                naive[rid] = now.timestamp() + ahead * statistics.median(lengths) / 4  # 2 agents x 2 one-CPU runs
-            deadline = time.time() + 600
-            while time.time() < deadline and not all(client.read_flow_run(x).state.is_final() for x in ids):
-                time.sleep(1)
-            errs, nerrs = [], []
+                naive[rid] = now.timestamp() + ahead * _queue_median_run_time(client, "bench-eta") / fit_at_once
+            wait_final(client, ids, 600)
+            errs, nerrs, nerrs_all = [], [], []
+            detail = []
             for rid in ids:
                 fr = client.read_flow_run(rid)
+                p = predicted[rid]
+                detail.append({"run": fr.name, "submitted": fr.created.timestamp(), "predicted": p and p.timestamp(),
+                               "naive": naive[rid], "actual": fr.start_time and fr.start_time.timestamp(),
+                               "run_s": fr.total_run_time.total_seconds()})
                 if not fr.start_time:
                     continue
                 actual = fr.start_time.timestamp()
-                p, _ = predicted[rid]
-                if p is not None:
-                    errs.append(abs(p.timestamp() - actual))
-                nerrs.append(abs(naive[rid] - actual))
+                nerrs_all.append(abs(naive[rid] - actual))
+                if predicted[rid] is not None:  # the same runs for both
+                    errs.append(abs(predicted[rid].timestamp() - actual))
+                    nerrs.append(abs(naive[rid] - actual))
+            if detail_path:
+                from prefect_launch.deployments.eta_reader import queue_history
+
+                Path(detail_path).write_text(json.dumps({"runs": detail, "overhead": queue_history(
+                    client, "bench-eta")[1].model_dump()}, indent=1))
     finally:
         for a in agents:
             a.__exit__(None, None, None)
-    print(f"eta: {len(errs)} predictions (of {n}), naive {len(nerrs)}", flush=True)
-    return (statistics.mean(errs) if errs else float("nan")), (statistics.mean(nerrs) if nerrs else float("nan"))
+    mean = lambda v: statistics.mean(v) if v else float("nan")  # noqa: E731
+    print(f"eta: {len(errs)} runs compared (of {n} measured, {len(nerrs_all)} started); ours predicted "
+          f"{sum(p is not None for p in predicted.values())}, naive {len(naive)}; naive over all started runs: "
+          f"MAE {mean(nerrs_all):.1f} s", flush=True)
+    return {"eta_mae_s": mean(errs), "naive_eta_mae_s": mean(nerrs), "eta_compared": len(errs), "eta_runs": n,
+            "naive_eta_mae_all_s": mean(nerrs_all)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ready-runs", type=int, default=5)
     ap.add_argument("--eta-runs", type=int, default=30)
+    ap.add_argument("--eta-detail", help="write each measured run's submit, predicted, naive and actual start here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d, prefect_server():
         tmp = Path(d)
-        ours, stock = bench_ready(tmp, args.ready_runs)
-        mae, naive_mae = bench_eta(tmp, args.eta_runs)
+        ours, stock = bench_ready(tmp, args.ready_runs) if args.ready_runs else ([float("nan")], [float("nan")])
+        eta = bench_eta(tmp, args.eta_runs, args.eta_detail) if args.eta_runs else {"eta_mae_s": float("nan"),
+                                                                   "naive_eta_mae_s": float("nan")}
     p50, sp50 = statistics.median(ours), statistics.median(stock)
     print(f"ready (submit -> JupyterLab answers with token): ours p50 {p50:.2f} s, stock p50 {sp50:.2f} s, "
           f"ratio {sp50 / p50:.1f}x")
-    print(f"start-time prediction MAE: ours {mae:.1f} s, naive {naive_mae:.1f} s")
+    print(f"start-time prediction MAE (same runs): ours {eta['eta_mae_s']:.1f} s, naive {eta['naive_eta_mae_s']:.1f} s")
     print(json.dumps({"ready_p50_s": round(p50, 3), "stock_ready_p50_s": round(sp50, 3),
-                      "speedup_p50": round(sp50 / p50, 2), "eta_mae_s": round(mae, 2),
-                      "naive_eta_mae_s": round(naive_mae, 2)}))
+                      "speedup_p50": round(sp50 / p50, 2), "ready_runs_s": [round(x, 2) for x in ours],
+                      "stock_ready_runs_s": [round(x, 2) for x in stock],
+                      **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in eta.items()}}))
 
 
 if __name__ == "__main__":
