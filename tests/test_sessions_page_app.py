@@ -94,7 +94,7 @@ def test_launcher_files_errors_under_fields_then_launches(queue, tmp_path):
     assert run.name == name and run.work_pool_name == queue and run.parameters["mounts"] == [f"{tmp_path}:/data"]
 
     # the launch is the newest recent configuration; Edit loads it into the launcher
-    assert at.selectbox(key="recent_pick").value is not None
+    assert name in at.selectbox(key="recent_pick").format_func(at.selectbox(key="recent_pick").value)
     at.button(key="recent_edit").click().run()
     gen = S["sl_gen"]
     assert at.text_input(key=f"lf_name_{gen}").value == name

