@@ -65,6 +65,14 @@ def _flash(kind: str, text: str, new: bool = True) -> None:
     S["sl_flash"] = kept + [(kind, text)]
 
 
+def _failure(exc: BaseException) -> str:
+    """What went wrong, for the page: a refusal's own words, else the error's kind and first line."""
+    if isinstance(exc, (ValueError, LookupError)):  # LaunchValidationError is a ValueError
+        return str(exc)
+    first = (str(exc).splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _show_flash(where: str) -> None:
     for kind, text in S.get("sl_flash", []):
         if kind.startswith(where + ":"):
@@ -87,7 +95,7 @@ def _unlocked() -> bool:
                     st.rerun()
                 st.error("Wrong password.")
             except links_auth.GateUnavailable as exc:
-                st.error(f"Sign-in unavailable: {exc}")
+                st.error(f"Sign-in unavailable: {F.plain(exc)}")
     return False
 
 
@@ -130,6 +138,8 @@ def _dry_run(req) -> None:
         S.sl_warnings = S.sl_planned.warnings
     except LaunchValidationError as exc:
         S.sl_errors = F.field_errors(getattr(exc, "problems", None) or [str(exc)])
+    except Exception as exc:  # Prefect unreachable: say so at review rather than fail the page
+        S.sl_errors = {"general": [_failure(exc)]}
 
 
 def _next() -> None:
@@ -165,6 +175,9 @@ def _launch() -> None:
             out = O.start(c, req, dry_run=False)
     except LaunchValidationError as exc:
         S.sl_errors = F.field_errors(getattr(exc, "problems", None) or [str(exc)])
+        return
+    except Exception as exc:
+        S.sl_errors = {"general": [_failure(exc)]}
         return
     _flash("launch:success", f"Started {len(out.names)} {out.type} session(s) on {out.queue}: "
                              + ", ".join(f"{n} ({i[:8]})" for n, i in zip(out.names, out.run_ids)))
@@ -303,7 +316,6 @@ def panel_launcher(can_write: bool) -> None:
 
 # ----------------------------------------------------------------------------- recent launches
 def panel_recent(can_write: bool) -> None:
-    from prefect_launch.workers.resources import LaunchValidationError
 
     with st.container(key="panel-recent", border=True):
         st.subheader("Recent launches")
@@ -332,16 +344,19 @@ def panel_recent(can_write: bool) -> None:
                 _flash("recent:success", f"Relaunched {entry.label}: {', '.join(out.names)}")
                 if out.run_ids:
                     S["sel_session"] = out.run_ids[0]
-            except (LookupError, LaunchValidationError) as exc:
-                _flash("recent:error", str(exc))
+            except Exception as exc:
+                _flash("recent:error", _failure(exc))
             _refresh()
             st.rerun()
         if c2.button("Edit", key="recent_edit", help="Load it into the launcher, change it, launch"):
             _load_form(F.form_from_request(entry.request))
             st.rerun()
         if c3.button("Unpin" if entry.pinned else "Pin", key="recent_pin"):
-            with _client() as c:
-                O.pin(c, ME, eid, not entry.pinned)
+            try:
+                with _client() as c:
+                    O.pin(c, ME, eid, not entry.pinned)
+            except Exception as exc:
+                _flash("recent:error", _failure(exc))
             st.rerun()
 
 
@@ -421,8 +436,8 @@ def _actions(detail: dict, run_id: str) -> None:
                 with _client() as c:
                     old = O.rename(c, run_id, new, ME)
                 _flash("manage:success", f"Renamed {old} -> {new.strip()}")
-            except ValueError as exc:
-                _flash("manage:error", str(exc))
+            except Exception as exc:
+                _flash("manage:error", _failure(exc))
             _refresh()
             st.rerun()
         if not running:
@@ -445,8 +460,8 @@ def _actions(detail: dict, run_id: str) -> None:
                     with _client() as c:
                         status = O.terminate(c, run_id, ME)
                     _flash("manage:success", f"Terminating {detail.get('name')}: {status}")
-                except ValueError as exc:
-                    _flash("manage:error", str(exc))
+                except Exception as exc:
+                    _flash("manage:error", _failure(exc))
                 S.pop("confirm_terminate", None)
                 _refresh()
                 st.rerun()
