@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Iterable, Literal, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 from uuid import UUID
 
 import sqlalchemy as sa
