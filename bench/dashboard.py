@@ -184,9 +184,12 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
         if rng.random() <= _load_shape(exp) / 1.4:
             expected.append(exp.timestamp())
     expected.sort()
+    t0, step = time.perf_counter(), max(n // 10, 1)
     clusters = {p: Cluster(p, max(1, round(k * n / 100_000))) for p, k in AGENTS_PER_100K.items()}
     runs, states, summary = [], [], []
     for exp_s in expected:
+        if len(runs) % step == 0 and len(runs):
+            print(f"  ... {len(runs)} runs placed ({time.perf_counter() - t0:.0f} s, load {loadavg()})")
         pool = rng.choice(POOLS)[0]
         job = rng.choice(JOBS)
         owner = rng.choice(OWNERS)
@@ -240,6 +243,8 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
         for i in range(0, n, 5000):
             conn.execute(sa.insert(orm_models.FlowRun.__table__), runs[i : i + 5000])
             conn.execute(sa.insert(orm_models.FlowRunState.__table__), states[i : i + 5000])
+            if (i + 5000) % step < 5000:
+                print(f"  ... {i + 5000} runs inserted ({time.perf_counter() - t0:.0f} s, load {loadavg()})")
     engine.dispose()
     return summary
 
@@ -535,6 +540,8 @@ def main() -> None:
               + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
         page_cold, page_warm = page_times(home, args.page_repeat) if not args.no_page else ([], [])
         stage("page timed" if page_cold else "page not timed")
+        if args.keep or args.home:
+            print(f"kept {home} (its server stops now)")
         page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
         page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
         if page_cold:
@@ -561,8 +568,6 @@ def main() -> None:
             import shutil
 
             shutil.rmtree(home, ignore_errors=True)
-        else:
-            print(f"kept {home} (api {api_url} is stopped)", file=sys.stderr)
 
 
 if __name__ == "__main__":
