@@ -156,15 +156,6 @@ def median_runtime(durations: list[float]) -> Optional[float]:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def _quantile(values: list[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
 # Parameters that name one run's own resources rather than the work it does (a session's free port).
 NOT_SHAPE = frozenset({"ports"})
 
@@ -209,7 +200,8 @@ def learn_overhead(runs: list[PastRun], max_gap_s: float = 120.0) -> Overhead:
 
     start_s: median claim -> start. release_s: median, over runs that were claimed after waiting
     for room, of the gap between the last end on the same agent before the claim and the claim.
-    claim_s: lower quartile of submit -> claim (the quickest claims are those that found room).
+    claim_s: median submit -> claim of the runs that found room (no run on their agent ended while they
+    waited to be claimed): the agents' poll; 0 when no recent run found room.
     """
     starts = [(r.started - r.claimed).total_seconds() for r in runs if r.started and r.claimed]
     gaps = []
@@ -222,6 +214,9 @@ def learn_overhead(runs: list[PastRun], max_gap_s: float = 120.0) -> Overhead:
         last_end = max(before)
         if r.created < last_end and (r.claimed - last_end).total_seconds() <= max_gap_s:  # it waited for that end
             gaps.append((r.claimed - last_end).total_seconds())
-    claims = [max(0.0, (r.claimed - r.created).total_seconds()) for r in runs if r.claimed and r.created]
+    claims = [max(0.0, (r.claimed - r.created).total_seconds()) for r in runs
+              if r.claimed and r.created and r.agent
+              and not any(o is not r and o.agent == r.agent and o.ended and r.created <= o.ended <= r.claimed
+                          for o in runs)]
     return Overhead(start_s=max(0.0, median_runtime(starts) or 0.0), release_s=max(0.0, median_runtime(gaps) or 0.0),
-                    claim_s=_quantile(claims, 0.25) or 0.0)
+                    claim_s=median_runtime(claims) or 0.0)

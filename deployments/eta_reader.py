@@ -22,7 +22,7 @@ from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL
 
 HISTORY_LIMIT = 200
 HISTORY_TTL_S = 5.0
-OVERHEAD_SAMPLES = 10
+OVERHEAD_SAMPLES = 20
 _history: dict[tuple[str, str], tuple[float, list[PastRun], Overhead]] = {}
 _states: dict[str, tuple[Optional[datetime], Optional[datetime]]] = {}  # finished run -> (Pending, Running) times
 
