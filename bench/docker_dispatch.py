@@ -14,8 +14,9 @@ Each phase waits (up to --timeout s) for all its runs to end, then stops its con
 do not load the next phase. A percentile no run reached is null, never a crash.
 
 Last line: one JSON object with ours_p50_s, ours_p95_s, stock_p50_s, stock_p95_s, speedup_p50,
-ours_container_p50_s, stock_container_p50_s, limits_ok (and the runs that reached Running /
-Completed per side, and this machine's 1-minute load average at start and end).
+ours_container_p50_s, stock_container_p50_s, limits_ok; also submit -> claimed (Pending) p50 per side
+(dispatch alone, before any container), the runs that reached Running / Completed per side, and this
+machine's 1-minute load average at start and end.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
 
     running: list[float] = []
     container: list[float] = []
+    claimed: list[float] = []
     containers = {}
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
@@ -83,6 +85,9 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
                 break
             time.sleep(0.5)
         for fr in frs:
+            pending = [st.timestamp for st in client.read_flow_run_states(fr.id) if st.type.value == "PENDING"]
+            if pending:  # the worker's claim: what dispatch itself costs, before any container exists
+                claimed.append((min(pending) - fr.created).total_seconds())
             found = docker_client.containers.list(all=True, filters={"label": f"{FLOW_RUN_LABEL}={fr.id}"})
             if fr.start_time:
                 running.append((fr.start_time - fr.created).total_seconds())
@@ -101,7 +106,7 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
               f"(states {states}); cancelled", file=sys.stderr, flush=True)
     if len(running) < runs:
         print(f"warning: {label}: {runs - len(running)} runs never reached Running", file=sys.stderr, flush=True)
-    return running, container, containers, states
+    return running, container, containers, states, claimed
 
 
 def stop_containers(containers: dict) -> None:
@@ -195,13 +200,13 @@ def main() -> None:
         with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock-docker", "--type", "docker"],
                         logs / "stock-worker.log", env):
             wait_worker("bench-stock-docker")
-            stock, stock_c, stock_containers, stock_states = measure(stock_dep, args.runs, args.gap,
+            stock, stock_c, stock_containers, stock_states, stock_claim = measure(stock_dep, args.runs, args.gap,
                                                                       "stock docker worker", client, args.timeout)
         stop_containers(stock_containers)
         with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch-docker", "--name",
                          "bench-docker", "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log", env):
             wait_worker("bench-launch-docker")
-            ours, ours_c, ours_containers, ours_states = measure(ours_dep, args.runs, args.gap,
+            ours, ours_c, ours_containers, ours_states, ours_claim = measure(ours_dep, args.runs, args.gap,
                                                                   "launch-docker agent", client, args.timeout)
             stop_containers(ours_containers)
         checked = limits_ok(ours_containers)
@@ -219,6 +224,8 @@ def main() -> None:
         "ours_container_p95_s": _p(ours_c, 0.95),
         "stock_container_p50_s": _p(stock_c, 0.5),
         "stock_container_p95_s": _p(stock_c, 0.95),
+        "ours_claim_p50_s": _p(ours_claim, 0.5),
+        "stock_claim_p50_s": _p(stock_claim, 0.5),
         "ours_running": len(ours),
         "stock_running": len(stock),
         "ours_completed": ours_states.count("Completed"),
@@ -233,6 +240,7 @@ def main() -> None:
     for who, key in (("stock docker worker", "stock"), ("launch-docker agent", "ours")):
         print(f"  {who:20s}: {figures[key + '_running']}/{args.runs} Running, {figures[key + '_completed']} "
               f"Completed; submit->Running p50 {_fmt(figures[key + '_p50_s'])} p95 {_fmt(figures[key + '_p95_s'])};"
+              f" submit->claimed (Pending) p50 {_fmt(figures[key + '_claim_p50_s'])};"
               f" submit->container started p50 {_fmt(figures[key + '_container_p50_s'])}"
               f" p95 {_fmt(figures[key + '_container_p95_s'])}")
     speedup = f"{figures['speedup_p50']:.1f}x" if figures["speedup_p50"] else "n/a"
