@@ -167,14 +167,16 @@ def job_shape(deployment_id: Any, parameters: Optional[dict]) -> str:
 
 
 class PastRun(BaseModel):
-    """One finished run, as `expected_runtime` and `learn_overhead` need it."""
+    """One run (finished, or still holding capacity: ``ended`` None), as `expected_runtime` and
+    `learn_overhead` need it."""
 
     deployment_id: Optional[str] = None
     shape: Optional[str] = None
     queue: Optional[str] = None
     agent: Optional[str] = None
+    resources: Optional[Resources] = None
     created: Optional[datetime] = None
-    claimed: Optional[datetime] = None  # Pending
+    claimed: Optional[datetime] = None  # Pending (read from its state history; only for the newest runs)
     started: Optional[datetime] = None  # Running
     ended: Optional[datetime] = None
     run_s: Optional[float] = None  # Running time (Prefect's total_run_time)
@@ -195,28 +197,94 @@ def expected_runtime(shape: str, deployment_id: Any, past: list[PastRun], timeou
     return min(expected, timeout_s) if timeout_s is not None else expected
 
 
-def learn_overhead(runs: list[PastRun], max_gap_s: float = 120.0) -> Overhead:
-    """A queue's overhead from its recent runs (with claim and start times; ends where known).
+def learn_overhead(runs: list[PastRun], capacity: Optional[dict[str, Resources]] = None,
+                   max_gap_s: float = 120.0) -> Overhead:
+    """A queue's overhead from its recent runs (claims known for the newest; ends where finished).
 
-    start_s: median claim -> start. release_s: median, over runs that were claimed after waiting
-    for room, of the gap between the last end on the same agent before the claim and the claim.
-    claim_s: median submit -> claim of the runs that found room (no run on their agent ended while they
-    waited to be claimed): the agents' poll; 0 when no recent run found room.
+    start_s: median claim -> start.
+    release_s: median, over claims that waited for room, of room -> claim, where "room" is when the
+    agent's capacity last became enough for the run: its ledger replayed from the runs' claims (read,
+    or start - start_s) and ends, from the oldest end in ``runs`` (every run holding capacity then is
+    in ``runs``). Without the agent's capacity or the runs' resources: the last end on the agent
+    before the claim (an underestimate where several runs share an agent).
+    claim_s: median submit -> claim of the runs that found room on arrival: the agents' poll; 0 when
+    no recent run did.
     """
+    capacity = capacity or {}
     starts = [(r.started - r.claimed).total_seconds() for r in runs if r.started and r.claimed]
-    gaps = []
+    start_s = max(0.0, median_runtime(starts) or 0.0)
+    gaps: list[float] = []
+    claims: list[float] = []
+    by_agent: dict[str, list[PastRun]] = {}
     for r in runs:
-        if not (r.claimed and r.created and r.agent):
+        if r.agent:
+            by_agent.setdefault(r.agent, []).append(r)
+    for agent, rs in by_agent.items():
+        if agent in capacity and all(r.resources is not None for r in rs):
+            _replay(rs, capacity[agent], start_s, max_gap_s, gaps, claims)
+        else:
+            _last_end(rs, max_gap_s, gaps, claims)
+    return Overhead(start_s=start_s, release_s=max(0.0, median_runtime(gaps) or 0.0),
+                    claim_s=max(0.0, median_runtime(claims) or 0.0))
+
+
+def _replay(rs: list[PastRun], cap: Resources, start_s: float, max_gap_s: float,
+            gaps: list[float], claims: list[float]) -> None:
+    """Replay one agent's ledger: capacity freed by ends goes to the following claims, earliest first."""
+    def claim_of(r: PastRun) -> Optional[datetime]:
+        return r.claimed or (r.started - _s(start_s) if r.started else None)
+
+    ends = [r.ended for r in rs if r.ended]
+    if not ends:
+        return
+    t0 = min(ends)  # every run holding capacity at t0 ended after it (or still runs): all in rs
+    free = cap.model_copy()
+    events: list[tuple[datetime, int, PastRun]] = []
+    for r in rs:
+        c = claim_of(r)
+        if c is None:
             continue
-        before = [o.ended for o in runs if o is not r and o.agent == r.agent and o.ended and o.ended <= r.claimed]
-        if not before:
+        if c <= t0 and (r.ended is None or r.ended > t0):
+            free = _sub(free, r.resources)
+        if c > t0:
+            events.append((c, 1, r))
+            if r.ended and c <= r.ended:
+                events.append((r.ended, 0, r))
+        elif r.ended and r.ended > t0:
+            events.append((r.ended, 0, r))
+    events.sort(key=lambda e: (e[0], e[1]))  # ends first at equal times
+    zero = Resources(cpu=0, memory=0, gpu=0)
+    chunks: list[tuple[datetime, Resources]] = [(t0, free)]  # capacity not yet claimed, since when
+    for t, kind, r in events:
+        if kind == 0:
+            chunks.append((t, r.resources))
             continue
-        last_end = max(before)
-        if r.created < last_end and (r.claimed - last_end).total_seconds() <= max_gap_s:  # it waited for that end
-            gaps.append((r.claimed - last_end).total_seconds())
-    claims = [max(0.0, (r.claimed - r.created).total_seconds()) for r in runs
-              if r.claimed and r.created and r.agent
-              and not any(o is not r and o.agent == r.agent and o.ended and r.created <= o.ended <= r.claimed
-                          for o in runs)]
-    return Overhead(start_s=max(0.0, median_runtime(starts) or 0.0), release_s=max(0.0, median_runtime(gaps) or 0.0),
-                    claim_s=median_runtime(claims) or 0.0)
+        got, room = zero, None
+        while chunks and not _fits(r.resources, got):
+            when, res = chunks.pop(0)
+            got, room = _add(got, res), when
+        if not _fits(r.resources, got):  # the replay cannot explain this claim: no sample from it
+            chunks = []
+            continue
+        left = _sub(got, r.resources)
+        if left.cpu > 1e-9 or left.memory > 0 or left.gpu > 0:
+            chunks.insert(0, (room, left))
+        if r.claimed is None or r.created is None or room is None:
+            continue
+        if room > r.created and room > t0:  # it waited for that capacity
+            if (t - room).total_seconds() <= max_gap_s:
+                gaps.append((t - room).total_seconds())
+        elif room <= r.created:  # the capacity was there when it arrived
+            claims.append(max(0.0, (t - r.created).total_seconds()))
+
+
+def _last_end(rs: list[PastRun], max_gap_s: float, gaps: list[float], claims: list[float]) -> None:
+    for r in rs:
+        if not (r.claimed and r.created):
+            continue
+        before = [o.ended for o in rs if o is not r and o.ended and o.ended <= r.claimed]
+        if before and r.created < max(before):
+            if (r.claimed - max(before)).total_seconds() <= max_gap_s:
+                gaps.append((r.claimed - max(before)).total_seconds())
+        elif not any(o is not r and o.ended and r.created <= o.ended <= r.claimed for o in rs):
+            claims.append(max(0.0, (r.claimed - r.created).total_seconds()))

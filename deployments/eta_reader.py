@@ -1,18 +1,19 @@
 """Reads what `eta.predict` needs from Prefect: agents, claimed and waiting runs, past runs, overheads.
 
 Per queue, one read of its newest finished runs (cached for `HISTORY_TTL_S`) gives every job
-shape's past run times; the state histories of its newest `OVERHEAD_SAMPLES` of them (finished
-runs' states never change: cached for good) give the claim -> start and end -> next claim
-overheads.
+shape's past run times and, with the runs holding capacity now and the agents' capacities, the
+agents' ledgers to replay for the overheads; the state histories of its newest
+`OVERHEAD_SAMPLES` finished runs (finished runs' states never change: cached for good) give
+their claim times.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from prefect_launch.deployments.eta import (AgentCap, Overhead, PastRun, Running, Waiting, expected_runtime,
+from prefect_launch.deployments.eta import (AgentCap, PastRun, Running, Waiting, expected_runtime,
                                             job_shape, learn_overhead, predict)
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.queue_spec import queue_spec_of
@@ -23,7 +24,7 @@ from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL
 HISTORY_LIMIT = 200
 HISTORY_TTL_S = 5.0
 OVERHEAD_SAMPLES = 20
-_history: dict[tuple[str, str], tuple[float, list[PastRun], Overhead]] = {}
+_history: dict[tuple[str, str], tuple[float, list[PastRun]]] = {}
 _states: dict[str, tuple[Optional[datetime], Optional[datetime]]] = {}  # finished run -> (Pending, Running) times
 
 
@@ -59,8 +60,9 @@ def _agent_of(labels: Optional[dict]) -> Optional[str]:
     return parsed[0] if parsed else labels.get(WORKER_LABEL)
 
 
-def queue_history(client: Any, queue: str) -> tuple[list[PastRun], Overhead]:
-    """The queue's newest finished runs (newest first) and the overhead they show; cached briefly."""
+def queue_history(client: Any, queue: str, resources_of: Optional[Callable[[Any], Any]] = None) -> list[PastRun]:
+    """The queue's newest finished runs, newest first (cached briefly); ``resources_of(flow_run)``: what
+    each held (for the ledger replay)."""
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
@@ -69,7 +71,7 @@ def queue_history(client: Any, queue: str) -> tuple[list[PastRun], Overhead]:
     key = (_api_key(), queue)
     hit = _history.get(key)
     if hit and time.monotonic() - hit[0] < HISTORY_TTL_S:
-        return hit[1], hit[2]
+        return hit[1]
     finished = client.read_flow_runs(
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
             StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]))),
@@ -84,14 +86,17 @@ def queue_history(client: Any, queue: str) -> tuple[list[PastRun], Overhead]:
                 claimed, started = _claim_start(client, str(fr.id))
             except Exception:
                 pass
+        try:
+            held = resources_of(fr) if resources_of else None
+        except Exception:
+            held = None
         past.append(PastRun(
             deployment_id=str(fr.deployment_id) if fr.deployment_id else None,
             shape=job_shape(fr.deployment_id, fr.parameters), queue=queue, agent=_agent_of(fr.labels),
-            created=fr.created, claimed=claimed, started=started, ended=fr.end_time,
-            run_s=fr.total_run_time.total_seconds() if ran and fr.total_run_time else None))
-    overhead = learn_overhead(past)
-    _history[key] = (time.monotonic(), past, overhead)
-    return past, overhead
+            resources=held, created=fr.created, claimed=claimed, started=started or fr.start_time,
+            ended=fr.end_time, run_s=fr.total_run_time.total_seconds() if ran and fr.total_run_time else None))
+    _history[key] = (time.monotonic(), past)
+    return past
 
 
 def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = None,
@@ -114,26 +119,32 @@ def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = N
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=all_queues)), limit=200)
     specs = {q: queue_spec_of(client.read_work_pool(q)) for q in all_queues}
     prios = {q: {wq.name: wq.priority for wq in client.read_work_queues(work_pool_name=q)} for q in all_queues}
-    history: dict[str, tuple[list[PastRun], Overhead]] = {}  # read only for queues with live runs
+    history: dict[str, list[PastRun]] = {}  # read only for queues with live runs
+    live: dict[str, list[PastRun]] = {}  # what holds capacity now, for the ledger replay
     deployments: dict[Any, dict] = {}
+
+    def request_of(fr: Any) -> Any:
+        if fr.deployment_id not in deployments:
+            try:
+                deployments[fr.deployment_id] = dict(client.read_deployment(fr.deployment_id).job_variables or {})
+            except Exception:
+                deployments[fr.deployment_id] = {}
+        return resolve_request(specs[fr.work_pool_name], deployments[fr.deployment_id], fr.job_variables or {})
+
     running, waiting = [], []
     held = {r.run_id: (a.name, r.resources) for a in agents_state for r in a.runs}
     for fr in runs:
         spec = specs.get(fr.work_pool_name)
         if spec is None:
             continue
-        if fr.deployment_id not in deployments:
-            try:
-                deployments[fr.deployment_id] = dict(client.read_deployment(fr.deployment_id).job_variables or {})
-            except Exception:
-                deployments[fr.deployment_id] = {}
         try:
-            req = resolve_request(spec, deployments[fr.deployment_id], fr.job_variables or {})
+            req = request_of(fr)
         except Exception:
             continue
         if fr.work_pool_name not in history:
-            history[fr.work_pool_name] = queue_history(client, fr.work_pool_name)
-        past, _ = history[fr.work_pool_name]
+            history[fr.work_pool_name] = queue_history(client, fr.work_pool_name,
+                                                       lambda past_run: request_of(past_run).resources)
+        past = history[fr.work_pool_name]
         expected = expected_runtime(job_shape(fr.deployment_id, fr.parameters), fr.deployment_id, past, req.timeout_s)
         rid = str(fr.id)
         if fr.state_type == StateType.SCHEDULED:
@@ -149,8 +160,12 @@ def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = N
         running.append(Running(run_id=rid, agent=agent, queue=fr.work_pool_name, resources=res,
                                started=running_since or (None if claimed else now), claimed=claimed,
                                expected_s=expected))
+        live.setdefault(fr.work_pool_name, []).append(PastRun(
+            queue=fr.work_pool_name, agent=agent, resources=res, created=fr.created, claimed=claimed,
+            started=running_since))
     backfill = {q: bool(s and s.backfill) for q, s in specs.items()}
-    overhead = {q: h[1] for q, h in history.items()}
+    capacity = {a.name: a.capacity for a in agents_state}
+    overhead = {q: learn_overhead(past + live.get(q, []), capacity) for q, past in history.items()}
     out = predict(now, agents, running, waiting, backfill=backfill, overhead=overhead)
     if not include_claimed:
         out = {r: t for r, t in out.items() if r not in {c.run_id for c in running}}

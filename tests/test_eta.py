@@ -126,3 +126,28 @@ def test_learn_overhead_from_claims_starts_and_ends_on_the_same_agent():
     assert oh.release_s == 3.0  # median of 2 and 4
     assert oh.claim_s == 1.0  # median of 1 (a), 0.5 (c), 1 (e): those that found room; b and d waited for ends
     assert learn_overhead([]) == Overhead()
+
+
+def test_learn_overhead_replays_the_agents_ledger_when_capacity_and_resources_are_known():
+    two = Resources(cpu=2, memory=2**30)
+
+    def run(res, created, claimed, ended):
+        return PastRun(agent="x", resources=res, created=at(created), claimed=at(claimed),
+                       started=at(claimed + 1), ended=at(ended))
+
+    runs = [run(ONE, -21, -20, -5),  # the oldest end: the replay starts there with the agent idle
+            run(ONE, -1, 0, 10), run(ONE, -1, 0, 12),  # found room: claimed 1 s after submit
+            run(ONE, 2, 13, 30),  # its room came from the end at 10 (not the later one at 12): 3 s
+            run(ONE, 3, 16, 31)]  # from the end at 12: 4 s
+    cap = {"x": Resources(cpu=2, memory=8 * 2**30)}
+    oh = learn_overhead(runs, cap)
+    assert (oh.release_s, oh.claim_s, oh.start_s) == (3.5, 1.0, 1.0)
+    assert learn_overhead(runs).release_s == 2.5, "without the ledger: last end before the claim (1 and 4 s)"
+    # a two-CPU run needs both ends (30 and 31): its room is the later one
+    assert learn_overhead(runs + [run(two, 5, 36, 40)], cap).release_s == 4.0  # 3, 4 and 5 s
+    # a run still holding capacity (no end; claimed about start - start_s = 32) takes the room freed at 30,
+    # so the next claims get the rooms freed at 31 and 40
+    held = PastRun(agent="x", resources=ONE, created=at(20), claimed=None, started=at(33), ended=None)
+    later = [run(ONE, 5, 32.5, 40), run(ONE, 6, 41, 50)]
+    assert learn_overhead(runs + [held] + later, cap).release_s == 2.25  # 3, 4, 1.5 and 1 s
+    assert learn_overhead(runs + later, cap).release_s == 3.5  # without it: 3, 4, 2.5 and 10 s
