@@ -66,7 +66,8 @@ class Overhead(BaseModel):
 
 
 def _sub(a: Resources, b: Resources) -> Resources:
-    return Resources(cpu=a.cpu - b.cpu, memory=a.memory - b.memory, gpu=a.gpu - b.gpu)
+    """Never below zero: Prefect can show a run as still claimed after its agent has let its capacity go."""
+    return Resources(cpu=max(0.0, a.cpu - b.cpu), memory=max(0, a.memory - b.memory), gpu=max(0, a.gpu - b.gpu))
 
 
 def _add(a: Resources, b: Resources) -> Resources:

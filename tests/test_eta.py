@@ -151,3 +151,12 @@ def test_learn_overhead_replays_the_agents_ledger_when_capacity_and_resources_ar
     later = [run(ONE, 5, 32.5, 40), run(ONE, 6, 41, 50)]
     assert learn_overhead(runs + [held] + later, cap).release_s == 2.25  # 3, 4, 1.5 and 1 s
     assert learn_overhead(runs + later, cap).release_s == 3.5  # without it: 3, 4, 2.5 and 10 s
+
+
+def test_more_claimed_than_an_agent_holds_does_not_break_the_replay():
+    # Prefect may still show a run as running after its agent has let its capacity go
+    running = [Running(run_id=f"r{k}", agent="a0", queue="q", resources=ONE, started=at(-k), expected_s=10)
+               for k in range(3)]
+    got = predict(NOW, agents(), running, [Waiting(run_id="w", queue="q", resources=ONE, submitted=NOW,
+                                                   expected_s=1)])
+    assert got["w"] is not None and got["w"] >= NOW
