@@ -187,9 +187,11 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
         with get_client(sync_client=True) as client:
             while len(client.read_workers_for_work_pool("bench-eta")) < 2:
                 time.sleep(0.5)
-            # warm-up: one run per length gives every job shape a past run time (our medians use the job);
-            # the naive estimate's queue median comes from the same runs. Not counted.
-            warm = [submit(client, f"eta-warm-{secs}", secs, "one") for secs in lengths]
+            # warm-up: one run per length gives every job shape a past run time (our medians use the job),
+            # in the workload's preset mix, so some wait as they will; the naive estimate's queue median
+            # comes from the same runs. Not counted.
+            warm = [submit(client, f"eta-warm-{secs}", secs, "two" if k % 3 == 0 else "one")
+                    for k, secs in enumerate(lengths)]
             wait_final(client, warm, 300)
             for i in range(n):
                 secs = lengths[i % len(lengths)]
@@ -209,9 +211,13 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
             for rid in ids:
                 fr = client.read_flow_run(rid)
                 p = predicted[rid]
+                pend = [st.timestamp.timestamp() for st in client.read_flow_run_states(rid) if st.type.value == "PENDING"]
                 detail.append({"run": fr.name, "submitted": fr.created.timestamp(), "predicted": p and p.timestamp(),
                                "naive": naive[rid], "actual": fr.start_time and fr.start_time.timestamp(),
-                               "run_s": fr.total_run_time.total_seconds()})
+                               "run_s": fr.total_run_time.total_seconds(), "claimed": pend[-1] if pend else None,
+                               "ended": fr.end_time and fr.end_time.timestamp(),
+                               "agent": (fr.labels or {}).get("prefect.worker.name"),
+                               "preset": next((t for t in fr.tags if t.startswith("preset:")), None)})
                 if not fr.start_time:
                     continue
                 actual = fr.start_time.timestamp()
