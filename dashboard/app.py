@@ -58,6 +58,41 @@ def _costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFram
     return C.run_costs(store, since, until, queues, deployments=deployments)
 
 
+@st.cache_data(ttl=10, show_spinner=False, max_entries=16)
+def _waiting(queues: tuple) -> list:
+    """Waiting runs of ``queues`` with queue position and predicted start
+    (:func:`prefect_launch.deployments.wait_order.waiting_runs`, the same as `queue ls` / `runs ls`)."""
+    from prefect import get_client
+
+    from prefect_launch.deployments.wait_order import waiting_runs
+
+    with get_client(sync_client=True) as client:
+        return [w.model_dump() for w in waiting_runs(client, list(queues))]
+
+
+def panel_waiting(v: V.View) -> None:
+    """Who waits and why, with queue position and predicted start (inside the summary panel)."""
+    from prefect_launch.deployments.wait_order import WaitingRun
+
+    queues = tuple(v.spec.queues) or (tuple(v.pools["queue"]) if not v.pools.empty else ())
+    try:
+        waits = [WaitingRun(**w) for w in _waiting(tuple(sorted(queues)))]
+    except Exception as exc:  # the rest of the page stands without it
+        st.caption(f"Waiting runs: unavailable ({html.escape(str(exc).splitlines()[0][:200]) if str(exc) else type(exc).__name__})")
+        return
+    if not waits:
+        st.caption("Who waits and why: no run is waiting.")
+        return
+    st.caption("Who waits and why: each waiting run's position in its queue (1 = next; empty while its starts-at "
+               "is ahead) and predicted start (ETA, UTC: the agents' placement replayed forward with each run's "
+               "expected length; empty when it cannot be told).")
+    st.dataframe(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), hide_index=True, width="stretch", key="waiting_table",
+                 column_config={"position": st.column_config.NumberColumn("position", format="%d"),
+                                "eta": st.column_config.DatetimeColumn("ETA (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+                                "waited_s": st.column_config.NumberColumn("waited s", format="%.0f"),
+                                "eta_in_s": st.column_config.NumberColumn("starts in s", format="%.0f")})
+
+
 def _view_costs(v: V.View):
     """(cost rows filtered like the page, error text or None)."""
     from prefect_launch.dashboard import cost as C
@@ -100,6 +135,7 @@ def sidebar(opts: dict) -> S.ViewSpec:
             _view.clear()
             _options.clear()
             _costs.clear()
+            _waiting.clear()
             M.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
     return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
@@ -130,6 +166,7 @@ def panel_summary(v: V.View) -> None:
         else:
             st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
         st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
+        panel_waiting(v)
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
             st.dataframe(v.agents, hide_index=True, width="stretch")

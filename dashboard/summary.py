@@ -86,3 +86,29 @@ def capacity_used(cost_runs: Optional[pd.DataFrame], capacity: dict, span_s: flo
         ok = cost_runs is not None and not cost_runs.empty and cost_runs[col].notna().any()
         out[key] = 100.0 * float(cost_runs[col].sum()) * 3600 / (c * span_s) if c and span_s > 0 and ok else None
     return out
+
+
+WAITING_COLUMNS = ["queue", "position", "name", "owner", "priority", "waited_s", "eta", "eta_in_s", "why"]
+
+
+def waiting_frame(waits: list, now) -> pd.DataFrame:
+    """Who waits and why: one row per waiting run (:class:`prefect_launch.deployments.wait_order.WaitingRun`),
+    in queue then position order (1 = next; empty while its starts-at is ahead), with its predicted
+    start (``eta``, UTC; empty when it cannot be told), seconds until then, and the agent's reason."""
+    rows = []
+    for w in waits:
+        sub = getattr(w, "submitted", None)
+        eta = getattr(w, "eta", None)
+        rows.append(dict(
+            queue=w.queue, position=w.position, name=w.name, owner=w.owner, priority=w.priority,
+            waited_s=max(0.0, (now - sub).total_seconds()) if sub and sub <= now else None,
+            eta=pd.Timestamp(eta) if eta else pd.NaT,
+            eta_in_s=max(0.0, (eta - now).total_seconds()) if eta else None,
+            why=w.reason or ("starts at " + f"{sub:%Y-%m-%d %H:%M:%S} UTC" if sub and sub > now
+                             else "waiting: no agent has polled it yet")))
+    df = pd.DataFrame(rows, columns=WAITING_COLUMNS)
+    df["position"] = df["position"].astype("Int64")
+    df["eta"] = pd.to_datetime(df["eta"], utc=True)
+    for c in ("waited_s", "eta_in_s"):
+        df[c] = df[c].astype("float64")
+    return df

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Optional
 
 from pydantic import BaseModel
@@ -10,8 +11,8 @@ from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
 from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
 from prefect_launch.workers.resources import Resources
 from prefect_launch.workers.template import build_base_job_template
-from prefect_launch.workers.run_tags import WAIT_LABEL
 
+WAITING_SHOWN = 10  # waiting runs listed per queue (all are counted)
 LAUNCH_POOL_TYPES = ("launch-process", "launch-docker", "docker", "kubernetes")
 
 
@@ -81,15 +82,22 @@ class QueueStatus(BaseModel):
     free: Optional[Resources] = None
     capacity: Optional[Resources] = None
     state: str  # busy | idle | offline
-    waiting: list[dict[str, str]] = []
+    # waiting runs in position order: run_id, name, position (1 = next; None while a starts-at is ahead),
+    # eta (predicted start, None when it cannot be told), reason
+    waiting: list[dict[str, Any]] = []
+    waiting_count: int = 0  # due and waiting (have a position); `queued` also counts runs whose starts-at is ahead
+    head_eta: Optional[datetime] = None  # predicted start of position 1
+    next_eta: Optional[datetime] = None  # earliest predicted start of any waiting run (backfill can beat the head)
 
 
-def queue_status(client: Any, pool: Any, agents: list[AgentState]) -> QueueStatus:
+def queue_status(client: Any, pool: Any, agents: list[AgentState], waits: Optional[list[Any]] = None) -> QueueStatus:
+    """``waits``: the queue's :class:`~prefect_launch.deployments.wait_order.WaitingRun` rows (read here when None)."""
     from prefect.client.schemas.filters import (
         FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName,
     )
     from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort
+
+    from prefect_launch.deployments.wait_order import waiting_runs
 
     spec = queue_spec_of(pool)
     pf = WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name]))
@@ -102,10 +110,11 @@ def queue_status(client: Any, pool: Any, agents: list[AgentState]) -> QueueStatu
 
     queued = count([StateType.SCHEDULED])
     running = count([StateType.PENDING, StateType.RUNNING])
-    waiting_runs = client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
-        work_pool_filter=pf, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=10,
-    ) if queued else []
+    if waits is None:
+        waits = waiting_runs(client, [pool.name]) if queued else []
+    waits = [w for w in waits if w.queue == pool.name]
+    etas = [w.eta for w in waits if w.eta is not None]
+    head = next((w for w in waits if w.position == 1), None)
     online = [a for a in agents if pool.name in a.queues and a.online()]
     prefect_online = {w.name for w in client.read_workers_for_work_pool(pool.name) if str(w.status).upper().endswith("ONLINE")}
     names = sorted({a.name for a in online} | prefect_online)
@@ -121,9 +130,10 @@ def queue_status(client: Any, pool: Any, agents: list[AgentState]) -> QueueStatu
         presets={n: p.to_resources().describe() for n, p in spec.presets.items()} if spec else {},
         default_preset=spec.default_preset if spec else None, backfill=spec.backfill if spec else False,
         agents_online=names, queued=queued, running=running, free=free, capacity=cap, state=state,
-        waiting=[{"run_id": str(r.id), "name": r.name,
-                  "reason": (r.labels or {}).get(WAIT_LABEL) or "waiting: no agent has polled it yet"}
-                 for r in waiting_runs],
+        waiting=[{"run_id": w.run_id, "name": w.name, "position": w.position, "eta": w.eta,
+                  "reason": w.reason or "waiting: no agent has polled it yet"} for w in waits[:WAITING_SHOWN]],
+        waiting_count=sum(1 for w in waits if w.position is not None),
+        head_eta=head.eta if head else None, next_eta=min(etas) if etas else None,
     )
 
 
@@ -136,7 +146,10 @@ def list_queue_status(client: Any, names: Optional[list[str]] = None) -> list[Qu
             raise LookupError(f"unknown queue(s): {', '.join(missing)}; see `prefect-launch queue ls`")
         pools = [p for p in pools if p.name in names]
     agents = read_agents_sync(client)
-    return [queue_status(client, p, agents) for p in sorted(pools, key=lambda p: p.name)]
+    from prefect_launch.deployments.wait_order import waiting_runs
+
+    waits = waiting_runs(client, [p.name for p in pools])  # one read and one prediction for every queue
+    return [queue_status(client, p, agents, waits) for p in sorted(pools, key=lambda p: p.name)]
 
 
 __all__ = ["apply_queue", "list_queue_status", "queue_spec_of", "QueueStatus", "PRIORITIES"]

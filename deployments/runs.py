@@ -24,10 +24,13 @@ class RunRow(BaseModel):
     start_time: Optional[str] = None
     end_time: Optional[str] = None
     note: Optional[str] = None
+    position: Optional[int] = None  # waiting runs: place in its queue (1 = next; None while a starts-at is ahead)
+    eta: Optional[str] = None  # waiting runs: predicted start (ISO); None when it cannot be told
 
 
 def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[str]] = None,
-              limit: int = 50) -> list[RunRow]:
+              limit: int = 50, with_wait: bool = True) -> list[RunRow]:
+    """``with_wait``: also the waiting runs' queue position and predicted start (more reads)."""
     from prefect.client.schemas.filters import (
         FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags,
         WorkPoolFilter, WorkPoolFilterName,
@@ -47,8 +50,15 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])) if queue else None,
         sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit,
     )
+    from prefect_launch.deployments.wait_order import by_run, waiting_runs
+
+    # position and predicted start among every waiting run of their queues (not only the ones listed)
+    waits = by_run(waiting_runs(client, sorted({r.work_pool_name for r in runs
+                                                if r.state_type == StateType.SCHEDULED and r.work_pool_name}))
+                   ) if with_wait else {}
     rows = []
     for r in runs:
+        w = waits.get(str(r.id))
         jv = r.job_variables or {}
         labels = r.labels or {}
         res = labels.get("launch.resources") or ",".join(
@@ -62,6 +72,7 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
             owner=tag_value(r.tags, "owner"), created=str(r.created) if r.created else None,
             start_time=str(r.start_time) if r.start_time else None,
             end_time=str(r.end_time) if r.end_time else None, note=note,
+            position=w.position if w else None, eta=str(w.eta) if w and w.eta else None,
         ))
     return rows
 
@@ -76,7 +87,7 @@ def resolve_run_id(client: Any, text: str) -> str:
         pass
     if len(text) < 8:
         raise LookupError(f"run {text!r}: give the full id or at least 8 characters of it")
-    matches = [r.run_id for r in list_runs(client, limit=200) if r.run_id.startswith(text)]
+    matches = [r.run_id for r in list_runs(client, limit=200, with_wait=False) if r.run_id.startswith(text)]
     if len(matches) != 1:
         raise LookupError(f"run {text!r} matches {len(matches)} recent runs; give the full id")
     return matches[0]

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.deployments.sessions import SESSION_TAG
+from prefect_launch.deployments.wait_order import by_run, positions, waiting_runs  # noqa: F401  (positions: moved there)
 from prefect_launch.workers.run_tags import IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 
 
@@ -83,24 +84,9 @@ def idle_checks_of(fr: Any, now: datetime) -> Optional[dict[str, Any]]:
     return status
 
 
-def positions(scheduled: list[Any], priorities: dict[str, int]) -> dict[str, int]:
-    """Queue position of each waiting run: priority, then submit time, as the agents place them (pure)."""
-    far = datetime.max.replace(tzinfo=timezone.utc)
-    out: dict[str, int] = {}
-    by_queue: dict[str, list[Any]] = {}
-    for fr in scheduled:
-        by_queue.setdefault(fr.work_pool_name or "", []).append(fr)
-    for runs in by_queue.values():
-        runs.sort(key=lambda r: (priorities.get(r.work_queue_name or "", 99), r.expected_start_time or far))
-        for i, r in enumerate(runs, 1):
-            out[str(r.id)] = i
-    return out
-
-
 def list_sessions(client: Any, owner: Optional[str] = None, include_ended: bool = False,
                   limit: int = 100) -> list[SessionRow]:
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-                                                FlowRunFilterTags, WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, FlowRunFilterTags
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
@@ -110,26 +96,11 @@ def list_sessions(client: Any, owner: Optional[str] = None, include_ended: bool 
     runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=tags), state=state),
                                  sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
     now = datetime.now(timezone.utc)
-    pos: dict[str, int] = {}
     queues = sorted({r.work_pool_name for r in runs if r.state_type == StateType.SCHEDULED and r.work_pool_name})
-    if queues:  # position among every waiting run of the queue (jobs too), not only sessions
-        waiting = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                any_=[StateType.SCHEDULED]))),
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=queues)), limit=200)
-        prios: dict[str, int] = {}
-        for q in queues:
-            prios.update({wq.name: wq.priority for wq in client.read_work_queues(work_pool_name=q)})
-        pos = positions([w for w in waiting if not w.expected_start_time or w.expected_start_time <= now], prios)
-        try:
-            from prefect_launch.deployments.eta_reader import predicted_starts
-
-            etas = predicted_starts(client, queues, now)
-        except Exception:
-            etas = {}
-    else:
-        etas = {}
-    return [row_of(r, now, pos.get(str(r.id))).model_copy(update={"eta": etas.get(str(r.id))}) for r in runs]
+    # position among every waiting run of the queue (jobs too), not only sessions; ETA from the predictor
+    waits = by_run(waiting_runs(client, queues, now))
+    return [row_of(r, now, waits[str(r.id)].position if str(r.id) in waits else None).model_copy(
+        update={"eta": waits[str(r.id)].eta if str(r.id) in waits else None}) for r in runs]
 
 
 def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:

@@ -113,17 +113,30 @@ def queue_ls(names: Optional[List[str]] = typer.Argument(None, help="Only these 
         _print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="launch queues")
-    for col in ("queue", "state", "target", "presets", "agents", "queued", "running", "free"):
+    for col in ("queue", "state", "target", "presets", "agents", "queued", "waiting", "head ETA", "running", "free"):
         table.add_column(col)
     for r in rows:
         free = (f"cpu={r.free.cpu:g} mem={format_size(r.free.memory)} gpu={r.free.gpu}" if r.free else "-")
         presets = "\n".join(f"{n}{'*' if n == r.default_preset else ''}: {d}" for n, d in r.presets.items())
         table.add_row(r.name, r.state, r.target, presets, ", ".join(r.agents_online) or "-",
-                      str(r.queued), str(r.running), free)
+                      str(r.queued), str(r.waiting_count), _eta_text(r.head_eta), str(r.running), free)
     console.print(table)
     for r in rows:
         for w in r.waiting:
-            console.print(f"  {r.name}: {w['name']} ({w['run_id'][:8]}) {w['reason']}", highlight=False)
+            pos = f"#{w['position']}" if w.get("position") else "#-"
+            console.print(f"  {r.name}: {pos} {w['name']} ({w['run_id'][:8]}) ETA {_eta_text(w.get('eta'))} "
+                          f"{w['reason']}", highlight=False)
+
+
+def _eta_text(eta: Any) -> str:
+    """A predicted start as the listings print it: UTC time of day, with the date when not today; '-' unknown."""
+    if not eta:
+        return "-"
+    from datetime import datetime, timezone
+
+    when = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+    when = when.astimezone(timezone.utc)
+    return f"{when:%H:%M:%S}" if when.date() == datetime.now(timezone.utc).date() else f"{when:%Y-%m-%d %H:%M:%S}"
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -270,10 +283,11 @@ def runs_ls(
         _print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="launch runs")
-    for col in ("run", "name", "queue", "priority", "state", "preset", "resources", "note"):
+    for col in ("run", "name", "queue", "priority", "state", "pos", "ETA", "preset", "resources", "note"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r.run_id[:8], r.name, r.queue or "-", r.priority or "-", r.state, r.preset or "-",
+        table.add_row(r.run_id[:8], r.name, r.queue or "-", r.priority or "-", r.state, str(r.position or "-"),
+                      _eta_text(r.eta) if r.eta or r.position else "", r.preset or "-",
                       r.resources or "-", r.note or "")
     console.print(table)
 
