@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, Field
 
 from prefect_launch.deployments.submit_retry import create_runs
+from prefect_launch.workers.cluster_spec import check_fits_one_agent
 from prefect_launch.workers.queue_spec import queue_spec_of
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
@@ -50,6 +51,8 @@ class SubmitRequest(BaseModel):
     extra_tags: list[str] = Field(default_factory=list)  # e.g. a session's type
     extra_labels: dict[str, str] = Field(default_factory=dict)
     dry_run: bool = False  # validate and resolve everything, create nothing
+    cluster_size: Optional[int] = None  # a cluster run of this many members (main1, sub1, ...), gang-placed
+    cluster_mode: Optional[str] = None  # single-node | multi-node
 
 
 class Submitted(BaseModel):
@@ -62,6 +65,8 @@ class Submitted(BaseModel):
     resources: str
     timeout_s: Optional[float] = None
     dry_run: bool = False
+    cluster_size: int = 1
+    cluster_mode: str = "single-node"
 
 
 def parse_params(items: list[str]) -> dict[str, str]:
@@ -181,6 +186,9 @@ def check_capacity(client: Any, queue: str, resolved: ResolvedRequest) -> None:
         raise LaunchValidationError(
             f"beyond any agent's total capacity on queue {queue!r}: needs {need}; choose a smaller preset"
         )
+    gang = check_fits_one_agent(resolved.cluster, resolved.resources, {a.name: a.capacity for a in online})
+    if gang:
+        raise LaunchValidationError(f"beyond any agent's total capacity on queue {queue!r}: {gang}")
 
 
 def submit(client: Any, req: SubmitRequest) -> Submitted:
@@ -211,7 +219,8 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     run_vars = {k: v for k, v in {"preset": req.preset, "cpu": req.cpu, "memory": req.memory, "gpu": req.gpu,
                                   "shm_size": req.shm_size, "agent": req.agent,
                                   "timeout": str(req.timeout) if req.timeout is not None else None,
-                                  "preemptible": req.preemptible}.items()
+                                  "preemptible": req.preemptible, "cluster_size": req.cluster_size,
+                                  "cluster_mode": req.cluster_mode}.items()
                 if v is not None}
     resolved = resolve_request(spec, deployment.job_variables or {}, run_vars, priority=priority)
     env = parse_env(req.env)
@@ -231,11 +240,12 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     if req.dry_run:
         return Submitted(run_ids=[], names=[n or "" for n in names], job=req.job, queue=queue, priority=priority,
                          preset=resolved.preset, resources=resolved.resources.describe(),
-                         timeout_s=resolved.timeout_s, dry_run=True)
+                         timeout_s=resolved.timeout_s, dry_run=True, **_cluster_fields(resolved))
 
     def run_kwargs(i: int) -> dict[str, Any]:
         kw = dict(parameters=params, job_variables=job_variables, work_queue_name=priority, tags=tags, name=names[i],
                   labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset,
+                          **({"launch.cluster": resolved.cluster.describe()} if resolved.cluster.is_cluster else {}),
                           **req.extra_labels})
         if req.scheduled_time is not None:
             from prefect.states import Scheduled
@@ -248,5 +258,9 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     return Submitted(
         run_ids=[str(fr.id) for fr in created], names=[fr.name for fr in created], job=req.job, queue=queue,
         priority=priority, preset=resolved.preset, resources=resolved.resources.describe(),
-        timeout_s=resolved.timeout_s,
+        timeout_s=resolved.timeout_s, **_cluster_fields(resolved),
     )
+
+
+def _cluster_fields(resolved: ResolvedRequest) -> dict[str, Any]:
+    return {"cluster_size": resolved.cluster.size, "cluster_mode": resolved.cluster.mode}

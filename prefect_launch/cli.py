@@ -191,6 +191,12 @@ def submit_cmd(
         None, "--preemptible/--not-preemptible",
         help="May fill idle hardware and be preempted (SIGTERM, the queue's grace, back to the queue keeping its "
              "submit time) when a regular run needs it; default: the queue's setting for the priority"),
+    cluster_size: Optional[int] = typer.Option(
+        None, "--cluster-size", help="A cluster run of N members (main1, sub1, ...), each with the preset; "
+                                     "placed only when all N fit (gang); members get WORLD_SIZE, RANK, MASTER_ADDR, ..."),
+    cluster_mode: Optional[str] = typer.Option(
+        None, "--cluster-mode", help="single-node (all members on one agent; default) or multi-node"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and show what would be submitted; create nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the created run ids as JSON."),
 ) -> None:
     """Validate and enqueue run(s) of JOB; nothing is enqueued when anything is wrong."""
@@ -201,7 +207,8 @@ def submit_cmd(
         req = SubmitRequest(job=job, queue=queue, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
                             shm_size=shm_size, priority=priority, params=parse_params(param or []),
                             env=list(env or []), secret_env=list(secret_env or []), name=name, count=count, agent=agent, owner=owner,
-                            timeout=timeout, preemptible=preemptible)
+                            timeout=timeout, preemptible=preemptible, cluster_size=cluster_size,
+                            cluster_mode=cluster_mode, dry_run=dry_run)
         with _client() as client:
             result = submit(client, req)
     except LaunchValidationError as exc:
@@ -209,9 +216,14 @@ def submit_cmd(
     if as_json:
         _print_json(result.model_dump())
         return
-    console.print(f"submitted {len(result.run_ids)} run(s) of [bold]{result.job}[/] to queue "
-                  f"[bold]{result.queue}[/] ({result.priority}, preset {result.preset}: {result.resources})",
-                  highlight=False)
+    verb = "dry run: would submit" if result.dry_run else "submitted"
+    console.print(f"{verb} {len(result.names) if result.dry_run else len(result.run_ids)} run(s) of "
+                  f"[bold]{result.job}[/] to queue [bold]{result.queue}[/] ({result.priority}, preset {result.preset}: "
+                  f"{result.resources}{' per member' if result.cluster_size > 1 else ''})", highlight=False)
+    if result.cluster_size > 1:
+        console.print(f"  cluster: {result.cluster_size} members ({result.cluster_mode}): "
+                      f"main1{''.join(f', sub{i}' for i in range(1, result.cluster_size))}; placed all or none",
+                      highlight=False)
     for rid, rname in zip(result.run_ids, result.names):
         console.print(f"  {rid}  {rname}", highlight=False)
 
@@ -306,9 +318,11 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
         except LookupError as exc:
             _fail(str(exc))
         try:
-            state = client.read_flow_run(run_id).state  # why it ended, in Prefect's own words
+            fr = client.read_flow_run(run_id)
+            state = fr.state  # why it ended, in Prefect's own words
         except Exception:
-            state = None
+            fr = state = None
+        cluster = _cluster_of_run(fr)
         ended_why = (state.message if state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
                      else None)
         try:
@@ -323,11 +337,25 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     series = store.series(run_id, max_points=120)
     if as_json:
         _print_json({**report_dict(record, summary, series), "state": state.name if state else None,
-                     "reason": ended_why})
+                     "reason": ended_why, "cluster": cluster})
     else:
         console.print(render_run_report(record, summary, series), highlight=False, markup=False)
+        if cluster:
+            console.print(f"cluster: {cluster['size']} members ({cluster['mode']})"
+                          + (f"; {cluster['placement']}" if cluster.get("placement") else ""),
+                          highlight=False, markup=False)
         if ended_why:
             console.print(f"ended: {state.name}: {ended_why}", highlight=False, markup=False)
+
+
+def _cluster_of_run(fr: Any) -> Optional[dict[str, Any]]:
+    """A cluster run's size, mode and members' placement (from its job variables and placement label)."""
+    jv = (getattr(fr, "job_variables", None) or {}) if fr is not None else {}
+    size = jv.get("cluster_size")
+    if not isinstance(size, int) or size < 2:
+        return None
+    placement = ((getattr(fr, "labels", None) or {}).get("launch.placement") or "")
+    return {"size": size, "mode": jv.get("cluster_mode") or "single-node", "placement": placement or None}
 
 
 # ----------------------------------------------------------------------------- history

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Optional
 from uuid import UUID
 
 from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep
+from prefect_launch.workers.cluster_placement import as_candidate, members_text, waiting_reason
 from prefect_launch.workers.ledger import Allocation, Ledger
 from prefect_launch.workers.placement import Candidate, Decision, FairShare, Quotas, plan
 from prefect_launch.workers.preemption import Holder, choose_victims
@@ -136,10 +137,12 @@ async def dispatch_cycle(
         validation[rid] = SubStep(
             step="validation", result="FAILURE" if error else "SUCCESS", error_code="invalid-request" if error else None,
             message=error or f"preset {request.preset}: {request.resources.describe()}"
+            + (f" per member, cluster of {request.cluster.describe()}" if request.cluster.is_cluster else "")
             + (f", pinned to agent {request.agent}" if request.agent else ""), started=t0, ended=_now())
         candidates.append(Candidate(
             run_id=rid, name=fr.name, submitted=fr.expected_start_time,
-            priority_rank=priorities.get(fr.work_queue_name or "", 99), request=request, error=error,
+            priority_rank=priorities.get(fr.work_queue_name or "", 99), error=error,
+            request=as_candidate(request) if request is not None else None,  # a gang: all its members
             owner=tag_value(getattr(fr, "tags", None), OWNER),
         ))
     pinned_elsewhere = any(r.agent and r.agent != agent_name for r in requests.values())
@@ -164,11 +167,16 @@ async def dispatch_cycle(
         if decision.action == "start":
             # 5. book; the ledger checks again, since another queue of this agent may have taken the room
             steps.append(SubStep(step="capacity_check", result="SUCCESS", started=t_plan, ended=t_planned,
-                                 message=f"needs {req.resources.describe()}; agent {agent_name} had "
+                                 message=f"needs {req.held().describe()}; agent {agent_name} had "
                                          f"{free_before.describe()} free"))
             t_alloc = _now()
-            alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset,
-                                        preemptible=req.preemptible, owner=by_cand[decision.run_id].owner)
+            owner = by_cand[decision.run_id].owner
+            if req.cluster.is_cluster:  # every member at once, or none (gang)
+                alloc = ledger.try_allocate_gang(decision.run_id, req.resources, req.cluster.size, queue=queue,
+                                                 preset=req.preset, preemptible=req.preemptible, owner=owner)
+            else:
+                alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset,
+                                            preemptible=req.preemptible, owner=owner)
             if alloc is None:
                 out.waiting[decision.run_id] = OTHER_QUEUE_TOOK_IT
                 steps.append(SubStep(step="allocation", result="NEED_RETRY", error_code="capacity-taken",
@@ -180,6 +188,8 @@ async def dispatch_cycle(
                 continue
             where = (f"gpus {','.join(map(str, alloc.gpu_indices)) or 'none'}; "
                      f"cores {','.join(map(str, alloc.cpu_cores)) or 'none'}")
+            if alloc.members:
+                where = f"cluster of {req.cluster.describe()}: {members_text(alloc)}"
             try:
                 hooks.booked(alloc)
                 hooks.start(fr, alloc, req)
@@ -195,7 +205,7 @@ async def dispatch_cycle(
             _note(hooks, SchedulingRecord(
                 run_id=decision.run_id, phase="schedule", result="SUCCESS", from_state="SCHEDULED",
                 to_state="PENDING", sub_steps=steps,
-                message=f"placed on agent {agent_name} (queue {queue}): {req.resources.describe()}; {where}"))
+                message=f"placed on agent {agent_name} (queue {queue}): {req.held().describe()}; {where}"))
             out.started.append(fr)
         elif decision.action == "reject":
             # 6. say why
@@ -205,6 +215,9 @@ async def dispatch_cycle(
                                           message=decision.reason, sub_steps=steps))
             await hooks.reject(fr, decision.reason)
         else:
+            if req is not None:  # a gang says so, with the room it found
+                decision = decision.model_copy(update={"reason": waiting_reason(req, agent_name, ledger.free(),
+                                                                                decision.reason)})
             out.waiting[decision.run_id] = decision.reason
             if decision.action == "wait" and decision.run_id in by_cand:
                 out.unplaced.append(by_cand[decision.run_id].model_copy(update={"name": f"{fr.name} (queue {queue})"}))

@@ -18,6 +18,16 @@ from pydantic import BaseModel, Field
 from prefect_launch.workers.resources import Resources
 
 
+class MemberAlloc(BaseModel):
+    """One member of a cluster run: its own GPUs and cores out of the run's allocation."""
+
+    rank: int
+    name: str  # main1, sub1, ...
+    resources: Resources
+    gpu_indices: list[int] = []
+    cpu_cores: list[int] = []
+
+
 class Allocation(BaseModel):
     run_id: str
     resources: Resources
@@ -28,6 +38,7 @@ class Allocation(BaseModel):
     preemptible: bool = False  # may be preempted for a regular run (issue 12)
     owner: Optional[str] = None  # for quotas and fair share
     booked_at: float = Field(default_factory=time.time)  # newest preemptible runs go first
+    members: list[MemberAlloc] = []  # a cluster run's members; ``resources`` is then their sum
 
 
 class Ledger:
@@ -80,13 +91,52 @@ class Ledger:
             self._allocs[run_id] = alloc
             return alloc
 
-    def _pick_cores(self, cpu: float) -> list[int]:
+    def try_allocate_gang(self, run_id: str, member: Resources, size: int, queue: str | None = None,
+                          preset: str | None = None, preemptible: bool = False,
+                          owner: str | None = None) -> Optional[Allocation]:
+        """Book all ``size`` members of a cluster run at once, each with its own GPUs and cores, or nothing.
+
+        One allocation holds them (released together); ``members`` says which GPUs and cores each
+        member gets. Nothing is booked when the whole gang does not fit, so waiting gangs hold nothing.
+        """
+        from prefect_launch.workers.gang import member_names
+
+        run_id = str(run_id)
+        total = Resources(cpu=round(member.cpu * size, 6), memory=member.memory * size, gpu=member.gpu * size,
+                          shm_size=member.shm_size * size if member.shm_size else None)
+        with self._lock:
+            if run_id in self._allocs:
+                return self._allocs[run_id]
+            if not total.fits(self._free_locked()):
+                return None
+            used_gpus = {i for a in self._allocs.values() for i in a.gpu_indices}
+            gpus = [i for i in self._gpu_ids if i not in used_gpus][: total.gpu]
+            if len(gpus) < total.gpu:
+                return None
+            extra: dict[int, float] = {}
+            members = []
+            for rank, name in enumerate(member_names(size)):
+                cores = self._pick_cores(member.cpu, extra)
+                for c in cores:
+                    extra[c] = extra.get(c, 0.0) + member.cpu / max(1, len(cores))
+                members.append(MemberAlloc(rank=rank, name=name, resources=member, cpu_cores=cores,
+                                           gpu_indices=gpus[rank * member.gpu:(rank + 1) * member.gpu]))
+            alloc = Allocation(run_id=run_id, resources=total, gpu_indices=gpus,
+                               cpu_cores=sorted({c for m in members for c in m.cpu_cores}), queue=queue,
+                               preset=preset, preemptible=preemptible, owner=owner, members=members)
+            self._allocs[run_id] = alloc
+            return alloc
+
+    def _pick_cores(self, cpu: float, extra: Optional[dict[int, float]] = None) -> list[int]:
+        """The least loaded cores; ``extra`` is load booked in this same call (a gang's earlier members)."""
         want = max(1, math.ceil(cpu)) if cpu > 0 else 0
         load = {c: 0.0 for c in self._core_ids}
         for a in self._allocs.values():
             share = a.resources.cpu / max(1, len(a.cpu_cores))
             for c in a.cpu_cores:
                 load[c] = load.get(c, 0.0) + share
+        for c, v in (extra or {}).items():
+            load[c] = load.get(c, 0.0) + v
         return sorted(sorted(load, key=lambda c: (load[c], c))[:want])
 
     def adopt(self, alloc: Allocation) -> Allocation:

@@ -447,8 +447,13 @@ class LaunchWorkerCore:
             self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
 
     def _placement_text(self, alloc: Allocation) -> str:
-        return (f"agent {self.name}: {alloc.resources.describe()}; gpus "
+        text = (f"agent {self.name}: {alloc.resources.describe()}; gpus "
                 f"{','.join(map(str, alloc.gpu_indices)) or 'none'}; cores {','.join(map(str, alloc.cpu_cores))}")
+        if alloc.members:  # a cluster run: where each member runs
+            from prefect_launch.workers.cluster_placement import members_text
+
+            text += f"; members {members_text(alloc)}"
+        return text
 
     async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation) -> None:
         """Show on the Prefect run where it runs, and clear its old waiting reason.

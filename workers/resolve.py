@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from prefect_launch.workers.cluster_spec import ClusterSpec, cluster_of
 from prefect_launch.workers.durations import parse_duration
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resources import LaunchValidationError, Resources, parse_size
@@ -27,6 +28,11 @@ class ResolvedRequest(BaseModel):
     agent: Optional[str] = None
     timeout_s: Optional[float] = None  # the agent ends the run Failed after this long running
     preemptible: bool = False  # may use idle capacity and give it back to a regular run (issue 12)
+    cluster: ClusterSpec = ClusterSpec()  # members of a cluster run; ``resources`` is per member
+
+    def held(self) -> Resources:
+        """What the run holds on its agent: the whole gang for a single-node cluster run."""
+        return self.cluster.total(self.resources) if self.cluster.is_cluster else self.resources
 
 
 def _layer_overlay(spec: QueueSpec, base: Resources, layer: dict[str, Any], where: str) -> tuple[Resources, Optional[str]]:
@@ -93,4 +99,7 @@ def resolve_request(
             f"shm_size ({res.shm_size} bytes) is larger than memory ({res.memory} bytes); "
             "lower --shm-size or raise --memory"
         )
-    return ResolvedRequest(preset=preset, resources=res, agent=agent, timeout_s=timeout, preemptible=preemptible)
+    cluster = cluster_of([(deployment_vars or {}, "in the job's deployment"), (run_vars or {}, "in the submission")],
+                         target=spec.target)
+    return ResolvedRequest(preset=preset, resources=res, agent=agent, timeout_s=timeout, preemptible=preemptible,
+                           cluster=cluster)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from prefect_launch.workers.cluster_spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resources import format_size, parse_size
 
-LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "preemptible", "secret_env")
+LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "preemptible", "secret_env",
+                    "cluster_size", "cluster_mode")
 
 
 def _worker_template(pool_type: str) -> dict[str, Any]:
@@ -63,6 +65,8 @@ def build_base_job_template(spec: QueueSpec) -> dict[str, Any]:
     props["memory"]["type"] = props["shm_size"]["type"] = props["agent"]["type"] = "string"
     props["timeout"]["type"] = "string"
     props["preemptible"]["type"] = "boolean"
+    props["cluster_size"].update(type="integer", minimum=1, maximum=MAX_CLUSTER_SIZE)
+    props["cluster_mode"].update(type="string", enum=["single-node", "multi-node"])
     props["secret_env"].update(type="object", additionalProperties={"type": "string"})  # NAME -> Secret block
     if spec.timeout:
         props["timeout"]["description"] += f" Queue default: {spec.timeout}."

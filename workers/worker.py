@@ -24,9 +24,11 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
+from prefect_launch.workers.cluster_lifecycle import ClusterRunMixin
 from prefect_launch.workers.lifecycle import (  # noqa: F401  (re-exported for older importers)
     DEFAULT_SPEC, HEARTBEAT_S, PUBLISH_DEBOUNCE_S, TIMEOUT_GRACE_S, LaunchWorkerCore, PidHook, RunHandle,
 )
+from prefect_launch.workers.cluster_spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.limits import RunLimits
 from prefect_launch.workers.recovery import pid_start_time
 from prefect_launch.workers.run_tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL  # noqa: F401
@@ -84,12 +86,19 @@ class LaunchVariables(ProcessVariables):
         default=None, description="Environment from Prefect Secret blocks: NAME -> Secret block name "
         "(the agent reads the value at start; only the name is stored).",
     )
+    cluster_size: Optional[int] = Field(
+        default=None, ge=1, le=MAX_CLUSTER_SIZE,
+        description="Members of a cluster run (main1, sub1, ...), each with the run's preset, placed all or none.",
+    )
+    cluster_mode: Optional[str] = Field(
+        default=None, description="single-node (every member on one agent) or multi-node.",
+    )
 
 
 LaunchProcessVariables = LaunchVariables
 
 
-class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
+class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
     type = "launch-process"
     job_configuration = LaunchProcessJobConfiguration
     job_configuration_variables = LaunchProcessVariables
@@ -108,11 +117,14 @@ class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
     ) -> ProcessWorkerResult:
         alloc = self._allocation_of(flow_run)
         configuration.env.update(await self._run_env(alloc, configuration.secret_env))
+        cluster = self._start_cluster(flow_run, alloc, configuration) if alloc.members else None
         limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
 
         def on_pid(pid: Any) -> None:
             if isinstance(pid, int):
                 self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid)), limits)
+                if cluster is not None:
+                    self._on_cluster_main(flow_run, alloc, cluster, pid, limits)
 
         hooked = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
         status_code: Optional[int] = None
@@ -124,6 +136,9 @@ class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
             status_code = result.status_code
             return result
         finally:
+            if cluster is not None:  # main1 is gone: the other members end with it
+                with anyio.CancelScope(shield=True):
+                    await self._end_cluster(flow_run, cluster, status_code)
             await self._on_finished(flow_run, status_code, limits)
 
     async def _run_warm(self, flow_run: "FlowRun", configuration: LaunchProcessJobConfiguration,

@@ -1,0 +1,138 @@
+"""Cluster runs without servers: validation, gang booking, the dispatch cycle's gang, member env,
+and the example all-reduce over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from uuid import uuid4
+
+import pytest
+
+from prefect_launch.workers.cluster_env import free_port, member_env
+from prefect_launch.workers.cluster_process import describe_exit
+from prefect_launch.workers.cluster_spec import MAX_CLUSTER_SIZE, check_fits_one_agent, cluster_of
+from prefect_launch.workers.dispatch import DispatchHooks, dispatch_cycle
+from prefect_launch.workers.ledger import Ledger
+from prefect_launch.workers.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.resolve import resolve_request
+from prefect_launch.workers.resources import LaunchValidationError, Resources
+
+SPEC = QueueSpec(name="q", presets={"g1": Preset(cpu=1, memory="1Gi", gpu=1)}, default_preset="g1")
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("layer,why", [
+    ({"cluster_size": 0}, "at least 1"),
+    ({"cluster_size": MAX_CLUSTER_SIZE + 1}, f"limit of {MAX_CLUSTER_SIZE}"),
+    ({"cluster_size": "three"}, "whole number"),
+    ({"cluster_size": True}, "whole number"),
+    ({"cluster_size": 2, "cluster_mode": "ring"}, "cluster_mode must be one of"),
+    ({"cluster_size": 2, "cluster_mode": "multi-node"}, "not supported on process queues yet"),
+])
+def test_cluster_validation_says_what_is_wrong(layer, why):
+    with pytest.raises(LaunchValidationError, match=why):
+        cluster_of([(layer, "in the submission")])
+
+
+def test_cluster_is_refused_on_docker_queues_and_size_one_is_a_plain_run():
+    with pytest.raises(LaunchValidationError, match="not supported on docker queues"):
+        cluster_of([({"cluster_size": 2}, "x")], target="docker")
+    assert not cluster_of([({"cluster_size": 1}, "x")], target="docker").is_cluster
+
+
+def test_resolve_carries_the_cluster_and_the_run_holds_every_member():
+    req = resolve_request(SPEC, {"cluster_size": 2}, {"cluster_size": 3})  # the run's layer wins
+    assert (req.cluster.size, req.cluster.mode) == (3, "single-node")
+    assert req.resources.gpu == 1 and req.held() == Resources(cpu=3, memory=3 * GIB, gpu=3)
+
+
+def test_a_gang_that_no_agent_could_ever_hold_is_refused_up_front():
+    c = cluster_of([({"cluster_size": 3}, "x")])
+    one = Resources(cpu=1, memory=GIB, gpu=1)
+    assert "needs gpu=3 (agent a has 2 in total)" in check_fits_one_agent(c, one, {"a": Resources(cpu=8, memory=8 * GIB, gpu=2)})
+    assert check_fits_one_agent(c, one, {"a": Resources(cpu=8, memory=8 * GIB, gpu=4)}) is None
+
+
+def test_gang_booking_gives_each_member_its_own_gpus_and_cores_or_nothing():
+    ledger = Ledger(Resources(cpu=4, memory=8 * GIB, gpu=3))
+    member = Resources(cpu=1, memory=GIB, gpu=1)
+    a = ledger.try_allocate_gang("r1", member, 2)
+    assert [m.name for m in a.members] == ["main1", "sub1"]
+    assert [m.gpu_indices for m in a.members] == [[0], [1]]
+    assert not set(a.members[0].cpu_cores) & set(a.members[1].cpu_cores)
+    assert a.resources.gpu == 2 and ledger.free().gpu == 1
+    assert ledger.try_allocate_gang("r2", member, 2) is None  # half fits: nothing is booked
+    assert [x.run_id for x in ledger.allocations()] == ["r1"] and ledger.free().gpu == 1
+    ledger.release("r1")  # one release gives every member's capacity back
+    assert ledger.free() == ledger.capacity
+
+
+def _run(i: int, **jv):
+    return SimpleNamespace(id=uuid4(), name=f"r{i}", deployment_id=None, job_variables=jv,
+                           expected_start_time=T0 + timedelta(seconds=i), work_queue_name="default", labels={})
+
+
+def test_dispatch_places_one_gang_and_the_other_waits_holding_nothing():
+    ledger = Ledger(Resources(cpu=4, memory=8 * GIB, gpu=3))
+    started, waiting, history = [], {}, []
+
+    async def dvars(_):
+        return {}
+
+    async def pinned():
+        return {}, set()
+
+    async def wait(fr, reason):
+        waiting[fr.name] = reason
+
+    async def reject(fr, reason):
+        raise AssertionError(reason)
+
+    hooks = DispatchHooks(deployment_vars=dvars, pinned_agents=pinned, wait=wait, reject=reject,
+                          start=lambda fr, alloc, req: started.append((fr.name, alloc)), history=history.append)
+    runs = [_run(0, cluster_size=2), _run(1, cluster_size=2), _run(2)]
+    asyncio.run(dispatch_cycle(runs, SPEC, ledger, "q", "a1", {"default": 1}, hooks))
+    assert [n for n, _ in started] == ["r0"]
+    assert "cluster of 2 (single-node) needs 2 x cpu=1" in waiting["r1"]
+    assert "room for 1 member(s); nothing is held while it waits" in waiting["r1"]
+    assert waiting["r2"].endswith("(FIFO)")  # strict FIFO: the waiting gang is the head
+    assert len(ledger.allocations()) == 1 and ledger.free().gpu == 1
+    placed = next(r for r in history if r.run_id == str(runs[0].id) and r.result == "SUCCESS")
+    assert "main1: gpus 0" in placed.message and "sub1: gpus 1" in placed.message
+
+
+def test_member_env_names_the_cluster_and_pins_each_member():
+    ledger = Ledger(Resources(cpu=3, memory=8 * GIB, gpu=3))
+    alloc = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3)
+    port = free_port()
+    envs = [member_env(alloc, m, "a1", "single-node", port) for m in alloc.members]
+    assert [e["LAUNCH_CLUSTER_MEMBER"] for e in envs] == ["main1", "sub1", "sub2"]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"] and {e["WORLD_SIZE"] for e in envs} == {"3"}
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2"]
+    assert {e["MASTER_PORT"] for e in envs} == {str(port)} and {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert envs[2]["LAUNCH_CLUSTER_HOSTS"] == "main1,sub1,sub2" and envs[1]["LAUNCH_CPU"] == "1"
+    assert describe_exit(-9) == "code -9 (SIGKILL)" and describe_exit(3) == "code 3"
+
+
+def test_example_all_reduce_sums_over_loopback():
+    path = Path(__file__).resolve().parents[1] / "flows" / "allreduce.py"
+    spec = importlib.util.spec_from_file_location("allreduce_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    port, world, out = free_port(), 3, {}
+
+    def member(rank: int) -> None:
+        out[rank] = mod.all_reduce_sum([rank + 1.0, 2.0 * (rank + 1)], rank, world, "127.0.0.1", port, timeout_s=20)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {r: [6.0, 12.0] for r in range(world)}

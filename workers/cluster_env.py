@@ -1,0 +1,50 @@
+"""The environment each member of a cluster run gets, so members find each other (pure).
+
+Backend.AI-style names (``LAUNCH_CLUSTER_*``) and the torch.distributed ones (``WORLD_SIZE``,
+``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``torchrun``-style code and
+``torch.distributed.init_process_group("gloo")`` work unchanged. Each member is pinned to its
+own GPUs and cores: its ``CUDA_VISIBLE_DEVICES``, thread counts and ``LAUNCH_CPU*`` are its own.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from prefect_launch.workers.ledger import Allocation, MemberAlloc
+from prefect_launch.workers.limits import run_environment
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on now, for the main's rendezvous (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, master_port: int,
+               main_addr: str = LOOPBACK) -> dict[str, str]:
+    """Pinning of ``member`` (as a run of its own) plus who the cluster is and where its main listens."""
+    own = alloc.model_copy(update={"resources": member.resources, "gpu_indices": member.gpu_indices,
+                                   "cpu_cores": member.cpu_cores, "members": []})
+    env = run_environment(own, agent)
+    size = len(alloc.members)
+    names = [m.name for m in sorted(alloc.members, key=lambda m: m.rank)]
+    env.update({
+        "LAUNCH_CLUSTER_SIZE": str(size),
+        "LAUNCH_CLUSTER_RANK": str(member.rank),
+        "LAUNCH_CLUSTER_MEMBER": member.name,
+        "LAUNCH_CLUSTER_MODE": mode,
+        "LAUNCH_CLUSTER_HOSTS": ",".join(names),
+        "LAUNCH_CLUSTER_ADDRS": ",".join(main_addr for _ in names),  # one agent: every member on this host
+        "LAUNCH_CLUSTER_MAIN_ADDR": main_addr,
+        "LAUNCH_CLUSTER_PORT": str(master_port),
+        "WORLD_SIZE": str(size),
+        "RANK": str(member.rank),
+        "LOCAL_RANK": str(member.rank),
+        "LOCAL_WORLD_SIZE": str(size),
+        "MASTER_ADDR": main_addr,
+        "MASTER_PORT": str(master_port),
+    })
+    return env

@@ -1,0 +1,121 @@
+"""Cluster runs on the process back end: one worker-side lifecycle for all members of a run.
+
+Mixed into `LaunchProcessWorker`. Before the run's engine (main1) starts, the sub members start
+(so the run is Running only once every member runs), each with its own pinning and the cluster's
+env (`cluster_env`); the memory group of the run takes them in, so the run's memory limit covers
+every member. One member exiting non-zero fails the run with its name and exit code and stops
+the others; main1 ending (completed, failed, cancelled, stopped by the agent) ends the rest; the
+run's capacity is one allocation, released once for all members by the core's release path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from prefect.states import Failed
+
+from prefect_launch.workers.cluster_env import free_port, member_env
+from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit, pin_cores
+from prefect_launch.workers.ledger import Allocation
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+CLUSTER_STOP_GRACE_S = float(os.environ.get("LAUNCH_CLUSTER_STOP_GRACE_SECONDS", "5"))
+CLUSTER_DRAIN_S = float(os.environ.get("LAUNCH_CLUSTER_DRAIN_SECONDS", "30"))  # subs may end after main1
+
+
+class ClusterRunMixin:
+    """Needs the `LaunchWorkerCore` attributes (journal, _handles, _requests, _stop_run, _note, ...)."""
+
+    def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
+        """Start sub1.. now; give main1's env to the engine's configuration."""
+        request = self._requests.get(flow_run.id)
+        mode = request.cluster.mode if request is not None else "single-node"
+        port = free_port()
+        base = {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+        configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
+        procs = ClusterProcesses(run_id=str(flow_run.id))
+        try:
+            for m in alloc.members[1:]:
+                env = {**base, **member_env(alloc, m, self.name, mode, port),
+                       "PREFECT__FLOW_RUN_ID": str(flow_run.id)}
+                procs.start(m, env, self._member_log(flow_run.id, m.name))
+        except Exception:
+            for s in procs.alive():
+                s.proc.kill()
+            raise
+        self.get_flow_run_logger(flow_run).info(
+            f"cluster of {len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
+            + ", ".join(f"{s.name} pid {s.proc.pid}" for s in procs.subs) + "; main1 is this engine")
+        return procs
+
+    def _member_log(self, run_id: Any, name: str):
+        return self.journal.dir / f"{run_id}.{name}.log"
+
+    def _on_cluster_main(self, flow_run: "FlowRun", alloc: Allocation, procs: ClusterProcesses, pid: int,
+                         limits: Any) -> None:
+        """main1 exists: pin it to its own cores, bring the subs under the run's memory group, watch them."""
+        pin_cores(pid, alloc.members[0].cpu_cores)
+        group = getattr(limits, "group", None)
+        for p in procs.pids():
+            if group is not None:
+                group.add(p)
+        self._note(flow_run.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.name} started cluster members main1 (process {pid}), "
+                           + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs))
+
+        async def on_failure(name: str, code: int) -> None:
+            await self._cluster_member_failed(flow_run, procs, name, code)
+
+        self._runs_task_group.start_soon(procs.watch, on_failure)
+
+    def _member_failure_reason(self, name: str, code: int) -> str:
+        return (f"cluster-member-failed: member {name} exited with {describe_exit(code)}; "
+                f"agent {self.name} stopped the other members")
+
+    async def _cluster_member_failed(self, flow_run: "FlowRun", procs: ClusterProcesses, name: str,
+                                     code: int) -> None:
+        """A sub member died while main1 runs: fail the run with why, stop main1 and the rest."""
+        reason = self._member_failure_reason(name, code)
+        self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
+                   to_state="FAILED", message=reason)
+        self.get_flow_run_logger(flow_run).error(reason + _log_tail(self._member_log(flow_run.id, name)))
+        await procs.stop(CLUSTER_STOP_GRACE_S)
+        handle = self._handles.get(flow_run.id)
+        if handle is not None:
+            await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=CLUSTER_STOP_GRACE_S)
+
+    async def _end_cluster(self, flow_run: "FlowRun", procs: ClusterProcesses, status_code: Optional[int]) -> None:
+        """main1 has exited: let the subs finish (main1 completed) or stop them; a late failure fails the run."""
+        late: Optional[str] = None
+        if status_code == 0 and procs.failed is None and flow_run.id not in self._end_states:
+            if not await procs.wait(CLUSTER_DRAIN_S):
+                late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} still ran "
+                        f"{CLUSTER_DRAIN_S:g} s after main1 ended; agent {self.name} stopped them")
+            else:
+                bad = procs.first_failure()
+                if bad is not None:
+                    late = self._member_failure_reason(*bad)
+        await procs.stop(CLUSTER_STOP_GRACE_S)
+        if late is not None:  # main1 reported Completed, but the run is the whole cluster
+            self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed",
+                       from_state="RUNNING", to_state="FAILED", message=late)
+            self.get_flow_run_logger(flow_run).error(late)
+            try:
+                await self.client.set_flow_run_state(flow_run.id, Failed(message=late), force=True)
+                self._ended.add(flow_run.id)
+            except Exception as exc:
+                self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
+        if procs.failed is None and late is None:
+            for s in procs.subs:
+                s.log_path.unlink(missing_ok=True)
+
+
+def _log_tail(path: Any, lines: int = 15) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return ("\nlast lines of its output:\n" + "\n".join(tail)) if tail else ""

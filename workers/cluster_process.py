@@ -1,0 +1,131 @@
+"""The sub members of a cluster run on the process back end: start, watch, stop them together.
+
+main1 is the run's Prefect engine (started by the worker as for any run); sub1.. are extra
+processes of the agent (`cluster_member`), each in its own session, pinned to its own cores and
+GPUs, writing to a log file (not a pipe held by the agent). One member that exits non-zero ends
+the run; the worker stops the others through this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Optional
+
+import psutil
+
+from prefect_launch.workers.ledger import MemberAlloc
+from prefect_launch.workers.limits import physical_cores
+
+
+@dataclass
+class SubMember:
+    member: MemberAlloc
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.member.name
+
+
+@dataclass
+class ClusterProcesses:
+    """A run's sub members; ``failed`` is the first member that exited non-zero (name, exit code)."""
+
+    run_id: str
+    subs: list[SubMember] = field(default_factory=list)
+    failed: Optional[tuple[str, int]] = None
+    stopping: bool = False
+
+    def start(self, member: MemberAlloc, env: dict[str, str], log_path: Path) -> SubMember:
+        """Start ``member`` running the run's flow function (see `cluster_member`)."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "prefect_launch.workers.cluster_member", self.run_id],
+                                    env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd="/")
+        pin_cores(proc.pid, member.cpu_cores)
+        sub = SubMember(member=member, proc=proc, log_path=log_path)
+        self.subs.append(sub)
+        return sub
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.subs]
+
+    def alive(self) -> list[SubMember]:
+        return [s for s in self.subs if s.proc.poll() is None]
+
+    async def watch(self, on_failure: Callable[[str, int], Awaitable[None]], interval_s: float = 0.2) -> None:
+        """Until every sub member has exited: the first non-zero exit (not one we caused) is reported once."""
+        while self.alive():
+            await asyncio.sleep(interval_s)
+            if self.failed is None and not self.stopping:
+                for s in self.subs:
+                    code = s.proc.poll()
+                    if code not in (None, 0):
+                        self.failed = (s.name, code)
+                        await on_failure(s.name, code)
+                        break
+        if self.failed is None and not self.stopping:
+            bad = next(((s.name, s.proc.returncode) for s in self.subs if s.proc.returncode not in (None, 0)), None)
+            if bad:
+                self.failed = bad
+                await on_failure(*bad)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every sub member to exit on its own; True when they have."""
+        deadline = time.monotonic() + timeout_s
+        while self.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return not self.alive()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM each live member's session, then SIGKILL what is left after ``grace_s``."""
+        self.stopping = True
+        for s in self.alive():
+            _signal_session(s.proc.pid, signal.SIGTERM)
+        if not await self.wait(grace_s):
+            for s in self.alive():
+                _signal_session(s.proc.pid, signal.SIGKILL)
+            await self.wait(5.0)
+
+    def first_failure(self) -> Optional[tuple[str, int]]:
+        """The failure to report: the one seen while watching, else any non-zero exit we did not cause."""
+        if self.failed is not None:
+            return self.failed
+        if self.stopping:
+            return None
+        return next(((s.name, s.proc.returncode) for s in self.subs if s.proc.returncode not in (None, 0)), None)
+
+
+def describe_exit(code: int) -> str:
+    """``code 3`` or ``code -9 (SIGKILL)``."""
+    if code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"code {code}"
+
+
+def pin_cores(pid: int, cores: list[int]) -> None:
+    if not cores:
+        return
+    try:
+        psutil.Process(pid).cpu_affinity(physical_cores(cores))
+    except (psutil.Error, AttributeError, OSError):
+        pass
+
+
+def _signal_session(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+        pass
