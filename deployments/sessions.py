@@ -30,6 +30,7 @@ SESSION_FLOW = "launch-session"
 SESSION_TAG = "launch-session"
 NAME_RE = re.compile(r"^(?=.{4,64}$)[A-Za-z0-9][A-Za-z0-9_.-]*[A-Za-z0-9]$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IMAGE_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
 FLOWS_DIR = Path(__file__).resolve().parents[1] / "flows"
 LIVE = ("SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED")
 _ADJ = ("amber", "brisk", "calm", "deft", "eager", "fresh", "gentle", "keen", "lucid", "mellow", "nimble",
@@ -207,9 +208,15 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
             if n in taken:
                 problems.append(f"name {n!r} is taken by another live session of {owner}; pick another --name "
                                 "or terminate that one")
-    if req.image:
+    spec = _queue_spec(client, req.queue)  # None: unknown queue, which the submit check below reports
+    docker = spec is not None and spec.target == "docker"
+    if req.image and not docker:
         problems.append(f"--image {req.image!r} needs a docker queue; queue {req.queue!r} runs sessions as "
                         "processes in the agent's environment")
+    if req.image and not IMAGE_REF_RE.match(req.image):
+        problems.append(f"--image {req.image!r} is not an image reference (e.g. launch/me/my-env:latest)")
+    if docker and not (req.image or spec.image):
+        problems.append(f"queue {req.queue!r} has no default image; give --image")
     ports = list(req.ports) or ([free_port()] if req.type == "interactive" and req.count == 1 else [])
     env = parse_env(req.env) if not problems else {}
     if req.omp_threads:
@@ -220,7 +227,8 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
         gpu=req.gpu, shm_size=req.shm_size, priority=req.priority, env=env, name=base, count=req.count,
         agent=req.agent, owner=owner, timeout=req.timeout if req.type == "batch" else None,
         params={"session_type": req.type, "startup_command": req.startup_command or "", "ports": ports,
-                "mounts": list(req.mounts)},
+                "mounts": container_mounts(req.mounts) if docker else list(req.mounts)},
+        extra_job_variables=docker_job_variables(req) if docker else {},
         scheduled_time=starts_at, extra_tags=[SESSION_TAG, tag("session-type", req.type)],
         extra_labels={"launch.session.ports": ",".join(map(str, ports))}, dry_run=True,
     )
@@ -251,11 +259,54 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
     return result.model_copy(update={"run_ids": done.run_ids, "names": done.names})
 
 
-def deploy_session_flow(queue: str, work_queue: str) -> str:
-    """Deploy the built-in session flow on ``queue`` (idempotent); returns its job reference."""
+def _queue_spec(client: Any, queue: str) -> Any:
+    from prefect_launch.workers.queue_spec import queue_spec_of
+
+    try:
+        return queue_spec_of(client.read_work_pool(queue))
+    except Exception:
+        return None
+
+
+def _in_container(dst: str) -> str:
+    """Where a mount's PATH is in a docker session's container: absolute (``data`` -> ``/data``)."""
+    return "/" + dst.strip("/")
+
+
+def flows_volume() -> str:
+    """The session flow's folder, read-only at the same path in a docker session's container."""
+    return f"{FLOWS_DIR}:{FLOWS_DIR}:ro"
+
+
+def container_mounts(mounts: list[str]) -> list[str]:
+    """The session flow's ``mounts`` parameter in a container: the bind-mounted path, linked into the scratch folder."""
+    return [f"{_in_container(m.split(':', 1)[1])}:{m.split(':', 1)[1]}" for m in mounts]
+
+
+def docker_job_variables(req: SessionRequest) -> dict[str, Any]:
+    """A docker session's job variables: its image (never pulled when present locally: committed session
+    images exist only on their host) and volumes: the session flow's folder and each mount as a bind
+    mount of the host folder (volumes are not part of the container's file system, so `session commit`
+    leaves them out)."""
+    out: dict[str, Any] = {"volumes": [flows_volume()] + [f"{m.split(':', 1)[0]}:{_in_container(m.split(':', 1)[1])}"
+                                                          for m in req.mounts],
+                           "image_pull_policy": "IfNotPresent"}
+    if req.image:
+        out["image"] = req.image
+    return out
+
+
+def deploy_session_flow(queue: str, work_queue: str, target: str = "process", image: Optional[str] = None) -> str:
+    """Deploy the built-in session flow on ``queue`` (idempotent); returns its job reference.
+
+    Docker queues: the flow's folder is mounted read-only into the container (the image needs Prefect,
+    not this project); the queue's image is the default environment, ``session start --image`` another."""
     from prefect import flow
 
+    kw: dict[str, Any] = {}
+    if target == "docker":
+        kw = {"image": image, "job_variables": {"volumes": [flows_volume()], "image_pull_policy": "IfNotPresent"}}
     flow.from_source(source=str(FLOWS_DIR), entrypoint="session.py:session").deploy(
         name=f"session-{queue}", work_pool_name=queue, work_queue_name=work_queue, build=False, push=False,
-        print_next_steps=False, ignore_warnings=True)
+        print_next_steps=False, ignore_warnings=True, **kw)
     return session_deployment(queue)

@@ -50,6 +50,7 @@ class SubmitRequest(BaseModel):
     scheduled_time: Optional[datetime] = None  # never starts before (a batch session's --starts-at)
     extra_tags: list[str] = Field(default_factory=list)  # e.g. a session's type
     extra_labels: dict[str, str] = Field(default_factory=dict)
+    extra_job_variables: dict[str, Any] = Field(default_factory=dict)  # e.g. a docker session's image and volumes
     dry_run: bool = False  # validate and resolve everything, create nothing
     cluster_size: Optional[int] = None  # a cluster run of this many members (main1, sub1, ...), gang-placed
     cluster_mode: Optional[str] = None  # single-node | multi-node
@@ -234,6 +235,7 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
         job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
     if secret_env:  # block names only, never values; overlays the deployment's references
         job_variables["secret_env"] = {**((deployment.job_variables or {}).get("secret_env") or {}), **secret_env}
+    job_variables.update(req.extra_job_variables)
     owner = req.owner or getpass.getuser()
     tags = launch_tags(owner, resolved.preset) + list(req.extra_tags)
     names = [req.name if req.count == 1 else (f"{req.name}-{i + 1}" if req.name else None) for i in range(req.count)]

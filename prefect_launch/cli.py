@@ -86,10 +86,10 @@ def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
                 results.append(apply_queue(client, spec))
             except ValueError as exc:
                 _fail(str(exc))
-            if spec.target == "process":  # the built-in session flow on every process queue
+            if spec.target in ("process", "docker"):  # the built-in session flow on every process and docker queue
                 from prefect_launch.deployments.sessions import deploy_session_flow
 
-                deploy_session_flow(spec.name, spec.default_priority)
+                deploy_session_flow(spec.name, spec.default_priority, target=spec.target, image=spec.image)
     if as_json:
         _print_json([r.model_dump() for r in results])
     else:

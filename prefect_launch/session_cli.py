@@ -326,3 +326,42 @@ def session_relaunch(entry: str = typer.Argument(..., help="Recent entry id"),
         C._print_json(out.model_dump(mode="json"))
     else:
         C.console.print(f"relaunched {e.label}: {', '.join(out.names)}", highlight=False)
+
+
+@session_app.command("commit")
+def session_commit(session: str = typer.Argument(..., help="Name or id of a running session on a docker queue"),
+                   image_name: str = typer.Option(..., "--image-name", help="4-32 letters, digits, '-', '_'"),
+                   owner: Optional[str] = typer.Option(None, "--owner"),
+                   as_json: bool = typer.Option(False, "--json")) -> None:
+    """Commit a running docker session's container to an image of its owner (launch/OWNER/IMAGE-NAME);
+    mounted folders are volumes and are not part of it. Start a new session on it with --image."""
+    from prefect_launch.deployments.session_commit import check_image_name, commit_session
+    from prefect_launch.workers.resources import LaunchValidationError
+
+    C = _c()
+    problem = check_image_name(image_name)
+    if problem:
+        C._fail(problem)
+    try:
+        import docker
+
+        docker_client = docker.from_env(timeout=120)
+    except Exception as exc:
+        C._fail(f"cannot reach the Docker daemon (DOCKER_HOST) to commit: {exc}")
+    try:
+        with C._client() as client:
+            out = commit_session(client, docker_client, session, image_name, _owner(owner))
+    except LaunchValidationError as exc:
+        C._fail(str(exc))
+    finally:
+        docker_client.close()
+    if as_json:
+        C._print_json(out.model_dump(mode="json"))
+        return
+    C.console.print(f"session {out.session} committed to [bold]{out.image}[/] (also :{out.tag}, id {out.image_id[7:19]})",
+                    highlight=False)
+    if out.excluded_mounts:
+        C.console.print(f"  not in the image (mounted folders, volumes): {', '.join(out.excluded_mounts)}",
+                        highlight=False)
+    C.console.print(f"  start a session on it: prefect-launch session start --queue QUEUE --image {out.image}",
+                    highlight=False)
