@@ -26,7 +26,7 @@ async def _load(run_id: UUID) -> tuple[Any, dict[str, Any]]:
 
     async with get_client() as client:
         flow_run = await client.read_flow_run(run_id)
-        flow = await load_flow_from_flow_run(client, flow_run)
+    flow = await load_flow_from_flow_run(flow_run)  # the client is injected
     params = dict(flow_run.parameters or {})
     try:  # the engine's coercion of JSON values to the function's annotations
         params = flow.validate_parameters(params)

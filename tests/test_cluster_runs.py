@@ -1,0 +1,130 @@
+"""Cluster runs end to end (issue 12 §1, process queue, single-node): a real server, a real agent, real
+member processes. One agent (3 declared GPUs) serves the three tests in turn:
+
+- a 3-member all-reduce over TCP (flows/allreduce.py) computes the right sum; each member got its own
+  rank, GPU and the shared rendezvous;
+- gang placement: with room for one of two 2-member runs, the second waits with the gang reason and
+  holds nothing (the agent shows 1 GPU free and only the first run), then runs;
+- a SIGKILLed sub member fails the run (the reason names it and its exit code), the other members are
+  stopped, all capacity comes back and the next cluster run is placed and completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import ROOT, _agents, agent, apply_queue, cli, cli_json, read_runs, wait_agent_free, wait_final
+
+PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
+
+
+@pytest.fixture(scope="module")
+def cluster_env(prefect_server, tmp_path_factory):
+    """Queue, the all-reduce job and one agent with 3 GPUs, shared by this module's tests."""
+    import prefect.context
+    from prefect import flow
+
+    tmp = tmp_path_factory.mktemp("cluster")
+    name = f"cl-{uuid.uuid4().hex[:8]}"
+    q = apply_queue(tmp, {"name": name, "presets": PRESETS, "default_preset": "g1"})
+    prefect.context.refresh_global_settings_context()
+    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
+        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    with agent([q], name, "cpu=2,memory=4Gi,gpu=3", tmp):
+        yield {"queue": q, "job": f"allreduce/{name}", "agent": name, "tmp": tmp}
+
+
+def _submit(env: dict, out: Path, size: int, hold_s: float = 0.0) -> str:
+    return cli_json("submit", env["job"], "--cluster-size", str(size), "--param", f"out_dir={out}",
+                    "--param", f"hold_s={hold_s}")["run_ids"][0]
+
+
+def _records(out: Path, run_id: str) -> dict[str, dict]:
+    return {p.name[len(run_id) + 1:-len(".json")]: json.loads(p.read_text())
+            for p in out.glob(f"{run_id}-*.json") if not p.name.endswith(".started.json")}
+
+
+def _agent_state(name: str) -> dict:
+    return {a["name"]: a for a in _agents()}[name]
+
+
+@pytest.mark.timeout(180)
+def test_three_members_all_reduce_to_the_right_sum(cluster_env):
+    out = cluster_env["tmp"] / "sum"
+    dry = cli("submit", cluster_env["job"], "--cluster-size", "3", "--param", f"out_dir={out}", "--dry-run").stdout
+    assert "cluster: 3 members (single-node): main1, sub1, sub2" in dry
+    run_id = _submit(cluster_env, out, 3)
+    [run] = wait_final([run_id], timeout=150)
+    assert run.state_name == "Completed", run.state.message
+    recs = _records(out, run_id)
+    assert sorted(recs) == ["main1", "sub1", "sub2"]
+    assert all(r["ok"] and r["sum"] == [6.0, 12.0, 18.0, 24.0] for r in recs.values()), recs
+    assert sorted(r["rank"] for r in recs.values()) == [0, 1, 2]
+    envs = [r["env"] for r in recs.values()]
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs) == ["0", "1", "2"]  # one GPU each, disjoint
+    assert len({e["MASTER_PORT"] for e in envs}) == 1 and {e["WORLD_SIZE"] for e in envs} == {"3"}
+    assert len({r["pid"] for r in recs.values()}) == 3
+    assert "main1: gpus" in (run.labels or {}).get("launch.placement", "")
+
+
+@pytest.mark.timeout(180)
+def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
+    out = cluster_env["tmp"] / "gang"
+    first = _submit(cluster_env, out, 2, hold_s=8)
+    second = _submit(cluster_env, out, 2)
+    deadline, seen = time.time() + 60, None
+    while time.time() < deadline:
+        runs = {str(r.id): r for r in read_runs([first, second])}
+        reason = (runs[second].labels or {}).get("launch.waiting", "")
+        if runs[first].state_name == "Running" and "cluster of 2" in reason:
+            state = _agent_state(cluster_env["agent"])
+            seen = (reason, runs[second].state_name, state["free"]["gpu"], [r["run_id"] for r in state["runs"]])
+            break
+        time.sleep(0.5)
+    assert seen is not None, "the second cluster run never waited with the gang reason"
+    reason, second_state, free_gpu, holding = seen
+    assert "nothing is held while it waits" in reason and "room for 1 member(s)" in reason
+    assert second_state == "Scheduled" and free_gpu == 1 and holding == [first]  # the spare GPU is not held
+    runs = {str(r.id): r for r in wait_final([first, second], timeout=150)}
+    assert all(r.state_name == "Completed" for r in runs.values()), {k: r.state.message for k, r in runs.items()}
+    assert runs[second].start_time >= runs[first].end_time  # it ran only once the first gave its GPUs back
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
+    out = cluster_env["tmp"] / "kill"
+    victim_run = _submit(cluster_env, out, 3, hold_s=120)
+    started = {}
+    deadline = time.time() + 90
+    while time.time() < deadline and len(started) < 3:
+        started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
+                   for p in out.glob(f"{victim_run}-*.started.json")}
+        time.sleep(0.3)
+    assert sorted(started) == ["main1", "sub1", "sub2"], started
+    os.kill(started["sub1"]["pid"], signal.SIGKILL)
+    t0 = time.time()
+    [run] = wait_final([victim_run], timeout=60)
+    assert run.state_name == "Failed", (run.state_name, run.state.message)
+    assert "member sub1 exited with code -9 (SIGKILL)" in run.state.message
+    for member in ("main1", "sub2"):  # the others were stopped, not left running
+        pid = started[member]["pid"]
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"{member} (pid {pid}) still runs after the run failed")
+    wait_agent_free(cluster_env["agent"], gpu=3)
+    assert time.time() - t0 < 45
+    nxt = _submit(cluster_env, out, 3)
+    [after] = wait_final([nxt], timeout=150)
+    assert after.state_name == "Completed", after.state.message
