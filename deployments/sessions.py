@@ -216,7 +216,7 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
     if req.image and not IMAGE_REF_RE.match(req.image):
         problems.append(f"--image {req.image!r} is not an image reference (e.g. launch/me/my-env:latest)")
     if docker and not (req.image or spec.image):
-        problems.append(f"queue {req.queue!r} has no default image; give --image")
+        problems.append(f"--image is needed: docker queue {req.queue!r} declares no default image")
     ports = list(req.ports) or ([free_port()] if req.type == "interactive" and req.count == 1 else [])
     env = parse_env(req.env) if not problems else {}
     if req.omp_threads:
