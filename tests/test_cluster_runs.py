@@ -6,7 +6,8 @@ member processes. One agent (3 declared GPUs) serves the three tests in turn:
 - gang placement: with room for one of two 2-member runs, the second waits with the gang reason and
   holds nothing (the agent shows 1 GPU free and only the first run), then runs;
 - a SIGKILLed sub member fails the run (the reason names it and its exit code), the other members are
-  stopped, all capacity comes back and the next cluster run is placed and completes.
+  stopped, all capacity comes back and the next cluster run is placed; cancelling that one stops all
+  its members and frees the capacity again.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_three_members_all_reduce_to_the_right_sum(cluster_env):
 @pytest.mark.timeout(180)
 def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
     out = cluster_env["tmp"] / "gang"
-    first = _submit(cluster_env, out, 2, hold_s=8)
+    first = _submit(cluster_env, out, 2, hold_s=5)
     second = _submit(cluster_env, out, 2)
     deadline, seen = time.time() + 60, None
     while time.time() < deadline:
@@ -101,30 +102,49 @@ def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
 def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
     out = cluster_env["tmp"] / "kill"
     victim_run = _submit(cluster_env, out, 3, hold_s=120)
-    started = {}
-    deadline = time.time() + 90
-    while time.time() < deadline and len(started) < 3:
-        started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
-                   for p in out.glob(f"{victim_run}-*.started.json")}
-        time.sleep(0.3)
-    assert sorted(started) == ["main1", "sub1", "sub2"], started
+    started = _wait_started(out, victim_run)
     os.kill(started["sub1"]["pid"], signal.SIGKILL)
     t0 = time.time()
     [run] = wait_final([victim_run], timeout=60)
     assert run.state_name == "Failed", (run.state_name, run.state.message)
     assert "member sub1 exited with code -9 (SIGKILL)" in run.state.message
-    for member in ("main1", "sub2"):  # the others were stopped, not left running
+    _assert_gone(started, ("main1", "sub2"))  # the others were stopped, not left running
+    wait_agent_free(cluster_env["agent"], gpu=3)
+    assert time.time() - t0 < 45
+    # the next gang is placed on the freed GPUs; cancelling it stops every member and frees them again
+    nxt = _submit(cluster_env, out, 3, hold_s=120)
+    members = _wait_started(out, nxt)
+    from prefect import get_client
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(nxt, Cancelling(), force=True)
+    [after] = wait_final([nxt], timeout=60)
+    assert after.state_name == "Cancelled", (after.state_name, after.state.message)
+    _assert_gone(members, ("main1", "sub1", "sub2"))
+    wait_agent_free(cluster_env["agent"], gpu=3)
+
+
+def _wait_started(out: Path, run_id: str, timeout: float = 90) -> dict[str, dict]:
+    """Each member's start record (its pid), once all three members run the job."""
+    started: dict[str, dict] = {}
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(started) < 3:
+        started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
+                   for p in out.glob(f"{run_id}-*.started.json")}
+        time.sleep(0.3)
+    assert sorted(started) == ["main1", "sub1", "sub2"], started
+    return started
+
+
+def _assert_gone(started: dict[str, dict], members: tuple[str, ...]) -> None:
+    for member in members:
         pid = started[member]["pid"]
-        for _ in range(50):
+        for _ in range(75):
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail(f"{member} (pid {pid}) still runs after the run failed")
-    wait_agent_free(cluster_env["agent"], gpu=3)
-    assert time.time() - t0 < 45
-    nxt = _submit(cluster_env, out, 3)
-    [after] = wait_final([nxt], timeout=150)
-    assert after.state_name == "Completed", after.state.message
+            pytest.fail(f"{member} (pid {pid}) still runs after the run ended")

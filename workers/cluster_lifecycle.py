@@ -71,6 +71,13 @@ class ClusterRunMixin:
 
         self._runs_task_group.start_soon(procs.watch, on_failure)
 
+    async def _main_completed(self, flow_run: "FlowRun") -> bool:
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:
+            return False
+        return state is not None and state.is_completed()
+
     def _member_failure_reason(self, name: str, code: int) -> str:
         return (f"cluster-member-failed: member {name} exited with {describe_exit(code)}; "
                 f"agent {self.name} stopped the other members")
@@ -82,6 +89,10 @@ class ClusterRunMixin:
         self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
                    to_state="FAILED", message=reason)
         self.get_flow_run_logger(flow_run).error(reason + _log_tail(self._member_log(flow_run.id, name)))
+        try:  # first: once the run is Failed, the engine's "Crashed" on SIGTERM is refused by the server
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
         await procs.stop(CLUSTER_STOP_GRACE_S)
         handle = self._handles.get(flow_run.id)
         if handle is not None:
@@ -90,7 +101,8 @@ class ClusterRunMixin:
     async def _end_cluster(self, flow_run: "FlowRun", procs: ClusterProcesses, status_code: Optional[int]) -> None:
         """main1 has exited: let the subs finish (main1 completed) or stop them; a late failure fails the run."""
         late: Optional[str] = None
-        if status_code == 0 and procs.failed is None and flow_run.id not in self._end_states:
+        if status_code == 0 and procs.failed is None and flow_run.id not in self._end_states \
+                and await self._main_completed(flow_run):  # cancelled or failed: no waiting for the rest
             if not await procs.wait(CLUSTER_DRAIN_S):
                 late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} still ran "
                         f"{CLUSTER_DRAIN_S:g} s after main1 ended; agent {self.name} stopped them")

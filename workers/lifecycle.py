@@ -422,6 +422,9 @@ class LaunchWorkerCore:
             if current is not None and current.is_completed() and (
                     signalled is None or current.timestamp.timestamp() < signalled):
                 return  # it finished before the signal landed (after it: it ended because of it)
+            if current is not None and current.is_final() and current.type == state.type \
+                    and current.message == state.message:
+                return  # already recorded (a cluster member's failure is recorded before the stop)
             self.get_flow_run_logger(flow_run).error(state.message)
             await self.client.set_flow_run_state(flow_run.id, state, force=True)
         except Exception as exc:
