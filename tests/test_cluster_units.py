@@ -136,3 +136,28 @@ def test_example_all_reduce_sums_over_loopback():
     for t in threads:
         t.join(30)
     assert out == {r: [6.0, 12.0] for r in range(world)}
+
+
+def test_a_restarted_agent_finds_and_stops_sub_members_by_command_line():
+    import subprocess
+    import sys
+
+    from prefect_launch.workers.cluster_process import MEMBER_MODULE, find_members, stop_found
+
+    run_id = str(uuid4())
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", MEMBER_MODULE, run_id],
+                            start_new_session=True)
+    try:
+        found = []
+        for _ in range(50):
+            found = find_members(run_id)
+            if found:
+                break
+            import time
+
+            time.sleep(0.1)
+        assert [p.pid for p in found] == [proc.pid] and find_members(str(uuid4())) == []
+        asyncio.run(stop_found(found, grace_s=2))
+        assert proc.wait(timeout=10) != 0
+    finally:
+        proc.kill()

@@ -3,20 +3,22 @@
 Mixed into `LaunchProcessWorker`. Before the run's engine (main1) starts, the sub members start
 (so the run is Running only once every member runs), each with its own pinning and the cluster's
 env (`cluster_env`); the memory group of the run takes them in, so the run's memory limit covers
-every member. One member exiting non-zero fails the run with its name and exit code and stops
-the others; main1 ending (completed, failed, cancelled, stopped by the agent) ends the rest; the
+every member, and the run's sampler measures them with main1 (the run's metrics are their sum).
+One member exiting non-zero fails the run with its name and exit code and stops the others;
+main1 ending (completed, failed, cancelled, stopped by the agent) ends the rest; the
 run's capacity is one allocation, released once for all members by the core's release path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from prefect.states import Failed
 
 from prefect_launch.workers.cluster_env import free_port, member_env
-from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit, pin_cores
+from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit, find_members, pin_cores, stop_found
 from prefect_launch.workers.ledger import Allocation
 
 if TYPE_CHECKING:
@@ -59,9 +61,12 @@ class ClusterRunMixin:
         """main1 exists: pin it to its own cores, bring the subs under the run's memory group, watch them."""
         pin_cores(pid, alloc.members[0].cpu_cores)
         group = getattr(limits, "group", None)
+        sampler = self._samplers.get(flow_run.id)
         for p in procs.pids():
-            if group is not None:
+            if group is not None:  # the run's memory limit covers every member
                 group.add(p)
+            if sampler is not None:  # the run's metrics are the sum over its members
+                sampler.track(p)
         self._note(flow_run.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
                    message=f"agent {self.name} started cluster members main1 (process {pid}), "
                            + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs))
@@ -123,6 +128,27 @@ class ClusterRunMixin:
         if procs.failed is None and late is None:
             for s in procs.subs:
                 s.log_path.unlink(missing_ok=True)
+
+
+    async def _adopted_end(self, run_id: str, handle: Any, limits: Any) -> Optional[str]:
+        """A re-adopted cluster run's main1 is gone: its sub members (found by command line) go with it.
+
+        After an agent restart the subs are not the agent's children, so their exit codes are unknown:
+        a sub that fails then is not reported on its own; main1's end still ends the cluster."""
+        left = await asyncio.to_thread(find_members, run_id)
+        if left:
+            self._logger.warning("run %s: main1 ended; stopping %d sub member(s) left from before the restart",
+                                 run_id, len(left))
+            await stop_found(left, CLUSTER_STOP_GRACE_S)
+        return await super()._adopted_end(run_id, handle, limits)
+
+    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int, started_at: Any = None) -> None:
+        """Sampling as for any run; a re-adopted cluster run's subs are measured with main1 again."""
+        super()._after_start(flow_run, alloc, pid, started_at=started_at)
+        sampler = self._samplers.get(flow_run.id)
+        if alloc.members and sampler is not None and flow_run.id not in self._ever_started:  # re-adopted
+            for p in find_members(str(flow_run.id)):
+                sampler.track(p.pid)
 
 
 def _log_tail(path: Any, lines: int = 15) -> str:

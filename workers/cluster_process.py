@@ -48,7 +48,7 @@ class ClusterProcesses:
         """Start ``member`` running the run's flow function (see `cluster_member`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "prefect_launch.workers.cluster_member", self.run_id],
+            proc = subprocess.Popen([sys.executable, "-m", MEMBER_MODULE, self.run_id],
                                     env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd="/")
         pin_cores(proc.pid, member.cpu_cores)
@@ -103,6 +103,31 @@ class ClusterProcesses:
         if self.stopping:
             return None
         return next(((s.name, s.proc.returncode) for s in self.subs if s.proc.returncode not in (None, 0)), None)
+
+
+MEMBER_MODULE = "prefect_launch.workers.cluster_member"
+
+
+def find_members(run_id: str) -> list[psutil.Process]:
+    """The live sub members of ``run_id`` by their command line (a restarted agent has no handle on them)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if MEMBER_MODULE in cmd and str(run_id) in cmd:
+            found.append(p)
+    return found
+
+
+async def stop_found(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """SIGTERM, ``grace_s``, SIGKILL: for members found by `find_members` (not our children)."""
+    for p in procs:
+        _signal_session(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+        await asyncio.sleep(0.2)
+    for p in procs:
+        if p.is_running():
+            _signal_session(p.pid, signal.SIGKILL)
 
 
 def describe_exit(code: int) -> str:

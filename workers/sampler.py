@@ -355,6 +355,14 @@ class RunSampler:
             self.late_written.set()
             return
 
+    def track(self, pid: int) -> None:
+        """Also measure ``pid`` and its descendants, e.g. a cluster run's other members (the run's figures
+        are then the sum over its members)."""
+        try:
+            self._procs.setdefault(int(pid), psutil.Process(int(pid)))
+        except psutil.Error:
+            pass
+
     def note_peak_memory(self, peak_bytes: Optional[int]) -> None:
         """A peak seen elsewhere before :meth:`stop` (e.g. ``RunLimits.peak_rss``, read from the kernel
         as the run's memory group is removed); the summary's peak is the larger."""
