@@ -147,3 +147,24 @@ def _assert_gone(started: dict[str, dict], members: tuple[str, ...]) -> None:
             time.sleep(0.2)
         else:
             pytest.fail(f"{member} (pid {pid}) still runs after the run ended")
+
+
+@pytest.mark.timeout(120)
+def test_bad_cluster_requests_are_refused_before_anything_is_enqueued(cluster_env):
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    def count() -> int:
+        with get_client(sync_client=True) as client:
+            return len(client.read_flow_runs(deployment_filter=DeploymentFilter(
+                name=DeploymentFilterName(any_=[cluster_env["agent"]]))))
+
+    before = count()
+    for args, why in ((("--cluster-size", "0"), "cluster_size must be at least 1"),
+                      (("--cluster-size", "65"), "above the limit of 64 members"),
+                      (("--cluster-size", "2", "--cluster-mode", "ring"), "cluster_mode must be one of"),
+                      (("--cluster-size", "2", "--cluster-mode", "multi-node"), "not supported on process queues"),
+                      (("--cluster-size", "4"), "needs gpu=4 (agent")):  # the agent has 3 GPUs
+        res = cli("submit", cluster_env["job"], "--param", "out_dir=/tmp/x", *args, check=False)
+        assert res.returncode != 0 and why in res.stdout + res.stderr, (args, res.stdout, res.stderr)
+    assert count() == before
