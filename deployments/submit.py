@@ -246,7 +246,8 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
 
     def run_kwargs(i: int) -> dict[str, Any]:
         kw = dict(parameters=params, job_variables=job_variables, work_queue_name=priority, tags=tags, name=names[i],
-                  labels={"launch.resources": resolved.resources.describe(), "launch.preset": resolved.preset,
+                  labels={"launch.resources": (f"{resolved.cluster.size} x " if resolved.cluster.is_cluster else "")
+                          + resolved.resources.describe(), "launch.preset": resolved.preset,
                           **({"launch.cluster": resolved.cluster.describe()} if resolved.cluster.is_cluster else {}),
                           **req.extra_labels})
         if req.scheduled_time is not None:
