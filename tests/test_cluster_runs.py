@@ -95,6 +95,11 @@ def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
     runs = {str(r.id): r for r in wait_final([first, second], timeout=150)}
     assert all(r.state_name == "Completed" for r in runs.values()), {k: r.state.message for k, r in runs.items()}
     assert runs[second].start_time >= runs[first].end_time  # it ran only once the first gave its GPUs back
+    # the scheduling history explains both decisions, each member's placement included
+    waited = cli_json("history", second, "--phase", "schedule", "--result", "NEED_RETRY")
+    assert any("cluster of 2 (single-node)" in r["message"] for r in waited), waited
+    placed = cli_json("history", first, "--phase", "schedule", "--result", "SUCCESS")
+    assert any("main1: gpus" in r["message"] and "sub1: gpus" in r["message"] for r in placed), placed
 
 
 @pytest.mark.timeout(180)
@@ -108,6 +113,8 @@ def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
     assert run.state_name == "Failed", (run.state_name, run.state.message)
     assert "member sub1 exited with code -9 (SIGKILL)" in run.state.message
     _assert_gone(started, ("main1", "sub2"))  # the others were stopped, not left running
+    ended = cli_json("history", victim_run, "--error-code", "cluster-member-failed")
+    assert ended and "member sub1" in ended[0]["message"], ended
     wait_agent_free(cluster_env["agent"], gpu=3)
     assert time.time() - t0 < 45
     # the next gang is placed on the freed GPUs; cancelling it stops every member and frees them again

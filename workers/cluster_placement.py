@@ -9,7 +9,7 @@ waits, so two gangs that could each take half never deadlock.
 
 from __future__ import annotations
 
-from prefect_launch.workers.gang import _fit_count
+from prefect_launch.workers.gang import fit_count
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.resolve import ResolvedRequest
 from prefect_launch.workers.resources import Resources
@@ -27,7 +27,7 @@ def waiting_reason(request: ResolvedRequest, agent: str, free: Resources, plan_r
     c = request.cluster
     if not c.is_cluster or not plan_reason.startswith("waiting: needs"):
         return plan_reason
-    fits = min(_fit_count(request.resources, free), c.size)
+    fits = min(fit_count(request.resources, free), c.size)
     return (f"waiting: cluster of {c.size} ({c.mode}) needs {c.size} x {request.resources.describe()} on one agent; "
             f"agent {agent} has {free.describe()} free, room for {fits} member(s); nothing is held while it waits")
 

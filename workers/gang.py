@@ -79,6 +79,11 @@ def gang_plan(size: int, request: Resources, free: dict[str, Resources], mode: C
     return GangPlan(members=[Member(rank=i, name=names[i], agent=placed[i]) for i in range(size)])
 
 
+def fit_count(request: Resources, free: Resources) -> int:
+    """How many copies of ``request`` fit in ``free`` (public: dispatch's waiting reason uses it)."""
+    return _fit_count(request, free)
+
+
 def _fit_count(request: Resources, free: Resources) -> int:
     """How many copies of ``request`` fit in ``free``."""
     counts = []
