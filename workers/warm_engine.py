@@ -19,7 +19,8 @@ import sys
 PRELOAD = ("prefect.engine", "prefect.flow_engine", "prefect.flows", "prefect.deployments.steps",
            "prefect._internal.control_listener", "prefect.client.orchestration")
 # What an interactive session serves (flows/session.py forks its server from this interpreter when
-# it is imported). Where installed; skipped as soon as a run is waiting; LAUNCH_WARM_APPS=0: never.
+# it is imported). Where installed; skipped as soon as a run is waiting; only when the pool asks for them
+# (LAUNCH_WARM_APPS=1: it does after the agent placed an interactive session, see warm_start.WarmPool).
 PRELOAD_APPS = ("jupyter_server.serverapp", "jupyter_server_terminals", "jupyterlab.labapp")
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from typing import Optional
 
 import anyio
@@ -23,20 +24,47 @@ from prefect.runner._starter_engine import EngineCommandStarter
 from prefect.settings import get_current_settings
 from prefect.utilities.processutils import consume_process_output, sanitize_subprocess_env
 
+from prefect_launch.workers.run_tags import tag_value
+
 logger = logging.getLogger("prefect_launch.warm_start")
 
 
+APPS_WARM_S = 3600.0  # after an interactive session, the next engines carry its apps this long
+
+
 class WarmPool:
-    def __init__(self, size: int = 1):
+    """Engines started ahead of the runs they will become.
+
+    JupyterLab's modules cost every engine about a second of CPU and several of disk reads; a box
+    that only runs jobs should not pay that per run. ``LAUNCH_WARM_APPS``: ``auto`` (default)
+    preloads them once the agent has placed an interactive session, for an hour after the last one;
+    ``1`` always; ``0`` never.
+    """
+
+    def __init__(self, size: int = 1, apps: Optional[str] = None):
         self.size = size
         self._ready: list[anyio.abc.Process] = []
         self._spawning = 0
+        self.apps_mode = (apps or os.environ.get("LAUNCH_WARM_APPS") or "auto").lower()
+        self._apps_until = 0.0
+
+    def want_apps(self, for_s: float = APPS_WARM_S) -> None:
+        """An interactive session was placed: the engines started from now on preload its apps."""
+        self._apps_until = time.monotonic() + for_s
+
+    def apps_now(self) -> bool:
+        if self.apps_mode in ("1", "true", "always"):
+            return True
+        if self.apps_mode in ("0", "false", "never"):
+            return False
+        return time.monotonic() < self._apps_until
 
     async def _spawn(self) -> None:
         self._spawning += 1
         try:
             env = dict(os.environ)
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+            env["LAUNCH_WARM_APPS"] = "1" if self.apps_now() else "0"
             proc = await anyio.open_process(
                 [sys.executable, "-m", "prefect_launch.workers.warm_engine"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -93,6 +121,8 @@ class WarmEngineStarter(EngineCommandStarter):
         self._log_path = log_path  # the run writes here and the agent tails it (survives an agent crash)
 
     async def start(self, flow_run, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        if tag_value(getattr(flow_run, "tags", None), "session-type") == "interactive":
+            self._pool.want_apps()  # before the refill below: the next engine is ready for the next session
         proc = self._pool.take()
         if proc is None and self._log_path:  # none ready: spawn one now, so the run still outlives the agent
             await self._pool.fill_one()
