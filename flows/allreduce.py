@@ -82,7 +82,8 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0) -> dict:
     env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                                           "CUDA_VISIBLE_DEVICES", "LAUNCH_CLUSTER_SIZE", "LAUNCH_CLUSTER_RANK",
                                           "LAUNCH_CLUSTER_MEMBER", "LAUNCH_CLUSTER_HOSTS",
-                                          "LAUNCH_CLUSTER_MAIN_ADDR", "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
+                                          "LAUNCH_CLUSTER_MAIN_ADDR", "LAUNCH_CLUSTER_MODE", "LAUNCH_AGENT",
+                                          "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
     (out / f"{run_id}-{member}.started.json").write_text(json.dumps({"pid": os.getpid(), "env": env}))
     time.sleep(hold_s)  # e.g. to be killed by a test before the collective
     mine = [float((rank + 1) * (i + 1)) for i in range(length)]

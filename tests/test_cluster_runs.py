@@ -8,6 +8,11 @@ member processes. One agent (3 declared GPUs) serves the three tests in turn:
 - a SIGKILLed sub member fails the run (the reason names it and its exit code), the other members are
   stopped, all capacity comes back and the next cluster run is placed; cancelling that one stops all
   its members and frees the capacity again.
+
+A fourth test starts two agents of one GPU each on a queue of its own: a 2-member multi-node run places
+main1 on one and sub1 on the other (they agree through the run's labels) and the all-reduce completes;
+then sub1 of a second one is killed: the run fails naming it, main1 on the other agent is stopped, both
+agents are free again.
 """
 
 from __future__ import annotations
@@ -131,15 +136,16 @@ def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
     wait_agent_free(cluster_env["agent"], gpu=3)
 
 
-def _wait_started(out: Path, run_id: str, timeout: float = 90) -> dict[str, dict]:
-    """Each member's start record (its pid), once all three members run the job."""
+def _wait_started(out: Path, run_id: str, timeout: float = 90,
+                  members: tuple[str, ...] = ("main1", "sub1", "sub2")) -> dict[str, dict]:
+    """Each member's start record (its pid), once every member runs the job."""
     started: dict[str, dict] = {}
     deadline = time.time() + timeout
-    while time.time() < deadline and len(started) < 3:
+    while time.time() < deadline and len(started) < len(members):
         started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
                    for p in out.glob(f"{run_id}-*.started.json")}
         time.sleep(0.3)
-    assert sorted(started) == ["main1", "sub1", "sub2"], started
+    assert sorted(started) == sorted(members), started
     return started
 
 
@@ -170,8 +176,45 @@ def test_bad_cluster_requests_are_refused_before_anything_is_enqueued(cluster_en
     for args, why in ((("--cluster-size", "0"), "cluster_size must be at least 1"),
                       (("--cluster-size", "65"), "above the limit of 64 members"),
                       (("--cluster-size", "2", "--cluster-mode", "ring"), "cluster_mode must be one of"),
-                      (("--cluster-size", "2", "--cluster-mode", "multi-node"), "not supported on process queues"),
+                      (("--cluster-size", "4", "--cluster-mode", "multi-node"), "fits 3 member(s) on all the queue's"),
                       (("--cluster-size", "4"), "needs gpu=4 (agent")):  # the agent has 3 GPUs
         res = cli("submit", cluster_env["job"], "--param", "out_dir=/tmp/x", *args, check=False)
         assert res.returncode != 0 and why in res.stdout + res.stderr, (args, res.stdout, res.stderr)
     assert count() == before
+
+
+@pytest.mark.timeout(240)
+def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
+    import prefect.context
+    from prefect import flow
+
+    name = f"mn-{uuid.uuid4().hex[:8]}"
+    q = apply_queue(tmp_path, {"name": name, "presets": PRESETS, "default_preset": "g1"})
+    prefect.context.refresh_global_settings_context()
+    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
+        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    out = tmp_path / "mn"
+    with agent([q], f"{name}-a", "cpu=1,memory=1Gi,gpu=1", tmp_path), \
+            agent([q], f"{name}-b", "cpu=1,memory=1Gi,gpu=1", tmp_path):
+        run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
+                          "--param", f"out_dir={out}")["run_ids"][0]
+        [run] = wait_final([run_id], timeout=180)
+        assert run.state_name == "Completed", run.state.message
+        # a member killed on the other agent fails the run there, and the leader stops main1
+        held = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
+                        "--param", f"out_dir={out}", "--param", "hold_s=120")["run_ids"][0]
+        started = _wait_started(out, held, members=("main1", "sub1"))
+        os.kill(started["sub1"]["pid"], signal.SIGKILL)
+        [failed] = wait_final([held], timeout=60)
+        assert failed.state_name == "Failed" and "member sub1 exited with code -9" in failed.state.message, \
+            (failed.state_name, failed.state.message)
+        _assert_gone(started, ("main1",))
+        wait_agent_free(f"{name}-a", gpu=1)
+        wait_agent_free(f"{name}-b", gpu=1)
+    recs = _records(out, run_id)
+    assert sorted(recs) == ["main1", "sub1"]
+    assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs
+    agents = {m: r["env"]["LAUNCH_AGENT"] for m, r in recs.items()}
+    assert sorted(agents.values()) == [f"{name}-a", f"{name}-b"], agents  # one member on each agent
+    assert {r["env"]["LAUNCH_CLUSTER_MODE"] for r in recs.values()} == {"multi-node"}
+    assert {r["env"]["LOCAL_RANK"] for r in recs.values()} == {"0"}

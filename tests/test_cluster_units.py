@@ -33,11 +33,11 @@ GIB = 1 << 30
     ({"cluster_size": "three"}, "whole number"),
     ({"cluster_size": True}, "whole number"),
     ({"cluster_size": 2, "cluster_mode": "ring"}, "cluster_mode must be one of"),
-    ({"cluster_size": 2, "cluster_mode": "multi-node"}, "not supported on process queues yet"),
 ])
 def test_cluster_validation_says_what_is_wrong(layer, why):
     with pytest.raises(LaunchValidationError, match=why):
         cluster_of([(layer, "in the submission")])
+    assert cluster_of([({"cluster_size": 2, "cluster_mode": "multi-node"}, "x")]).mode == "multi-node"
 
 
 def test_cluster_is_refused_on_docker_queues_and_size_one_is_a_plain_run():
@@ -161,3 +161,38 @@ def test_a_restarted_agent_finds_and_stops_sub_members_by_command_line():
         assert proc.wait(timeout=10) != 0
     finally:
         proc.kill()
+
+
+def test_multi_node_plan_puts_main1_on_the_leader_and_spreads_the_rest():
+    from prefect_launch.workers.cluster_placement import multi_node_plan
+
+    one = Resources(cpu=1, memory=GIB, gpu=1)
+    free = {"a": Resources(cpu=2, memory=4 * GIB, gpu=1), "b": Resources(cpu=2, memory=4 * GIB, gpu=2),
+            "c": Resources(cpu=2, memory=4 * GIB, gpu=1)}
+    ranks, why = multi_node_plan(4, one, "a", free)
+    assert ranks == {0: "a", 1: "b", 2: "c", 3: "b"} and why == ""
+    ranks, why = multi_node_plan(5, one, "a", free)
+    assert ranks == {} and "room for 4 member(s)" in why and "nothing is held" in why
+    c = cluster_of([({"cluster_size": 3, "cluster_mode": "multi-node"}, "x")])
+    assert check_fits_one_agent(c, one, {"a": free["a"], "c": free["c"]}).startswith("a cluster of 3")
+    assert check_fits_one_agent(c, one, free) is None
+
+
+def test_gang_plan_label_round_trip_and_answers():
+    from prefect_launch.workers.gang_protocol import GangPlan, ack_key, answers, plan_of
+
+    plan = GangPlan(leader="a", port=29500, size=3, members={"main1": "a", "sub1": "b", "sub2": "c"})
+    labels = {**plan.label(), ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"}
+    assert plan_of(labels) == plan and plan.ranks_on("c") == [2] and plan.followers() == ["b", "c"]
+    assert answers(labels, plan) == (["b"], {"c": "agent c has gpu=0 free"})
+    assert plan_of({"launch.gang": ""}) is None
+
+
+def test_ledger_books_only_this_agents_ranks_of_a_multi_node_gang():
+    ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
+    a = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[2])
+    assert [(m.rank, m.name, m.gpu_indices) for m in a.members] == [(2, "sub2", [0])] and a.cluster_size == 3
+    a.remote_members = {"main1": "x", "sub1": "y"}
+    env = member_env(a, a.members[0], "b", "multi-node", 1234)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LAUNCH_CLUSTER_HOSTS"]) == \
+        ("2", "3", "0", "main1,sub1,sub2")

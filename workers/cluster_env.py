@@ -25,12 +25,18 @@ def free_port(host: str = LOOPBACK) -> int:
 
 def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, master_port: int,
                main_addr: str = LOOPBACK) -> dict[str, str]:
-    """Pinning of ``member`` (as a run of its own) plus who the cluster is and where its main listens."""
+    """Pinning of ``member`` (as a run of its own) plus who the cluster is and where its main listens.
+
+    ``alloc`` holds the members on this agent; ``alloc.cluster_size`` counts all of them (multi-node:
+    the others are on other agents of this machine, so every address is still the loopback)."""
+    from prefect_launch.workers.gang import member_names
+
     own = alloc.model_copy(update={"resources": member.resources, "gpu_indices": member.gpu_indices,
-                                   "cpu_cores": member.cpu_cores, "members": []})
+                                   "cpu_cores": member.cpu_cores, "members": [], "remote_members": {}})
     env = run_environment(own, agent)
-    size = len(alloc.members)
-    names = [m.name for m in sorted(alloc.members, key=lambda m: m.rank)]
+    size = alloc.cluster_size or len(alloc.members)
+    names = member_names(size)
+    local = sorted(m.rank for m in alloc.members)
     env.update({
         "LAUNCH_CLUSTER_SIZE": str(size),
         "LAUNCH_CLUSTER_RANK": str(member.rank),
@@ -42,8 +48,8 @@ def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, ma
         "LAUNCH_CLUSTER_PORT": str(master_port),
         "WORLD_SIZE": str(size),
         "RANK": str(member.rank),
-        "LOCAL_RANK": str(member.rank),
-        "LOCAL_WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(local.index(member.rank)),
+        "LOCAL_WORLD_SIZE": str(len(local)),
         "MASTER_ADDR": main_addr,
         "MASTER_PORT": str(master_port),
     })

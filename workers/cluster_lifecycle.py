@@ -13,29 +13,42 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from prefect.states import Failed
+from prefect.states import Failed, Scheduled, StateType
 
 from prefect_launch.workers.cluster_env import free_port, member_env
 from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit, find_members, pin_cores, stop_found
+from prefect_launch.workers.gang_follow import GangFollowerMixin
+from prefect_launch.workers.gang_protocol import GangPlan, ack_key, answers
 from prefect_launch.workers.ledger import Allocation
+from prefect_launch.workers.run_tags import GANG_LABEL, WAIT_LABEL
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 CLUSTER_STOP_GRACE_S = float(os.environ.get("LAUNCH_CLUSTER_STOP_GRACE_SECONDS", "5"))
 CLUSTER_DRAIN_S = float(os.environ.get("LAUNCH_CLUSTER_DRAIN_SECONDS", "30"))  # subs may end after main1
+GANG_ACK_S = float(os.environ.get("LAUNCH_GANG_ACK_SECONDS", "30"))  # multi-node: other agents' answers
 
 
-class ClusterRunMixin:
+class GangAborted(Exception):
+    """Another agent of a multi-node run refused (or did not answer): the run goes back to its queue."""
+
+
+class ClusterRunMixin(GangFollowerMixin):
     """Needs the `LaunchWorkerCore` attributes (journal, _handles, _requests, _stop_run, _note, ...)."""
 
-    def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
-        """Start sub1.. now; give main1's env to the engine's configuration."""
+    async def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
+        """Start this agent's sub members now (multi-node: once every other agent started its own);
+        give main1's env to the engine's configuration. Raises `GangAborted` when another agent refused."""
         request = self._requests.get(flow_run.id)
         mode = request.cluster.mode if request is not None else "single-node"
         port = free_port()
+        if alloc.remote_members:
+            mode = "multi-node"
+            await self._gather_gang(flow_run, alloc, port)
         base = {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
         configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
         procs = ClusterProcesses(run_id=str(flow_run.id))
@@ -48,10 +61,63 @@ class ClusterRunMixin:
             for s in procs.alive():
                 s.proc.kill()
             raise
+        here = ", ".join(["main1 (this engine)"] + [f"{s.name} (pid {s.proc.pid})" for s in procs.subs])
+        away = ", ".join(f"{m} (agent {a})" for m, a in alloc.remote_members.items())
         self.get_flow_run_logger(flow_run).info(
-            f"cluster of {len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
-            + ", ".join(f"{s.name} pid {s.proc.pid}" for s in procs.subs) + "; main1 is this engine")
+            f"cluster of {alloc.cluster_size or len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
+            f"on agent {self.name}: {here}" + (f"; on other agents: {away}" if away else ""))
         return procs
+
+    async def _gather_gang(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
+        """Leader of a multi-node run: publish the plan, wait until every other agent booked and started
+        its members (`gang_protocol`)."""
+        plan = GangPlan(leader=self.name, port=port, size=alloc.cluster_size,
+                        members={**{m.name: self.name for m in alloc.members}, **alloc.remote_members})
+        await self.client.update_flow_run_labels(flow_run.id, {**plan.label(),
+                                                               **{ack_key(a): "" for a in plan.followers()}})
+        deadline = time.monotonic() + GANG_ACK_S
+        while True:
+            labels = (await self.client.read_flow_run(flow_run.id)).labels
+            ok, no = answers(labels, plan)
+            if no:
+                raise GangAborted("; ".join(f"agent {a} said {why}" for a, why in no.items()))
+            if len(ok) == len(plan.followers()):
+                self._note(flow_run.id, "schedule", "SUCCESS", message=f"multi-node cluster: agents "
+                           f"{', '.join(ok)} started their members; main1 starts on agent {self.name}")
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(plan.followers()) - set(ok))
+                raise GangAborted(f"no answer from agent(s) {', '.join(missing)} in {GANG_ACK_S:g} s")
+            await asyncio.sleep(0.3)
+
+    async def _requeue_gang(self, flow_run: "FlowRun", why: str) -> None:
+        """The gang could not be completed: the run goes back to its queue (submit time kept), holding nothing."""
+        reason = f"waiting: cluster (multi-node) could not be placed: {why}; nothing is held while it waits"
+        self._note(flow_run.id, "schedule", "NEED_RETRY", error_code="gang-incomplete", from_state="PENDING",
+                   to_state="SCHEDULED", message=reason)
+        try:
+            await self.client.set_flow_run_state(
+                flow_run.id, Scheduled(scheduled_time=flow_run.expected_start_time, message=reason), force=True)
+            await self.client.update_flow_run_labels(flow_run.id, {GANG_LABEL: "", WAIT_LABEL: reason})
+        except Exception as exc:
+            self._logger.warning("could not put cluster run %s back in its queue: %s", flow_run.id, exc)
+
+    async def _watch_gang_state(self, flow_run: "FlowRun") -> None:
+        """Leader: a member on another agent that fails marks the run Failed; then main1 is stopped too."""
+        run_id = str(flow_run.id)
+        while self.ledger.get(run_id) is not None:
+            await asyncio.sleep(0.5)
+            try:
+                state = (await self.client.read_flow_run(flow_run.id)).state
+            except Exception:
+                continue
+            if state is not None and state.is_final():
+                handle = self._handles.get(flow_run.id)
+                if state.type == StateType.FAILED and (state.message or "").startswith("cluster-member-failed") \
+                        and handle is not None and await self._handle_alive(run_id, handle):
+                    await self._stop_run(flow_run, handle, Failed(message=state.message),
+                                         grace_s=CLUSTER_STOP_GRACE_S)
+                return
 
     def _member_log(self, run_id: Any, name: str):
         return self.journal.dir / f"{run_id}.{name}.log"
@@ -75,6 +141,8 @@ class ClusterRunMixin:
             await self._cluster_member_failed(flow_run, procs, name, code)
 
         self._runs_task_group.start_soon(procs.watch, on_failure)
+        if alloc.remote_members:
+            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
 
     async def _main_completed(self, flow_run: "FlowRun") -> bool:
         try:

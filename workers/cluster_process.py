@@ -102,7 +102,7 @@ class ClusterProcesses:
             return self.failed
         if self.stopping:
             return None
-        return next(((s.name, s.proc.returncode) for s in self.subs if s.proc.returncode not in (None, 0)), None)
+        return next(((s.name, s.proc.returncode) for s in self.subs if s.proc.poll() not in (None, 0)), None)
 
 
 MEMBER_MODULE = "prefect_launch.workers.cluster_member"

@@ -16,8 +16,8 @@ from prefect_launch.workers.resources import LaunchValidationError, Resources
 ClusterMode = Literal["single-node", "multi-node"]
 CLUSTER_MODES: tuple[str, ...] = ("single-node", "multi-node")
 MAX_CLUSTER_SIZE = 64  # a sanity bound: a typo like 1000 is refused instead of waiting forever
-# Where members run today: one agent's processes. Multi-node needs agents to agree on one gang (see README).
-SUPPORTED: dict[str, tuple[str, ...]] = {"process": ("single-node",)}
+# Where members run today: processes of one agent (single-node) or of several agents (multi-node).
+SUPPORTED: dict[str, tuple[str, ...]] = {"process": ("single-node", "multi-node")}
 
 
 class ClusterSpec(BaseModel):
@@ -76,9 +76,18 @@ def cluster_of(layers: list[tuple[dict[str, Any], str]], target: str = "process"
 
 
 def check_fits_one_agent(cluster: ClusterSpec, member: Resources, capacities: dict[str, Resources]) -> Optional[str]:
-    """Why no agent could ever hold the whole single-node gang, or None (empty ``capacities``: unknown yet)."""
+    """Why no agent (single-node) or no set of agents (multi-node) could ever hold the whole gang, or None
+    (empty ``capacities``: unknown yet)."""
     if not cluster.is_cluster or not capacities:
         return None
+    if cluster.mode == "multi-node":
+        from prefect_launch.workers.gang import fit_count
+
+        room = sum(min(fit_count(member, c), cluster.size) for c in capacities.values())
+        if room >= cluster.size:
+            return None
+        return (f"a cluster of {cluster.size} x {member.describe()} (multi-node) fits {room} member(s) on all the "
+                f"queue's agents together ({', '.join(sorted(capacities))}); lower --cluster-size")
     total = cluster.total(member)
     if any(total.fits(c) for c in capacities.values()):
         return None

@@ -21,7 +21,8 @@ from typing import Any, Awaitable, Callable, Optional
 from uuid import UUID
 
 from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep
-from prefect_launch.workers.cluster_placement import as_candidate, members_text, waiting_reason
+from prefect_launch.workers.cluster_placement import as_candidate, members_text, multi_node_plan, waiting_reason
+from prefect_launch.workers.gang import member_names
 from prefect_launch.workers.ledger import Allocation, Ledger
 from prefect_launch.workers.placement import Candidate, Decision, FairShare, Quotas, plan
 from prefect_launch.workers.preemption import Holder, choose_victims
@@ -48,6 +49,8 @@ class DispatchHooks:
     # preempt(victim run ids, the waiting run they make room for): SIGTERM, grace, back to their queue
     preempt: Optional[Callable[[list[str], Any], Awaitable[None]]] = None
     stopping: Callable[[], set[str]] = lambda: set()  # runs already told to give their capacity back
+    # peers(): the free capacity of the queue's other online agents (multi-node cluster runs)
+    peers: Optional[Callable[[], Awaitable[dict[str, Resources]]]] = None
 
 
 @dataclass
@@ -171,7 +174,22 @@ async def dispatch_cycle(
                                          f"{free_before.describe()} free"))
             t_alloc = _now()
             owner = by_cand[decision.run_id].owner
-            if req.cluster.is_cluster:  # every member at once, or none (gang)
+            if req.cluster.is_cluster and req.cluster.mode == "multi-node":
+                peers = (await hooks.peers()) if hooks.peers is not None else {}
+                ranks, why = multi_node_plan(req.cluster.size, req.resources, agent_name,
+                                             {**peers, agent_name: ledger.free()})
+                if not ranks:  # the other agents have no room now: wait, holding nothing
+                    out.waiting[decision.run_id] = why
+                    _note(hooks, _waiting_record(decision.run_id, why, req, agent_name, steps, "wait"))
+                    await hooks.wait(fr, why)
+                    continue
+                alloc = ledger.try_allocate_gang(decision.run_id, req.resources, req.cluster.size, queue=queue,
+                                                 preset=req.preset, preemptible=req.preemptible, owner=owner,
+                                                 ranks=[r for r, a in ranks.items() if a == agent_name])
+                if alloc is not None:  # the others are booked by their agents when this run starts (run())
+                    names = member_names(req.cluster.size)
+                    alloc.remote_members = {names[r]: a for r, a in sorted(ranks.items()) if a != agent_name}
+            elif req.cluster.is_cluster:  # every member at once, or none (gang)
                 alloc = ledger.try_allocate_gang(decision.run_id, req.resources, req.cluster.size, queue=queue,
                                                  preset=req.preset, preemptible=req.preemptible, owner=owner)
             else:
@@ -189,7 +207,8 @@ async def dispatch_cycle(
             where = (f"gpus {','.join(map(str, alloc.gpu_indices)) or 'none'}; "
                      f"cores {','.join(map(str, alloc.cpu_cores)) or 'none'}")
             if alloc.members:
-                where = f"cluster of {req.cluster.describe()}: {members_text(alloc)}"
+                where = f"cluster of {req.cluster.describe()}: {members_text(alloc)}" + "".join(
+                    f" | {m}: on agent {a}" for m, a in alloc.remote_members.items())
             try:
                 hooks.booked(alloc)
                 hooks.start(fr, alloc, req)

@@ -38,7 +38,9 @@ class Allocation(BaseModel):
     preemptible: bool = False  # may be preempted for a regular run (issue 12)
     owner: Optional[str] = None  # for quotas and fair share
     booked_at: float = Field(default_factory=time.time)  # newest preemptible runs go first
-    members: list[MemberAlloc] = []  # a cluster run's members; ``resources`` is then their sum
+    members: list[MemberAlloc] = []  # a cluster run's members on this agent; ``resources`` is then their sum
+    cluster_size: int = 0  # all members of the run, here and on other agents (multi-node)
+    remote_members: dict[str, str] = {}  # multi-node: member name -> the agent that hosts it
 
 
 class Ledger:
@@ -93,17 +95,20 @@ class Ledger:
 
     def try_allocate_gang(self, run_id: str, member: Resources, size: int, queue: str | None = None,
                           preset: str | None = None, preemptible: bool = False,
-                          owner: str | None = None) -> Optional[Allocation]:
+                          owner: str | None = None, ranks: Optional[list[int]] = None) -> Optional[Allocation]:
         """Book all ``size`` members of a cluster run at once, each with its own GPUs and cores, or nothing.
 
         One allocation holds them (released together); ``members`` says which GPUs and cores each
         member gets. Nothing is booked when the whole gang does not fit, so waiting gangs hold nothing.
+        ``ranks``: only these members of the gang live on this agent (multi-node).
         """
         from prefect_launch.workers.gang import member_names
 
         run_id = str(run_id)
-        total = Resources(cpu=round(member.cpu * size, 6), memory=member.memory * size, gpu=member.gpu * size,
-                          shm_size=member.shm_size * size if member.shm_size else None)
+        mine = sorted(ranks) if ranks is not None else list(range(size))
+        n = len(mine)
+        total = Resources(cpu=round(member.cpu * n, 6), memory=member.memory * n, gpu=member.gpu * n,
+                          shm_size=member.shm_size * n if member.shm_size else None)
         with self._lock:
             if run_id in self._allocs:
                 return self._allocs[run_id]
@@ -115,15 +120,17 @@ class Ledger:
                 return None
             extra: dict[int, float] = {}
             members = []
-            for rank, name in enumerate(member_names(size)):
+            names = member_names(size)
+            for i, rank in enumerate(mine):
                 cores = self._pick_cores(member.cpu, extra)
                 for c in cores:
                     extra[c] = extra.get(c, 0.0) + member.cpu / max(1, len(cores))
-                members.append(MemberAlloc(rank=rank, name=name, resources=member, cpu_cores=cores,
-                                           gpu_indices=gpus[rank * member.gpu:(rank + 1) * member.gpu]))
+                members.append(MemberAlloc(rank=rank, name=names[rank], resources=member, cpu_cores=cores,
+                                           gpu_indices=gpus[i * member.gpu:(i + 1) * member.gpu]))
             alloc = Allocation(run_id=run_id, resources=total, gpu_indices=gpus,
                                cpu_cores=sorted({c for m in members for c in m.cpu_cores}), queue=queue,
-                               preset=preset, preemptible=preemptible, owner=owner, members=members)
+                               preset=preset, preemptible=preemptible, owner=owner, members=members,
+                               cluster_size=size)
             self._allocs[run_id] = alloc
             return alloc
 

@@ -251,6 +251,16 @@ class LaunchWorkerCore:
                 self._logger.debug("could not read agents: %s", exc)
         return offline, known
 
+    async def _peer_free(self) -> dict[str, Any]:
+        """Free capacity of the other online agents serving this queue (their last published state)."""
+        try:
+            agents = await read_agents(self.client)
+        except Exception as exc:
+            self._logger.debug("could not read agents: %s", exc)
+            return {}
+        return {a.name: a.free for a in agents
+                if a.name != self.name and a.online() and self._work_pool_name in a.queues}
+
     async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
         if deployment_id is None:
             return {}
@@ -273,7 +283,7 @@ class LaunchWorkerCore:
             start=self._start, wait=self._note_waiting, reject=self._reject,
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
             log=self._logger.debug, history=self._note_history,
-            preempt=self._preempt, stopping=lambda: set(self.agent.preempting),
+            preempt=self._preempt, stopping=lambda: set(self.agent.preempting), peers=self._peer_free,
         )
         foreign = [c for q, cs in self.agent.unplaced.items() if q != self._work_pool_name for c in cs]
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,

@@ -32,7 +32,8 @@ class ResolvedRequest(BaseModel):
 
     def held(self) -> Resources:
         """What the run holds on its agent: the whole gang for a single-node cluster run."""
-        return self.cluster.total(self.resources) if self.cluster.is_cluster else self.resources
+        single = self.cluster.is_cluster and self.cluster.mode == "single-node"
+        return self.cluster.total(self.resources) if single else self.resources
 
 
 def _layer_overlay(spec: QueueSpec, base: Resources, layer: dict[str, Any], where: str) -> tuple[Resources, Optional[str]]:

@@ -24,7 +24,7 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
-from prefect_launch.workers.cluster_lifecycle import ClusterRunMixin
+from prefect_launch.workers.cluster_lifecycle import ClusterRunMixin, GangAborted
 from prefect_launch.workers.lifecycle import (  # noqa: F401  (re-exported for older importers)
     DEFAULT_SPEC, HEARTBEAT_S, PUBLISH_DEBOUNCE_S, TIMEOUT_GRACE_S, LaunchWorkerCore, PidHook, RunHandle,
 )
@@ -117,7 +117,13 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
     ) -> ProcessWorkerResult:
         alloc = self._allocation_of(flow_run)
         configuration.env.update(await self._run_env(alloc, configuration.secret_env))
-        cluster = self._start_cluster(flow_run, alloc, configuration) if alloc.members else None
+        cluster = None
+        if alloc.members:
+            try:
+                cluster = await self._start_cluster(flow_run, alloc, configuration)
+            except GangAborted as exc:  # multi-node: another agent refused; back to the queue, nothing held
+                await self._requeue_gang(flow_run, str(exc))
+                return ProcessWorkerResult(status_code=0, identifier="gang-incomplete")
         limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
 
         def on_pid(pid: Any) -> None:

@@ -1,0 +1,173 @@
+"""The other agents of a multi-node cluster run: book, start and watch the members the leader asked for.
+
+Mixed into `LaunchProcessWorker` (after `ClusterRunMixin`). Every ``LAUNCH_GANG_POLL_SECONDS`` the
+agent reads its queue's Pending runs; one whose ``launch.gang`` plan names it gets its answer
+(`gang_protocol`): its members booked in this agent's ledger and started (``ok``), or why not
+(``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
+(the leader stops main1 when it sees that), the run back in its queue (the leader gave up) or
+ended stops them (after the drain when the run completed), and its capacity goes back.
+Not covered yet: a follower that restarts forgets its members (they are stopped by nobody until
+the run ends and they exit on their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any
+
+from prefect.states import Failed, StateType
+
+from prefect_launch.workers.cluster_env import member_env
+from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit
+from prefect_launch.workers.gang_protocol import GangPlan, ack_key, plan_of
+from prefect_launch.workers.resolve import resolve_request
+from prefect_launch.workers.run_tags import OWNER, tag_value
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "1"))
+
+
+def booking_key(run_id: str) -> str:
+    """The ledger key of a follower's members: apart from the run id, so this agent's own dispatch (which
+    may still see the run as Scheduled for a moment and try to lead it) never takes or frees this booking."""
+    return f"{run_id}:members"
+
+
+class GangFollowerMixin:
+    async def _initialize_after_sync(self) -> None:
+        await super()._initialize_after_sync()
+        if self._work_pool is not None and self._runs_task_group is not None \
+                and not getattr(self, "_gang_follow_started", False):
+            self._gang_follow_started = True
+            self._followed: dict[Any, ClusterProcesses] = {}
+            self._runs_task_group.start_soon(self._gang_follow_loop)
+
+    async def _gang_follow_loop(self) -> None:
+        while True:
+            await asyncio.sleep(GANG_POLL_S)
+            if self.agent.draining:
+                continue
+            try:
+                await self._gang_follow_once()
+            except Exception as exc:
+                self._logger.debug("multi-node follow: %s", exc)
+
+    async def _gang_follow_once(self) -> None:
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                    WorkPoolFilter, WorkPoolFilterName)
+
+        runs = await self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])), limit=50)
+        for fr in runs:
+            plan = plan_of(fr.labels)
+            if plan is None or self.name not in plan.followers() or fr.id in self._followed \
+                    or (fr.labels or {}).get(ack_key(self.name)):
+                continue
+            await self._join_gang(fr, plan)
+
+    async def _join_gang(self, fr: "FlowRun", plan: GangPlan) -> None:
+        """Book this agent's members of ``fr`` and start them, or say why not."""
+        run_id = str(fr.id)
+        ranks = plan.ranks_on(self.name)
+        try:
+            dvars = await self._deployment_vars(fr.deployment_id)
+            req = resolve_request(self.queue_spec(), dvars, fr.job_variables or {})
+        except Exception as exc:
+            await self._answer(fr, f"no: {exc}")
+            return
+        async with self.agent.plan_lock:
+            alloc = self.ledger.try_allocate_gang(booking_key(run_id), req.resources, plan.size,
+                                                  queue=self._work_pool_name,
+                                                  preset=req.preset, owner=tag_value(fr.tags, OWNER), ranks=ranks)
+        if alloc is None:
+            await self._answer(fr, f"no: agent {self.name} has {self.ledger.free().describe()} free, needs "
+                                   f"{len(ranks)} x {req.resources.describe()}")
+            return
+        alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.name}
+        procs = ClusterProcesses(run_id=run_id)
+        self._followed[fr.id] = procs
+        try:
+            env = {**os.environ, **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {}),
+                   "PREFECT__FLOW_RUN_ID": run_id}
+            for m in alloc.members:
+                procs.start(m, {**{k: str(v) for k, v in env.items() if v is not None},
+                                **member_env(alloc, m, self.name, "multi-node", plan.port)},
+                            self.journal.dir / f"{run_id}.{m.name}.log")
+        except Exception as exc:
+            await procs.stop(1.0)
+            self._followed.pop(fr.id, None)
+            self.ledger.release(booking_key(run_id))
+            await self._answer(fr, f"no: agent {self.name} could not start its members: {exc}")
+            return
+        self._publish_soon()
+        self._note(fr.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.name} started cluster members "
+                           + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs)
+                           + f" of the run led by agent {plan.leader}")
+        await self._answer(fr, "ok")
+        self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+
+    async def _answer(self, fr: "FlowRun", value: str) -> None:
+        try:
+            await self.client.update_flow_run_labels(fr.id, {ack_key(self.name): value})
+        except Exception as exc:
+            self._logger.warning("could not answer the gang of run %s: %s", fr.id, exc)
+
+    async def _follow_gang(self, fr: "FlowRun", plan: GangPlan, procs: ClusterProcesses) -> None:
+        """Until the run ends (or goes back to its queue): fail it when a member here fails; stop them then."""
+        from prefect_launch.workers.cluster_lifecycle import CLUSTER_DRAIN_S, CLUSTER_STOP_GRACE_S
+
+        run_id = str(fr.id)
+        try:
+            while True:
+                await asyncio.sleep(0.5)
+                try:
+                    now = await self.client.read_flow_run(fr.id)
+                except Exception:
+                    continue
+                state = now.state
+                bad = procs.first_failure()
+                if bad is not None and not (state and state.is_final()):
+                    reason = (f"cluster-member-failed: member {bad[0]} exited with {describe_exit(bad[1])} on agent "
+                              f"{self.name}; the run's agents stopped the other members")
+                    await self._fail_gang(fr, reason)
+                    break
+                if state is None:
+                    continue
+                if state.type == StateType.SCHEDULED or plan_of(now.labels) != plan:
+                    break  # the leader gave up placing it: give back what was booked
+                if state.is_final():
+                    if state.is_completed() and procs.failed is None:
+                        late = None
+                        if not await procs.wait(CLUSTER_DRAIN_S):
+                            late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} on "
+                                    f"agent {self.name} still ran {CLUSTER_DRAIN_S:g} s after main1 ended; stopped")
+                        elif procs.first_failure() is not None:
+                            name, code = procs.first_failure()
+                            late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.name}"
+                        if late:
+                            await self._fail_gang(fr, late)
+                    break
+            await procs.stop(CLUSTER_STOP_GRACE_S)
+        finally:
+            for s in procs.alive():  # cancelled mid-stop (agent shutting down): no member is left behind
+                s.proc.kill()
+            self._followed.pop(fr.id, None)
+            if self.ledger.release(booking_key(run_id)) is not None:
+                self.agent.released()
+                self._publish_soon()
+            self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
+                                                              "released their capacity")
+
+    async def _fail_gang(self, fr: "FlowRun", reason: str) -> None:
+        self._note(fr.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
+                   to_state="FAILED", message=reason)
+        try:
+            self.get_flow_run_logger(fr).error(reason)
+            await self.client.set_flow_run_state(fr.id, Failed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not fail cluster run %s: %s", fr.id, exc)
