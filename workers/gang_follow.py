@@ -27,7 +27,7 @@ from prefect_launch.workers.run_tags import OWNER, tag_value
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "1"))
+GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "2"))  # like the dispatch poll
 
 
 def booking_key(run_id: str) -> str:
