@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+
+import anyio
 from typing import TYPE_CHECKING, Any
 
 from prefect.states import Failed, StateType
@@ -43,7 +45,9 @@ class GangFollowerMixin:
                 and not getattr(self, "_gang_follow_started", False):
             self._gang_follow_started = True
             self._followed: dict[Any, ClusterProcesses] = {}
-            self._runs_task_group.start_soon(self._gang_follow_loop)
+            scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
+            self._scheduled_task_scopes.add(scope)
+            self._runs_task_group.start_soon(self._in_scope, scope, self._gang_follow_loop)
 
     async def _gang_follow_loop(self) -> None:
         while True:
