@@ -27,7 +27,7 @@ demo: venv
 	@DB=$(DB) bash scripts/demo.sh
 
 # Two workers, one test file per worker at a time: most e2e time is waiting on agents and servers.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
