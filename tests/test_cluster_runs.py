@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import ROOT, _agents, agent, apply_queue, cli, cli_json, read_runs, wait_agent_free, wait_final
+from launch_helpers import (ROOT, _agents, agent, apply_queue, cli, cli_json, read_runs, wait_agent_free,
+                            wait_agent_online, wait_final)
 
 PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
 
@@ -194,8 +195,10 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
     flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
         name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
     out = tmp_path / "mn"
-    with agent([q], f"{name}-a", "cpu=1,memory=1Gi,gpu=1", tmp_path), \
-            agent([q], f"{name}-b", "cpu=1,memory=1Gi,gpu=1", tmp_path):
+    with agent([q], f"{name}-a", "cpu=1,memory=1Gi,gpu=1", tmp_path, wait_online=False), \
+            agent([q], f"{name}-b", "cpu=1,memory=1Gi,gpu=1", tmp_path, wait_online=False):
+        for a in ("a", "b"):  # both start at once (half the wait on a loaded box)
+            wait_agent_online(f"{name}-{a}", [q], timeout=120)
         run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
                           "--param", f"out_dir={out}")["run_ids"][0]
         [run] = wait_final([run_id], timeout=180)
