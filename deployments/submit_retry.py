@@ -7,7 +7,7 @@ submission carries an idempotency key (``<submission key>:<index>``): Prefect re
 when a creation with the same key is repeated, so retrying never makes two runs. Transient failures
 (connection errors, timeouts, 408/429/5xx) are retried with jittered backoff until
 ``LAUNCH_SUBMIT_RETRY_SECONDS`` (default 300) have passed (Prefect's client also retries 503 a few times
-inside each attempt). ``count`` runs are all or none: when a creation finally fails, the runs
+inside each attempt - except run creation, see ``_create``). ``count`` runs are all or none: when a creation finally fails, the runs
 already created are deleted (and the one whose answer was lost, if the server made it), and the
 error says so.
 """
@@ -87,7 +87,7 @@ def create_runs(client: Any, deployment_id: Any, count: int, run_kwargs: Callabl
         for i in range(count):
             kw = run_kwargs(i)
             created.append(with_retries(
-                lambda: client.create_flow_run_from_deployment(deployment_id, idempotency_key=f"{key}:{i}", **kw),
+                lambda: _create(client, deployment_id, idempotency_key=f"{key}:{i}", **kw),
                 deadline, f"run {i + 1} of {count}"))
     except Exception as exc:
         deleted, left = _undo(client, deployment_id, created, f"{key}:{i}" if is_transient(exc) else None,
@@ -104,6 +104,17 @@ def create_runs(client: Any, deployment_id: Any, count: int, run_kwargs: Callabl
         raise SubmitFailed(f"{where}: {_describe(exc)}; {undo}", created=len(created), deleted=deleted,
                            left=left) from exc
     return created
+
+
+def _create(client: Any, deployment_id: Any, **kw: Any) -> Any:
+    """One creation with no retries inside Prefect's client: it waits 2, 4, 8 s between tries, and a
+    SQLite-backed server answers 503 whenever another write commits while the creation's transaction
+    reads (seen: up to 15 s per run with two agents busy). ``with_retries`` tries again after 0.1-0.4 s
+    first, and the idempotency key keeps a retry from making a second run."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+        return client.create_flow_run_from_deployment(deployment_id, **kw)
 
 
 def _undo(client: Any, deployment_id: Any, created: list[Any], lost_key: Optional[str],

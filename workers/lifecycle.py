@@ -28,6 +28,7 @@ message) wins over what the run reports after the signal.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
@@ -58,6 +59,7 @@ from prefect_launch.workers.queue_spec import Preset, QueueSpec, queue_spec_of
 from prefect_launch.workers.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.run_journal import JournalEntry, alloc_label
+from prefect_launch.workers.scheduled_runs import read_due_runs
 from prefect_launch.workers.run_tags import ALLOC_LABEL, IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 from prefect_launch.workers.secret_env import resolve_secret_env
 
@@ -66,6 +68,9 @@ if TYPE_CHECKING:
     from prefect.client.schemas.responses import WorkerFlowRunResponse
 
 PUBLISH_DEBOUNCE_S = 1.0
+# Set in the agent's own wake loop: its frequent polls read the due runs instead of calling the
+# worker poll endpoint, which writes (see workers/scheduled_runs.py).
+_READ_ONLY_POLL: contextvars.ContextVar[bool] = contextvars.ContextVar("launch_read_only_poll", default=False)
 TIMEOUT_GRACE_S = float(os.environ.get("LAUNCH_TIMEOUT_GRACE_SECONDS", "10"))
 HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's minimum; the zombie automation waits 3x
 HISTORY_FLUSH_S = float(os.environ.get("LAUNCH_HISTORY_FLUSH_SECONDS", "1"))
@@ -198,8 +203,11 @@ class LaunchWorkerCore:
         """Place runs when an event or a released run says so, and at least every few seconds.
 
         Events are the fast path; the short poll bounds the delay when the event stream lags
-        (a busy server) - Prefect's own 10 s poll keeps running underneath as well.
+        (a busy server) - Prefect's own 10 s poll keeps running underneath as well. This loop looks
+        at the due runs with a read (workers/scheduled_runs.py), so re-planning often never takes
+        the server's write lock from submissions.
         """
+        _READ_ONLY_POLL.set(True)  # this task's context only: Prefect's own poll still marks queues polled
         while True:
             with anyio.move_on_after(self.poll_seconds):
                 await self._wake.wait()
@@ -229,6 +237,18 @@ class LaunchWorkerCore:
             except Exception as exc:
                 self._logger.debug("event subscription dropped (%s); retrying", exc)
                 await asyncio.sleep(2)
+
+    async def _get_scheduled_flow_runs(self) -> list[Any]:
+        if _READ_ONLY_POLL.get() and self._work_pool is not None:
+            before = datetime.now(timezone.utc) + timedelta(seconds=int(self._prefetch_seconds))
+            try:
+                runs = await read_due_runs(self.client, self._work_pool, list(self._work_queues or []), before)
+            except Exception as exc:
+                self._logger.debug("reading due runs failed (%s); using the worker poll", exc)
+                runs = None
+            if runs is not None:
+                return runs
+        return await super()._get_scheduled_flow_runs()
 
     async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
         if self.agent.draining:

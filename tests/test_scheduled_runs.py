@@ -1,0 +1,64 @@
+"""The agents' read of due runs matches what the worker poll would give (pure parts, and on a real server)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace as NS
+from uuid import uuid4
+
+import anyio
+
+from prefect_launch.workers.scheduled_runs import due_runs, needs_server_limits, read_due_runs, runnable_queues
+
+
+def _q(name: str, paused: bool = False, limit=None):
+    return NS(id=uuid4(), name=name, is_paused=paused, concurrency_limit=limit)
+
+
+def test_limits_send_the_agent_to_the_worker_poll():
+    assert not needs_server_limits(NS(concurrency_limit=None), [_q("a"), _q("b")])
+    assert needs_server_limits(NS(concurrency_limit=3), [_q("a")])
+    assert needs_server_limits(NS(concurrency_limit=None), [_q("a"), _q("b", limit=1)])
+
+
+def test_paused_and_unwanted_queues_are_skipped_and_in_process_retries_too():
+    qs = [_q("high"), _q("low", paused=True), _q("medium")]
+    assert set(runnable_queues(qs)) == {"high", "medium"}
+    assert set(runnable_queues(qs, ["medium", "low"])) == {"medium"}
+    from prefect.client.schemas.objects import FlowRun
+
+    def run(queue: str, retry_type=None) -> FlowRun:
+        fr = FlowRun(flow_id=uuid4(), work_queue_name=queue)
+        fr.empirical_policy.retry_type = retry_type
+        return fr
+
+    runnable = runnable_queues(qs)
+    got = due_runs([run("high"), run("low"), run("medium", "in_process"), run("medium")], uuid4(), runnable)
+    assert [g.flow_run.work_queue_name for g in got] == ["high", "medium"]
+    assert got[0].work_queue_id == runnable["high"].id
+
+
+def test_read_matches_the_worker_poll_on_a_real_server(prefect_server, unique_name):
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Scheduled
+
+    async def main():
+        async with get_client() as client:
+            pool = await client.create_work_pool(WorkPoolCreate(name=f"due-{unique_name}", type="process"))
+            await client.create_work_queue(name="high", work_pool_name=pool.name, priority=1)
+
+            fid = await client.create_flow_from_name(f"due-{unique_name}")
+            dep = await client.create_deployment(flow_id=fid, name="d", work_pool_name=pool.name)
+            now = datetime.now(timezone.utc)
+            due = await client.create_flow_run_from_deployment(dep, work_queue_name="high")
+            later = await client.create_flow_run_from_deployment(
+                dep, work_queue_name="high", state=Scheduled(scheduled_time=now + timedelta(hours=1)))
+            before = now + timedelta(seconds=10)
+            ours = await read_due_runs(client, pool, None, before)
+            theirs = await client.get_scheduled_flow_runs_for_work_pool(pool.name, scheduled_before=before)
+            return due.id, later.id, [r.flow_run.id for r in ours], [r.flow_run.id for r in theirs]
+
+    due, later, ours, theirs = anyio.run(main)
+    assert ours == theirs == [due]
+    assert later not in ours

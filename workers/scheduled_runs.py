@@ -1,0 +1,78 @@
+"""The agents' frequent look at a queue's due runs, as a read.
+
+Prefect's worker poll (``/work_pools/{name}/get_scheduled_flow_runs``) also marks the pool's work
+queues and deployments as polled: a write on every call. An agent re-plans every couple of seconds
+and on every flow-run event; with several agents on a SQLite-backed server those writes hold the
+database lock, and a submission's run creation gets "503 database is locked" and backs off (seen:
+up to 15 s per run with two agents). So the agent's own fast path reads the due runs with the flow-run
+filter (a plain read), and Prefect's own slower poll keeps doing the marking. Where the server applies
+limits this read cannot see (a work-pool or work-queue concurrency limit), the caller uses Prefect's
+endpoint instead.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Optional
+
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterNextScheduledStartTime,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
+    WorkQueueFilter,
+    WorkQueueFilterName,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.responses import WorkerFlowRunResponse
+from prefect.client.schemas.sorting import FlowRunSort
+
+
+def needs_server_limits(pool: Any, queues: Iterable[Any]) -> bool:
+    """True when the server's poll enforces a concurrency limit that a plain read would skip."""
+    return getattr(pool, "concurrency_limit", None) is not None or any(
+        getattr(q, "concurrency_limit", None) is not None for q in queues)
+
+
+def runnable_queues(queues: Iterable[Any], wanted: Optional[Iterable[str]] = None) -> dict[str, Any]:
+    """The pool's work queues a worker may take from: not paused, and among ``wanted`` when given."""
+    names = set(wanted or [])
+    return {q.name: q for q in queues if not getattr(q, "is_paused", False) and (not names or q.name in names)}
+
+
+def due_runs(runs: Iterable[Any], pool_id: Any, queues: dict[str, Any]) -> list[WorkerFlowRunResponse]:
+    """Scheduled runs of runnable queues, as the worker poll would return them (no in-process retries)."""
+    out = []
+    for fr in runs:
+        q = queues.get(fr.work_queue_name or "")
+        if q is None:
+            continue
+        policy = getattr(fr, "empirical_policy", None)
+        if getattr(policy, "retry_type", None) == "in_process":
+            continue
+        out.append(WorkerFlowRunResponse(work_pool_id=pool_id, work_queue_id=q.id, flow_run=fr))
+    return out
+
+
+async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Iterable[str]],
+                        scheduled_before: datetime, limit: int = 200) -> Optional[list[WorkerFlowRunResponse]]:
+    """The pool's due runs by a read (the oldest 200, the API's page limit: more than any cycle places);
+    None when only Prefect's own poll gives the right answer."""
+    queues = await client.read_work_queues(work_pool_name=pool.name)
+    if getattr(pool, "is_paused", False):
+        return []
+    if needs_server_limits(pool, queues):
+        return None
+    runnable = runnable_queues(queues, work_queue_names)
+    if not runnable:
+        return []
+    runs = await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+            next_scheduled_start_time=FlowRunFilterNextScheduledStartTime(before_=scheduled_before)),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name])),
+        work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=sorted(runnable))),
+        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)
+    return due_runs(runs, pool.id, runnable)
