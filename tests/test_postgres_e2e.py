@@ -15,8 +15,9 @@ import pytest
 
 from fixtures_pg import pg_server, prefect_server_pg  # noqa: F401  (fixtures)
 from launch_helpers import agent, apply_queue, cli_json, deploy_probe, records, wait_final
-from test_agent_e2e import (_claim_times, test_cancel_and_failure_release_capacity_and_metrics_are_recorded,  # noqa: F401
-                            test_mixed_presets_respect_capacity_priority_and_fifo)
+# mixed presets, priority and FIFO are placement logic, the same on either database; on PostgreSQL the
+# two-hosts test below covers placement and claims, this one the store's writes
+from test_agent_e2e import _claim_times, test_cancel_and_failure_release_capacity_and_metrics_are_recorded  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_server_pg")
 
