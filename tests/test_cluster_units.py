@@ -196,3 +196,64 @@ def test_ledger_books_only_this_agents_ranks_of_a_multi_node_gang():
     env = member_env(a, a.members[0], "b", "multi-node", 1234)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LAUNCH_CLUSTER_HOSTS"]) == \
         ("2", "3", "0", "main1,sub1,sub2")
+
+
+class _Labels:
+    """A fake Prefect client holding one run's labels; ``answer`` plays the other agents."""
+
+    def __init__(self, answer):
+        self.labels, self.answer, self.reads = {}, answer, 0
+
+    async def update_flow_run_labels(self, run_id, labels):
+        self.labels.update(labels)
+
+    async def read_flow_run(self, run_id):
+        self.reads += 1
+        self.answer(self.labels, self.reads)
+        return SimpleNamespace(labels=dict(self.labels))
+
+
+def _leader(answer):
+    from prefect_launch.workers.cluster_lifecycle import ClusterRunMixin
+
+    class Leader(ClusterRunMixin):
+        name = "a"
+
+        def __init__(self):
+            self.client, self.notes = _Labels(answer), []
+
+        def _note(self, *args, **kwargs):
+            self.notes.append(kwargs.get("message") or args)
+
+    ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
+    alloc = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
+    alloc.remote_members = {"sub1": "b", "sub2": "c"}
+    return Leader(), alloc
+
+
+def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(monkeypatch):
+    from prefect_launch.workers import cluster_lifecycle
+    from prefect_launch.workers.cluster_lifecycle import GangAborted
+    from prefect_launch.workers.gang_protocol import ack_key, plan_of
+
+    def all_ok(labels, reads):
+        if reads >= 2:
+            labels.update({ack_key("b"): "ok", ack_key("c"): "ok"})
+
+    leader, alloc = _leader(all_ok)
+    asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+    plan = plan_of(leader.client.labels)
+    assert plan.members == {"main1": "a", "sub1": "b", "sub2": "c"} and plan.port == 4242
+    assert any("started their members" in str(n) for n in leader.notes)
+
+    def c_refuses(labels, reads):
+        labels.update({ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"})
+
+    leader, alloc = _leader(c_refuses)
+    with pytest.raises(GangAborted, match="agent c said agent c has gpu=0 free"):
+        asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+
+    monkeypatch.setattr(cluster_lifecycle, "GANG_ACK_S", 0.5)
+    leader, alloc = _leader(lambda labels, reads: labels.update({ack_key("b"): "ok"}))
+    with pytest.raises(GangAborted, match=r"no answer from agent\(s\) c in 0.5 s"):
+        asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
