@@ -95,7 +95,11 @@ class GangFollowerMixin:
         procs = ClusterProcesses(run_id=run_id)
         self._followed[fr.id] = procs
         try:
-            env = {**os.environ, **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {}),
+            from prefect.settings import get_current_settings
+
+            # as an engine's env: the agent's Prefect settings (API URL even from a profile), the job's env
+            env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+                   **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {}),
                    "PREFECT__FLOW_RUN_ID": run_id}
             for m in alloc.members:
                 procs.start(m, {**{k: str(v) for k, v in env.items() if v is not None},
