@@ -143,18 +143,18 @@ def predicted_starts(client: Any, queues: list[str], now: Optional[datetime] = N
             continue
         if fr.work_pool_name not in history:
             history[fr.work_pool_name] = queue_history(client, fr.work_pool_name,
-                                                       lambda past_run: request_of(past_run).resources)
+                                                       lambda past_run: request_of(past_run).held())
         past = history[fr.work_pool_name]
         expected = expected_runtime(job_shape(fr.deployment_id, fr.parameters), fr.deployment_id, past, req.timeout_s)
         rid = str(fr.id)
         if fr.state_type == StateType.SCHEDULED:
-            waiting.append(Waiting(run_id=rid, queue=fr.work_pool_name, resources=req.resources,
+            waiting.append(Waiting(run_id=rid, queue=fr.work_pool_name, resources=req.held(),
                                    priority_rank=prios[fr.work_pool_name].get(fr.work_queue_name or "", 99),
                                    submitted=fr.created or now, expected_s=expected, agent=req.agent,
                                    not_before=fr.expected_start_time))
             continue
         # claimed: it holds capacity on its agent (the registry's word, else the run's labels; else not yet known)
-        agent, res = held.get(rid, (_agent_of(fr.labels), req.resources))
+        agent, res = held.get(rid, (_agent_of(fr.labels), req.held()))
         running_since = fr.start_time if fr.state_type == StateType.RUNNING else None
         claimed = fr.state.timestamp if fr.state_type == StateType.PENDING and fr.state else None
         running.append(Running(run_id=rid, agent=agent, queue=fr.work_pool_name, resources=res,
