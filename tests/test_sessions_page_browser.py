@@ -47,6 +47,8 @@ def sessions_page(prefect_server, tmp_path_factory):
     env.pop("LAUNCH_METRICS_URL", None)  # the page reads the agent's store (its block, else the local default)
     log = tmp / "streamlit.log"
     with background_process(args, log, env=env, cwd=ROOT) as proc:
+        # a queue listed first, with another default preset: the launcher must not carry its preset over
+        apply_queue(tmp, {"name": f"aaa-{uniq}", "presets": {"s": {"cpu": 1, "memory": "1Gi"}}, "default_preset": "s"})
         queue = apply_queue(tmp, {"name": f"sp-{uniq}", "presets": PRESETS, "default_preset": "small",
                                   "idle": {"max_lifetime": "1h"}})  # an idle check the detail panel shows
         with agent([queue], f"sp-{uniq}", "cpu=2,memory=4Gi", tmp, wait_online=False):
@@ -125,7 +127,10 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             next_step(page, 1)
             assert page.locator(".st-key-err-name").count() == 0
             # step 2, environment and resources: this test's queue, its default preset
-            page.locator(".st-key-lf_queue_0 input[role=combobox]").click()
+            # typed, not scrolled to: the list is virtualised, and the session server holds every test's queues
+            box = page.locator(".st-key-lf_queue_0 input[role=combobox]")
+            box.click()
+            box.press_sequentially(queue)
             page.get_by_role("option", name=queue, exact=True).click()
             settled(page)
             next_step(page, 2)  # data and storage: no mount
@@ -133,6 +138,7 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             next_step(page, 4)  # review: the dry run's resolution and warning
             review = page.locator(".st-key-launch-step-4")
             assert "no --mount" in review.inner_text()
+            assert page.locator(".st-key-launch_go button").is_enabled(), review.inner_text()
             page.locator(".st-key-launch_go button").click()
             ok = page.locator(".st-key-panel-launcher [data-testid='stAlertContentSuccess']")
             ok.wait_for(timeout=60_000)

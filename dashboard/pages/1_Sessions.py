@@ -242,8 +242,11 @@ def _step_resources(queues: list[dict]) -> None:
     spec = next(x for x in queues if x["name"] == q)
     presets = [""] + spec["presets"]
     chosen = S.sl_form.get("preset") or ""
+    # the empty option's label is the same for every queue: a label that changed with the queue made
+    # Streamlit keep the old label as the value when the queue changed ("unknown preset '(queue default: s)'")
     st.selectbox("Preset", presets, index=presets.index(chosen) if chosen in presets else 0, key=_key("preset"),
-                 format_func=lambda p: p or f"(queue default: {spec['default_preset']})")
+                 format_func=lambda p: p or "(queue default)")
+    st.caption(f"Queue default: {spec['default_preset']}")
     _field_errors("preset")
     cols = st.columns(4)
     for col, (f, label, ph) in zip(cols, (("cpu", "CPUs", "preset's"), ("memory", "Memory", "e.g. 4Gi"),
