@@ -1,7 +1,7 @@
 """A tiny fake Kubernetes API server for the launch-kubernetes worker's tests.
 
 It answers only the requests the worker makes - jobs create/get/list/delete,
-pods list by label selector, events list by ``involvedObject.name``, secrets
+pods list by label selector, events list by ``involvedObject.name`` / ``.kind``, secrets
 get/create/replace/delete - over real HTTP on loopback, so the worker's own
 path (kubeconfig, kubernetes_asyncio's BatchV1Api/CoreV1Api, JSON
 (de)serialisation) runs unchanged. It schedules nothing: a test plays the
@@ -147,9 +147,9 @@ class FakeKube:
 
     def _events(self, method, ns, query, body):
         field = (query.get("fieldSelector") or [""])[0]
-        want = field.partition("involvedObject.name=")[2] if field else None
+        want = dict(part.split("=", 1) for part in field.split(",") if "=" in part)  # involvedObject.name/kind
         items = [e for e in self.events if e["metadata"]["namespace"] == ns
-                 and (want is None or e["involvedObject"]["name"] == want)]
+                 and all(e["involvedObject"].get(k.partition(".")[2]) == v for k, v in want.items())]
         return 200, {"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": items}
 
     def _secrets(self, method, ns, query, body):

@@ -211,7 +211,16 @@ def test_exit_code_eviction_preemption_and_oom_are_recorded(prefect_server, kube
         # 4: OOM kill
         s.fake.set_pod(pods[3], "Failed", containerStatuses=[{"name": "prefect-job", "state": {"terminated": {
             "exitCode": 137, "reason": "OOMKilled"}}}])
+        # 5: a pod made and preempted between two of the worker's polls: only its events are left
+        unseen = await s.submit(preset="small")
+        unseen_job = await s.job_of(unseen)
+        s.fake.add_event(f"{unseen_job['metadata']['name']}-zz9q1", "Preempted", "Preempted by pod 77aa on node n2")
+        s.fake.set_job_condition(unseen_job, "Failed", "BackoffLimitExceeded", "Job has reached the specified "
+                                 "backoff limit")
         states = [await s.final(fr) for fr in runs]
+        late = await s.final(unseen)
+        assert late.is_crashed() and late.message.startswith("preempted by the scheduler: Preempted by pod 77aa"), \
+            late.message
         assert states[0].is_failed()
         assert states[0].message == "the job's container exited with code 3 (ModuleNotFoundError: no module " \
                                     "named 'torch')"

@@ -153,6 +153,13 @@ class KubeApi:
             out += [self._json(e) for e in events.items or []]
         return out
 
+    async def list_job_pod_events(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Events of every pod the Job made (named ``<job>-<suffix>``), also of pods deleted before this
+        worker ever listed them (a preempted pod can come and go between two polls)."""
+        events = await self.core.list_namespaced_event(namespace=namespace, field_selector="involvedObject.kind=Pod")
+        return [e for e in (self._json(e) for e in events.items or [])
+                if str((e.get("involvedObject") or {}).get("name") or "").startswith(f"{job}-")]
+
     async def delete_job(self, namespace: str, name: str, grace_seconds: int = DELETE_GRACE_S) -> bool:
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -523,6 +530,10 @@ class LaunchKubernetesWorker(KubernetesWorker):
                     events: list[dict[str, Any]] = []
                     if body is not None and (not pods or phases - {"Running"}):  # events explain waits and ends
                         events = await api.list_events(namespace, [job, *seen_pods])
+                        if not pods:  # pods gone (or never seen): their events still say why
+                            known = {json.dumps(e, sort_keys=True, default=str) for e in events}
+                            events += [e for e in await api.list_job_pod_events(namespace, job)
+                                       if json.dumps(e, sort_keys=True, default=str) not in known]
                     failures = 0
                 except Exception as exc:  # the API server is away for a while: the pod is not, keep following
                     failures += 1
