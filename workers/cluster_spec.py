@@ -32,9 +32,7 @@ class ClusterSpec(BaseModel):
 
     def total(self, member: Resources) -> Resources:
         """What the whole gang holds on one agent (single-node): ``size`` x the preset."""
-        return Resources(cpu=round(member.cpu * self.size, 6), memory=member.memory * self.size,
-                         gpu=member.gpu * self.size,
-                         shm_size=member.shm_size * self.size if member.shm_size else None)
+        return member.times(self.size)
 
     def describe(self) -> str:
         return f"{self.size} members ({self.mode})" if self.is_cluster else "single run"

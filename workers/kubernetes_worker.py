@@ -531,9 +531,9 @@ class LaunchKubernetesWorker(KubernetesWorker):
                     if body is not None and (not pods or phases - {"Running"}):  # events explain waits and ends
                         events = await api.list_events(namespace, [job, *seen_pods])
                         if not pods:  # pods gone (or never seen): their events still say why
-                            known = {json.dumps(e, sort_keys=True, default=str) for e in events}
+                            known = {(e.get("metadata") or {}).get("name") for e in events}
                             events += [e for e in await api.list_job_pod_events(namespace, job)
-                                       if json.dumps(e, sort_keys=True, default=str) not in known]
+                                       if (e.get("metadata") or {}).get("name") not in known]
                     failures = 0
                 except Exception as exc:  # the API server is away for a while: the pod is not, keep following
                     failures += 1

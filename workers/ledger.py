@@ -81,11 +81,8 @@ class Ledger:
         with self._lock:
             if run_id in self._allocs:
                 return self._allocs[run_id]
-            if not request.fits(self._free_locked()):
-                return None
-            used_gpus = {i for a in self._allocs.values() for i in a.gpu_indices}
-            gpus = [i for i in self._gpu_ids if i not in used_gpus][: request.gpu]
-            if len(gpus) < request.gpu:
+            gpus = self._free_gpus_for(request)
+            if gpus is None:
                 return None
             alloc = Allocation(run_id=run_id, resources=request, gpu_indices=gpus,
                                cpu_cores=self._pick_cores(request.cpu), queue=queue, preset=preset,
@@ -107,16 +104,12 @@ class Ledger:
         run_id = str(run_id)
         mine = sorted(ranks) if ranks is not None else list(range(size))
         n = len(mine)
-        total = Resources(cpu=round(member.cpu * n, 6), memory=member.memory * n, gpu=member.gpu * n,
-                          shm_size=member.shm_size * n if member.shm_size else None)
+        total = member.times(n)
         with self._lock:
             if run_id in self._allocs:
                 return self._allocs[run_id]
-            if not total.fits(self._free_locked()):
-                return None
-            used_gpus = {i for a in self._allocs.values() for i in a.gpu_indices}
-            gpus = [i for i in self._gpu_ids if i not in used_gpus][: total.gpu]
-            if len(gpus) < total.gpu:
+            gpus = self._free_gpus_for(total)
+            if gpus is None:
                 return None
             extra: dict[int, float] = {}
             members = []
@@ -133,6 +126,15 @@ class Ledger:
                                cluster_size=size)
             self._allocs[run_id] = alloc
             return alloc
+
+    def _free_gpus_for(self, request: Resources) -> Optional[list[int]]:
+        """The GPU indices ``request`` would get now (lowest free first), or None when it does not fit.
+        Call with the lock held."""
+        if not request.fits(self._free_locked()):
+            return None
+        used = {i for a in self._allocs.values() for i in a.gpu_indices}
+        gpus = [i for i in self._gpu_ids if i not in used][: request.gpu]
+        return gpus if len(gpus) == request.gpu else None
 
     def _pick_cores(self, cpu: float, extra: Optional[dict[int, float]] = None) -> list[int]:
         """The least loaded cores; ``extra`` is load booked in this same call (a gang's earlier members)."""

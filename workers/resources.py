@@ -83,6 +83,11 @@ class Resources(BaseModel):
     def fits(self, free: "Resources") -> bool:
         return not self.shortfall(free)
 
+    def times(self, n: int) -> "Resources":
+        """``n`` of this request at once (a cluster run's members)."""
+        return Resources(cpu=round(self.cpu * n, 6), memory=self.memory * n, gpu=self.gpu * n,
+                         shm_size=self.shm_size * n if self.shm_size else None)
+
 
 def parse_capacity(text: str) -> dict[str, float | int]:
     """Parse ``cpu=8,memory=32Gi,gpu=2`` (any subset) into numbers."""
