@@ -6,7 +6,8 @@ Per run (from the metrics store the agents write), over a time range ``[since, u
   its end, or now while it runs); CPU core-hours likewise with the allocated CPUs;
 * **used**: from the run's samples inside the range: GPU-hours weighted by utilisation
   (sum of utilisation x interval x allocated GPUs), CPU core-hours (sum of CPU use x interval);
-* **memory**: peak and mean of the samples against the request;
+* **memory**: peak (the kernel's high-water mark where the agent read it, else the samples' max)
+  and mean of the samples, against the request;
 * **energy** (Wh): the sum of the samples' GPU energy (NVML's energy counter, else power
   readings integrated) and CPU energy (the run's share of RAPL package energy). A run whose
   samples carry no energy has none: the figure is *unavailable* (None), with the reason the

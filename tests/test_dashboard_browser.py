@@ -122,6 +122,7 @@ def test_gantt_brush_fills_the_details_table(dashboard):
     import datetime as dt
     import io
     import re
+    import time
 
     from playwright.sync_api import sync_playwright
 
@@ -140,7 +141,7 @@ def test_gantt_brush_fills_the_details_table(dashboard):
             panel.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=120_000)
             box = panel.locator(".vega-embed").first.bounding_box()
             y = box["y"] + box["height"] * 0.45
-            proper = 0
+            proper, last_caption = 0, None
             for a, b in ((0.55, 0.8), (0.25, 0.6), (0.4, 0.97)):
                 page.mouse.click(box["x"] + box["width"] * 0.99, y)  # outside the brush: clears it
                 page.mouse.move(box["x"] + box["width"] * a, y)
@@ -148,17 +149,28 @@ def test_gantt_brush_fills_the_details_table(dashboard):
                 page.mouse.move(box["x"] + box["width"] * b, y, steps=10)
                 page.mouse.up()
                 cap = panel.get_by_text(caption_re)
-                cap.wait_for(timeout=60_000)
-                page.wait_for_function(  # the rerun for this brush has drawn the table
-                    "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
-                lo_s, hi_s, n = caption_re.search(cap.inner_text()).groups()
+                # Streamlit keeps the last rerun's elements on screen while it reruns: read the caption and
+                # the table only once both come from this brush's rerun (a new caption, no rerun going,
+                # the same caption after the download)
+                deadline = time.monotonic() + 60
+                while True:
+                    cap.wait_for(timeout=60_000)
+                    page.wait_for_function(
+                        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+                    before = cap.inner_text()
+                    table = panel.locator('[data-testid="stDataFrame"]').first
+                    table.hover()
+                    with page.expect_download(timeout=30_000) as dl:
+                        table.get_by_role("button", name="Download as CSV").click()
+                    rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
+                    settled = before != last_caption and cap.inner_text() == before
+                    if (settled and len(rows) == int(caption_re.search(before).group(3))) or time.monotonic() > deadline:
+                        break
+                    page.wait_for_timeout(500)
+                last_caption = before
+                lo_s, hi_s, n = caption_re.search(before).groups()
                 lo = dt.datetime.fromisoformat(lo_s).replace(tzinfo=utc)
                 hi = dt.datetime.fromisoformat(hi_s).replace(tzinfo=utc)
-                table = panel.locator('[data-testid="stDataFrame"]').first
-                table.hover()
-                with page.expect_download(timeout=30_000) as dl:
-                    table.get_by_role("button", name="Download as CSV").click()
-                rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
                 shown = {r["link"].rsplit("/", 1)[-1] for r in rows}
                 want = {str(r.id) for r in _flow_runs_started()
                         if r.start_time <= hi and (r.end_time is None or r.end_time >= lo)}
