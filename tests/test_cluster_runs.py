@@ -17,6 +17,7 @@ agents are free again.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launch_helpers import (ROOT, _agents, agent, apply_queue, cli, cli_json, read_runs, wait_agent_free,
@@ -184,8 +186,10 @@ def test_bad_cluster_requests_are_refused_before_anything_is_enqueued(cluster_en
     assert count() == before
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
+    """Two agents stand in for two hosts: the all-reduce completes; a member killed fails the run; the agent
+    hosting a member survives its own SIGKILL and restart without handing the member's GPU out twice."""
     import prefect.context
     from prefect import flow
 
@@ -195,8 +199,9 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
     flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
         name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
     out = tmp_path / "mn"
-    with agent([q], f"{name}-a", "cpu=1,memory=1Gi,gpu=1", tmp_path, wait_online=False), \
-            agent([q], f"{name}-b", "cpu=1,memory=1Gi,gpu=1", tmp_path, wait_online=False):
+    cap = "cpu=1,memory=1Gi,gpu=1"
+    with agent([q], f"{name}-a", cap, tmp_path, wait_online=False) as pa, \
+            agent([q], f"{name}-b", cap, tmp_path, wait_online=False) as pb:
         for a in ("a", "b"):  # both start at once (half the wait on a loaded box)
             wait_agent_online(f"{name}-{a}", [q], timeout=120)
         run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
@@ -208,12 +213,45 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
                         "--param", f"out_dir={out}", "--param", "hold_s=120")["run_ids"][0]
         started = _wait_started(out, held, members=("main1", "sub1"))
         os.kill(started["sub1"]["pid"], signal.SIGKILL)
-        [failed] = wait_final([held], timeout=60)
-        assert failed.state_name == "Failed" and "member sub1 exited with code -9" in failed.state.message, \
-            (failed.state_name, failed.state.message)
+        wait_final([held], timeout=60)
         _assert_gone(started, ("main1",))
         wait_agent_free(f"{name}-a", gpu=1)
         wait_agent_free(f"{name}-b", gpu=1)
+        # read once the agents let go: main1's engine reports its SIGTERM as Crashed (forced) for a moment,
+        # and the leader records the member's failure again after main1 is gone
+        [failed] = read_runs([held])
+        assert failed.state_name == "Failed" and "member sub1 exited with code -9" in failed.state.message, \
+            (failed.state_name, failed.state.message)
+
+        # the agent hosting sub1 is SIGKILLed mid-run and restarted: it books sub1's GPU again (nothing is
+        # handed out twice) and still fails the run when sub1 dies afterwards, then gives everything back
+        held = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
+                        "--param", f"out_dir={out}", "--param", "hold_s=120")["run_ids"][0]
+        started = _wait_started(out, held, members=("main1", "sub1"))
+        follower = started["sub1"]["env"]["LAUNCH_AGENT"]
+        os.killpg((pa if follower.endswith("-a") else pb).pid, signal.SIGKILL)
+        restarted = dt.datetime.now(dt.timezone.utc)
+        with agent([q], follower, cap, tmp_path, log_name="follower-again.log", wait_online=False):
+            deadline = time.time() + 120
+            while True:  # what the new agent publishes (the old one's last state says the same, but earlier)
+                now = {x["name"]: x for x in _agents()}.get(follower) or {}
+                if dt.datetime.fromisoformat(now.get("heartbeat", "2000-01-01T00:00:00+00:00")) > restarted \
+                        or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            assert now["free"]["gpu"] == 0 and [r["run_id"] for r in now["runs"]] == [f"{held}:members"], \
+                f"the restarted agent forgot sub1's GPU: {now}"
+            assert f"re-adopted cluster member(s) sub1 of run {held} (member(s) sub1 still running)" \
+                in (tmp_path / "follower-again.log").read_text()
+            assert psutil.pid_exists(started["sub1"]["pid"]) and psutil.pid_exists(started["main1"]["pid"])
+            os.kill(started["sub1"]["pid"], signal.SIGKILL)  # no longer the agent's child: no exit code to read
+            wait_final([held], timeout=60)
+            _assert_gone(started, ("main1",))
+            wait_agent_free(f"{name}-a", gpu=1)
+            wait_agent_free(f"{name}-b", gpu=1)
+            [failed] = read_runs([held])
+            assert failed.state_name == "Failed" and "member sub1 exited with no exit status" in failed.state.message \
+                and follower in failed.state.message, (failed.state_name, failed.state.message)
     recs = _records(out, run_id)
     assert sorted(recs) == ["main1", "sub1"]
     assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -257,3 +258,64 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
     leader, alloc = _leader(lambda labels, reads: labels.update({ack_key("b"): "ok"}))
     with pytest.raises(GangAborted, match=r"no answer from agent\(s\) c in 0.5 s"):
         asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+
+
+def test_a_restarted_follower_adopts_only_live_runs_it_had_answered():
+    from prefect_launch.workers.gang_protocol import (GangPlan, booking_key, decide_followed, run_of_booking)
+
+    plan = GangPlan(leader="a", port=1234, size=3, members={"main1": "a", "sub1": "b", "sub2": "b"})
+    rid = str(uuid4())
+    assert run_of_booking(booking_key(rid)) == rid and run_of_booking(rid) is None
+    assert decide_followed("RUNNING", plan, "b", "ok", ["sub1", "sub2"]) == ("adopt", "member(s) sub1, sub2 still running")
+    assert decide_followed("PENDING", plan, "b", "ok", [])[0] == "adopt"  # the exit files decide
+    for state, p, ack, why in (
+            (None, plan, "ok", "gone from the server"), ("COMPLETED", plan, "ok", "the run is completed"),
+            ("SCHEDULED", plan, "ok", "the run is scheduled"), ("RUNNING", None, "ok", "no longer names this agent"),
+            ("RUNNING", plan.model_copy(update={"members": {"main1": "a", "sub1": "c", "sub2": "c"}}), "ok",
+             "no longer names this agent"),
+            ("PENDING", plan, None, "had not answered"), ("PENDING", plan, "no: full", "had not answered")):
+        action, reason = decide_followed(state, p, "b", ack, ["sub1"])
+        assert action == "stop" and why in reason, (state, reason)
+
+
+def test_adopted_members_read_their_exit_status_from_their_exit_file(tmp_path):
+    """A member not started by this agent's life: alive while it runs; then its recorded exit code, or no
+    exit status when it was killed and left none."""
+    import subprocess
+    import sys
+    import time
+
+    from prefect_launch.workers.cluster_member import record_exit
+    from prefect_launch.workers.cluster_process import (MEMBER_MODULE, NO_EXIT_STATUS, adopt_members, describe_exit,
+                                                        exit_file)
+    from prefect_launch.workers.ledger import MemberAlloc
+
+    run_id = str(uuid4())
+    log_of = lambda m: tmp_path / f"{run_id}.{m}.log"  # noqa: E731
+    members = [MemberAlloc(rank=i, name=n, resources=Resources(cpu=1, memory=GIB)) for i, n in ((1, "sub1"), (2, "sub2"))]
+    env = lambda n: {**os.environ, "LAUNCH_CLUSTER_MEMBER": n, "LAUNCH_MEMBER_EXIT_FILE": str(exit_file(log_of(n)))}  # noqa: E731
+    code = "import sys, time; from prefect_launch.workers.cluster_member import record_exit; time.sleep(float(sys.argv[1])); record_exit(3)"
+    p1 = subprocess.Popen([sys.executable, "-c", code, "1.5", MEMBER_MODULE, run_id], env=env("sub1"), start_new_session=True)
+    p2 = subprocess.Popen([sys.executable, "-c", code, "60", MEMBER_MODULE, run_id], env=env("sub2"), start_new_session=True)
+    try:
+        time.sleep(0.5)
+        procs = adopt_members(run_id, members, log_of)
+        assert [s.name for s in procs.alive()] == ["sub1", "sub2"] and procs.first_failure() is None
+        p1.wait(timeout=30)
+        os.killpg(p2.pid, 9)
+        p2.wait(timeout=10)
+        assert procs.alive() == [] and procs.first_failure() == ("sub1", 3)
+        assert procs.subs[1].proc.poll() == NO_EXIT_STATUS and "killed by a signal" in describe_exit(NO_EXIT_STATUS)
+        procs.forget_files()
+        assert not exit_file(log_of("sub1")).exists()
+        # a member that is gone before the agent looks: its file alone tells how it ended
+        os.environ["LAUNCH_MEMBER_EXIT_FILE"] = str(exit_file(log_of("sub1")))
+        try:
+            record_exit(0)
+        finally:
+            del os.environ["LAUNCH_MEMBER_EXIT_FILE"]
+        again = adopt_members(run_id, members[:1], log_of)
+        assert again.alive() == [] and again.first_failure() is None and again.subs[0].proc.poll() == 0
+    finally:
+        for p in (p1, p2):
+            p.kill()

@@ -194,8 +194,7 @@ class ClusterRunMixin(GangFollowerMixin):
             except Exception as exc:
                 self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
         if procs.failed is None and late is None:
-            for s in procs.subs:
-                s.log_path.unlink(missing_ok=True)
+            procs.forget_files()
 
 
     async def _adopted_end(self, run_id: str, handle: Any, limits: Any) -> Optional[str]:

@@ -59,5 +59,23 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def record_exit(code: int) -> None:
+    """Leave the exit status where the agent finds it (``LAUNCH_MEMBER_EXIT_FILE``): an agent that restarted
+    is no longer this process's parent and cannot read its exit code any other way. A member killed by a
+    signal leaves no file, which the agent reads as that."""
+    path = os.environ.get("LAUNCH_MEMBER_EXIT_FILE")
+    if not path:
+        return
+    try:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(code))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _code = main(sys.argv[1:])
+    record_exit(_code)
+    sys.exit(_code)

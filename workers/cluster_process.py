@@ -24,10 +24,47 @@ from prefect_launch.workers.ledger import MemberAlloc
 from prefect_launch.workers.limits import physical_cores
 
 
+NO_EXIT_STATUS = -1000  # a member that ended while no agent was its parent, without an exit file (a signal)
+
+
+def exit_file(log_path: Path) -> Path:
+    """Where a member records its exit status (`cluster_member.record_exit`): beside its log."""
+    return log_path.with_suffix(".exit")
+
+
+class FoundProcess:
+    """A member a restarted agent found by its command line: not its child, so `poll` reads the exit status
+    the member recorded (`NO_EXIT_STATUS` when it left none: killed by a signal)."""
+
+    def __init__(self, proc: Optional[psutil.Process], exit_path: Path):
+        self._proc, self._exit_path = proc, exit_path
+        self.pid = proc.pid if proc is not None else 0
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is not None:
+            return self.returncode
+        if self._proc is not None:
+            try:
+                if self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE:
+                    return None
+            except psutil.Error:
+                pass
+        try:
+            self.returncode = int(self._exit_path.read_text().strip())
+        except (OSError, ValueError):
+            self.returncode = NO_EXIT_STATUS
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            _signal_session(self.pid, signal.SIGKILL)
+
+
 @dataclass
 class SubMember:
     member: MemberAlloc
-    proc: subprocess.Popen
+    proc: "subprocess.Popen | FoundProcess"
     log_path: Path
 
     @property
@@ -47,6 +84,8 @@ class ClusterProcesses:
     def start(self, member: MemberAlloc, env: dict[str, str], log_path: Path) -> SubMember:
         """Start ``member`` running the run's flow function (see `cluster_member`)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        exit_file(log_path).unlink(missing_ok=True)
+        env = {**env, "LAUNCH_MEMBER_EXIT_FILE": str(exit_file(log_path))}
         with open(log_path, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", MEMBER_MODULE, self.run_id],
                                     env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -96,6 +135,12 @@ class ClusterProcesses:
                 _signal_session(s.proc.pid, signal.SIGKILL)
             await self.wait(5.0)
 
+    def forget_files(self) -> None:
+        """Drop the members' logs and exit files (once nothing needs them)."""
+        for s in self.subs:
+            s.log_path.unlink(missing_ok=True)
+            exit_file(s.log_path).unlink(missing_ok=True)
+
     def first_failure(self) -> Optional[tuple[str, int]]:
         """The failure to report: the one seen while watching, else any non-zero exit we did not cause."""
         if self.failed is not None:
@@ -118,6 +163,23 @@ def find_members(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def adopt_members(run_id: str, members: list[MemberAlloc], log_of: Callable[[str], Path]) -> ClusterProcesses:
+    """A restarted agent's handle on ``run_id``'s members it started before: the live ones found by command
+    line and member name, the others as ended (their exit status from their exit file)."""
+    live: dict[str, psutil.Process] = {}
+    for p in find_members(run_id):
+        try:
+            live.setdefault(p.environ().get("LAUNCH_CLUSTER_MEMBER", ""), p)
+        except (psutil.Error, OSError):
+            continue
+    procs = ClusterProcesses(run_id=str(run_id))
+    for m in members:
+        log_path = log_of(m.name)
+        procs.subs.append(SubMember(member=m, proc=FoundProcess(live.get(m.name), exit_file(log_path)),
+                                    log_path=log_path))
+    return procs
+
+
 async def stop_found(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM, ``grace_s``, SIGKILL: for members found by `find_members` (not our children)."""
     for p in procs:
@@ -132,6 +194,8 @@ async def stop_found(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
 
 def describe_exit(code: int) -> str:
     """``code 3`` or ``code -9 (SIGKILL)``."""
+    if code == NO_EXIT_STATUS:
+        return "no exit status (it ended while its agent was away and left none: killed by a signal)"
     if code < 0:
         try:
             return f"code {code} ({signal.Signals(-code).name})"

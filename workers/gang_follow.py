@@ -6,8 +6,9 @@ agent reads its queue's Pending runs; one whose ``launch.gang`` plan names it ge
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
 (the leader stops main1 when it sees that), the run back in its queue (the leader gave up) or
 ended stops them (after the drain when the run completed), and its capacity goes back.
-Not covered yet: a follower that restarts forgets its members (they are stopped by nobody until
-the run ends and they exit on their own).
+The booking is journaled like a run's (under `booking_key`): a follower that restarts (SIGKILL, OOM)
+books its live members again and follows them to the run's end (`decide_followed`), reading the exit
+status each member left in its exit file, so their hardware is never handed out twice.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster_env import member_env
-from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit
-from prefect_launch.workers.gang_protocol import GangPlan, ack_key, plan_of
+from prefect_launch.workers.cluster_process import ClusterProcesses, adopt_members, describe_exit
+from prefect_launch.workers.gang_protocol import GangPlan, ack_key, booking_key, decide_followed, plan_of, run_of_booking
 from prefect_launch.workers.resolve import resolve_request
 from prefect_launch.workers.run_tags import OWNER, tag_value
 
@@ -32,24 +33,69 @@ if TYPE_CHECKING:
 GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "2"))  # like the dispatch poll
 
 
-def booking_key(run_id: str) -> str:
-    """The ledger key of a follower's members: apart from the run id, so this agent's own dispatch (which
-    may still see the run as Scheduled for a moment and try to lead it) never takes or frees this booking."""
-    return f"{run_id}:members"
-
-
 class GangFollowerMixin:
     async def _initialize_after_sync(self) -> None:
         await super()._initialize_after_sync()
         if self._work_pool is not None and self._runs_task_group is not None \
                 and not getattr(self, "_gang_follow_started", False):
             self._gang_follow_started = True
-            self._followed: dict[Any, ClusterProcesses] = {}
+            if not hasattr(self, "_followed"):  # recovery (inside the call above) may have filled it
+                self._followed: dict[Any, ClusterProcesses] = {}
             scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
             self._scheduled_task_scopes.add(scope)
             self._runs_task_group.start_soon(self._in_scope, scope, self._gang_follow_loop)
 
+    async def _recover(self) -> None:
+        """Before anything is placed: the members this agent followed in its previous life, then its own runs."""
+        await self._recover_followed()
+        await super()._recover()
+
+    async def _recover_followed(self) -> None:
+        from uuid import UUID
+
+        from prefect.exceptions import ObjectNotFound
+
+        if not hasattr(self, "_followed"):
+            self._followed = {}
+        for entry in self.journal.entries():
+            run_id = run_of_booking(entry.run_id)
+            if run_id is None or self.ledger.get(entry.run_id) is not None:
+                continue
+            try:
+                fr = await self.client.read_flow_run(UUID(run_id))
+            except ObjectNotFound:
+                fr = None
+            members = entry.allocation.members
+            procs = await asyncio.to_thread(adopt_members, run_id, members, lambda m: self._member_log_path(run_id, m))
+            plan = plan_of(fr.labels) if fr is not None else None
+            action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.name,
+                                          (fr.labels or {}).get(ack_key(self.name)) if fr is not None else None,
+                                          [s.name for s in procs.alive()])
+            self._logger.warning("recovery: cluster members of run %s -> %s (%s)", run_id, action, why)
+            if action == "adopt":
+                try:
+                    self.ledger.adopt(entry.allocation)
+                except ValueError as exc:
+                    self._logger.error("recovery: %s", exc)
+                    action, why = "stop", str(exc)
+            if action == "stop":
+                await procs.stop(1.0)
+                procs.forget_files()
+                self.journal.remove(entry.run_id)
+                continue
+            self._followed[fr.id] = procs
+            print(f"agent {self.name!r}: re-adopted cluster member(s) {', '.join(m.name for m in members)} of run "
+                  f"{run_id} ({why})", flush=True)
+            self._note(fr.id, "start", "SUCCESS", message=f"agent {self.name} re-adopted its cluster members "
+                                                           f"{', '.join(m.name for m in members)} after a restart "
+                                                           f"(their capacity is held again): {why}")
+            self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+
+    def _member_log_path(self, run_id: str, member: str):
+        return self.journal.dir / f"{run_id}.{member}.log"
+
     async def _gang_follow_loop(self) -> None:
+        await self.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
         while True:
             await asyncio.sleep(GANG_POLL_S)
             if self.agent.draining:
@@ -92,6 +138,7 @@ class GangFollowerMixin:
                                    f"{len(ranks)} x {req.resources.describe()}")
             return
         alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.name}
+        self.journal.record(alloc)  # before any member starts: a restart finds what this agent may hold
         procs = ClusterProcesses(run_id=run_id)
         self._followed[fr.id] = procs
         try:
@@ -104,11 +151,12 @@ class GangFollowerMixin:
             for m in alloc.members:
                 procs.start(m, {**{k: str(v) for k, v in env.items() if v is not None},
                                 **member_env(alloc, m, self.name, "multi-node", plan.port)},
-                            self.journal.dir / f"{run_id}.{m.name}.log")
+                            self._member_log_path(run_id, m.name))
         except Exception as exc:
             await procs.stop(1.0)
             self._followed.pop(fr.id, None)
             self.ledger.release(booking_key(run_id))
+            self.journal.remove(booking_key(run_id))
             await self._answer(fr, f"no: agent {self.name} could not start its members: {exc}")
             return
         self._publish_soon()
@@ -130,6 +178,7 @@ class GangFollowerMixin:
         from prefect_launch.workers.cluster_lifecycle import CLUSTER_DRAIN_S, CLUSTER_STOP_GRACE_S
 
         run_id = str(fr.id)
+        failed_here = False
         try:
             while True:
                 await asyncio.sleep(0.5)
@@ -143,6 +192,7 @@ class GangFollowerMixin:
                     reason = (f"cluster-member-failed: member {bad[0]} exited with {describe_exit(bad[1])} on agent "
                               f"{self.name}; the run's agents stopped the other members")
                     await self._fail_gang(fr, reason)
+                    failed_here = True
                     break
                 if state is None:
                     continue
@@ -159,15 +209,19 @@ class GangFollowerMixin:
                             late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.name}"
                         if late:
                             await self._fail_gang(fr, late)
+                            failed_here = True
                     break
             await procs.stop(CLUSTER_STOP_GRACE_S)
         finally:
             for s in procs.alive():  # cancelled mid-stop (agent shutting down): no member is left behind
                 s.proc.kill()
             self._followed.pop(fr.id, None)
+            if not failed_here:  # a failed member's log stays for the reader
+                procs.forget_files()
             if self.ledger.release(booking_key(run_id)) is not None:
                 self.agent.released()
                 self._publish_soon()
+            self.journal.remove(booking_key(run_id))
             self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
                                                               "released their capacity")
 

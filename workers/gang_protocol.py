@@ -12,7 +12,7 @@ what it booked, so nothing is held while a gang waits. No service of our own: Pr
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel
 
@@ -62,3 +62,38 @@ def answers(labels: Optional[dict], plan: GangPlan) -> tuple[list[str], dict[str
         elif v.startswith("no"):
             no[a] = v[3:].strip() or "refused"
     return ok, no
+
+
+BOOKING_SUFFIX = ":members"
+
+
+def booking_key(run_id: str) -> str:
+    """The ledger and journal key of a follower's members: apart from the run id, so the follower's own
+    dispatch (which may still see the run as Scheduled for a moment and try to lead it) never takes or frees
+    this booking, and its restart recovery tells them from the runs it leads."""
+    return f"{run_id}{BOOKING_SUFFIX}"
+
+
+def run_of_booking(key: str) -> Optional[str]:
+    """The run id of a follower booking key; None for any other key."""
+    return key[: -len(BOOKING_SUFFIX)] if key.endswith(BOOKING_SUFFIX) else None
+
+
+def decide_followed(state: Optional[str], plan: Optional[GangPlan], agent: str, ack: Optional[str],
+                    alive: list[str]) -> tuple[Literal["adopt", "stop"], str]:
+    """A follower restarted: what to do with the members it had booked for a run (pure).
+
+    ``state``: the run's state type (None when the server no longer has it); ``alive``: its members on this
+    agent that still run. Adopt (book again, follow to the end) only a live run whose plan still names this
+    agent and which this agent had answered ``ok``; otherwise stop what is left and give the booking back."""
+    if state is None:
+        return "stop", "the run is gone from the server"
+    if state not in ("PENDING", "RUNNING", "CANCELLING"):
+        return "stop", f"the run is {state.lower()}"
+    if plan is None or agent not in plan.followers():
+        return "stop", "the run's cluster plan no longer names this agent (its leader gave up placing it)"
+    if ack != "ok":
+        return "stop", "this agent had not answered the leader yet; it will answer again"
+    if not alive:
+        return "adopt", "no member is left running; their exit status decides"
+    return "adopt", f"member(s) {', '.join(alive)} still running"

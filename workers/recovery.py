@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 import psutil
 from pydantic import BaseModel
 
+from prefect_launch.workers.gang_protocol import run_of_booking
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.run_journal import JournalEntry, RunJournal, parse_alloc_label
 from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL  # noqa: F401  (re-exported)
@@ -134,7 +135,8 @@ async def gather(client: Any, agent: str, pools: list[str], journal: RunJournal)
                                                 FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
 
-    entries: dict[str, JournalEntry] = {e.run_id: e for e in journal.entries()}
+    # a multi-node follower's member bookings are recovered by `gang_follow` (they are not runs it leads)
+    entries: dict[str, JournalEntry] = {e.run_id: e for e in journal.entries() if run_of_booking(e.run_id) is None}
     live = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType(s) for s in LIVE_STATES]))),
