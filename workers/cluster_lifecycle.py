@@ -162,7 +162,8 @@ class ClusterRunMixin(GangFollowerMixin):
         self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
                    to_state="FAILED", message=reason)
         self.get_flow_run_logger(flow_run).error(reason + _log_tail(self._member_log(flow_run.id, name)))
-        try:  # first: once the run is Failed, the engine's "Crashed" on SIGTERM is refused by the server
+        try:  # first, so readers see why at once; main1's engine then forces "Crashed" on its SIGTERM for a
+            # moment, and _mark_stopped records this reason again once main1 is gone
             await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
         except Exception as exc:
             self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
