@@ -8,6 +8,7 @@ import sys
 import time
 from datetime import datetime, timedelta, timezone
 
+import psutil
 import pytest
 
 from prefect_launch.workers.agent_registry import AgentState, offline_reasons
@@ -54,6 +55,9 @@ def test_process_identity_rejects_recycled_pid_and_other_runs():
     env = dict(os.environ, PREFECT__FLOW_RUN_ID="run-a")
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
+        deadline = time.time() + 20  # between fork and exec the child still shows the test's environment
+        while psutil.Process(proc.pid).environ().get("PREFECT__FLOW_RUN_ID") != "run-a" and time.time() < deadline:
+            time.sleep(0.05)
         started = pid_start_time(proc.pid)
         assert started is not None
         assert process_is_run(proc.pid, started, "run-a")

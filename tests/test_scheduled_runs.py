@@ -57,8 +57,15 @@ def test_read_matches_the_worker_poll_on_a_real_server(prefect_server, unique_na
             before = now + timedelta(seconds=10)
             ours = await read_due_runs(client, pool, None, before)
             theirs = await client.get_scheduled_flow_runs_for_work_pool(pool.name, scheduled_before=before)
-            return due.id, later.id, [r.flow_run.id for r in ours], [r.flow_run.id for r in theirs]
+            # the agent passes the work queues it read lately (one read, not two, per wake-up)
+            queues = await client.read_work_queues(work_pool_name=pool.name)
+            cached = await read_due_runs(client, pool, None, before, queues=queues)
+            paused = await read_due_runs(client, pool, None, before,
+                                         queues=[q.model_copy(update={"is_paused": True}) for q in queues])
+            assert paused == []
+            return due.id, later.id, [r.flow_run.id for r in ours], [r.flow_run.id for r in theirs], \
+                [r.flow_run.id for r in cached]
 
-    due, later, ours, theirs = anyio.run(main)
-    assert ours == theirs == [due]
+    due, later, ours, theirs, cached = anyio.run(main)
+    assert ours == theirs == cached == [due]
     assert later not in ours

@@ -186,8 +186,19 @@ class LaunchWorkerCore:
         try:
             queues = await self.client.read_work_queues(work_pool_name=self._work_pool_name)
             self._priorities = {q.name: q.priority for q in queues}
+            self._queues_read = (time.monotonic(), queues)
         except Exception as exc:  # keep the last known priorities
             self._logger.debug("could not read work queues: %s", exc)
+
+    async def _recent_work_queues(self) -> list[Any]:
+        """The pool's work queues, read again when the last read is older than Prefect's default worker poll
+        interval (10 s; a paused queue stops being served as soon as with Prefect's own worker): the 2-s wake
+        loop then costs the server one read, not two."""
+        at, queues = getattr(self, "_queues_read", (0.0, None))
+        if queues is None or time.monotonic() - at > 10.0:
+            await self._refresh_priorities()
+            at, queues = getattr(self, "_queues_read", (0.0, None))
+        return queues if queues is not None else await self.client.read_work_queues(work_pool_name=self._work_pool_name)
 
     def queue_spec(self) -> QueueSpec:
         """The queue declaration carried by the pool's base job template."""
@@ -242,7 +253,8 @@ class LaunchWorkerCore:
         if _READ_ONLY_POLL.get() and self._work_pool is not None:
             before = datetime.now(timezone.utc) + timedelta(seconds=int(self._prefetch_seconds))
             try:
-                runs = await read_due_runs(self.client, self._work_pool, list(self._work_queues or []), before)
+                runs = await read_due_runs(self.client, self._work_pool, list(self._work_queues or []), before,
+                                           queues=await self._recent_work_queues())
             except Exception as exc:
                 self._logger.debug("reading due runs failed (%s); using the worker poll", exc)
                 runs = None

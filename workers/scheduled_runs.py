@@ -57,10 +57,13 @@ def due_runs(runs: Iterable[Any], pool_id: Any, queues: dict[str, Any]) -> list[
 
 
 async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Iterable[str]],
-                        scheduled_before: datetime, limit: int = 200) -> Optional[list[WorkerFlowRunResponse]]:
+                        scheduled_before: datetime, limit: int = 200,
+                        queues: Optional[list[Any]] = None) -> Optional[list[WorkerFlowRunResponse]]:
     """The pool's due runs by a read (the oldest 200, the API's page limit: more than any cycle places);
-    None when only Prefect's own poll gives the right answer."""
-    queues = await client.read_work_queues(work_pool_name=pool.name)
+    None when only Prefect's own poll gives the right answer. ``queues``: the pool's work queues when the
+    caller read them lately (paused or limited queues then count from that read)."""
+    if queues is None:
+        queues = await client.read_work_queues(work_pool_name=pool.name)
     if getattr(pool, "is_paused", False):
         return []
     if needs_server_limits(pool, queues):
