@@ -28,7 +28,7 @@ REVIEW = len(STEPS) - 1
 FIELD_STEP: dict[str, int] = {
     "type": 0, "name": 0, "startup_command": 0, "starts_at": 0, "timeout": 0,
     "queue": 1, "image": 1, "preset": 1, "cpu": 1, "memory": 1, "gpu": 1, "shm_size": 1, "resources": 1,
-    "count": 1, "env": 1, "omp_threads": 1,
+    "count": 1, "env": 1, "omp_threads": 1, "cluster_size": 1, "cluster_mode": 1, "preemptible": 1,
     "mounts": 2,
     "ports": 3,
     "general": REVIEW,
@@ -38,11 +38,13 @@ FIELD_LABEL = {
     "timeout": "Timeout", "queue": "Queue", "image": "Environment image", "preset": "Preset", "cpu": "CPUs",
     "memory": "Memory", "gpu": "GPUs", "shm_size": "Shared memory", "resources": "Resources",
     "count": "Number of sessions", "env": "Environment variables", "omp_threads": "OMP threads",
+    "cluster_size": "Cluster size", "cluster_mode": "Cluster mode", "preemptible": "Preemptible",
     "mounts": "Mounts", "ports": "Ports", "general": "Other",
 }
 BATCH_ONLY = ("startup_command", "starts_at", "timeout")
 TEXT_FIELDS = ("type", "name", "startup_command", "starts_at", "timeout", "queue", "image", "preset", "cpu",
-               "memory", "gpu", "shm_size", "count", "env", "omp_threads", "mounts", "ports")
+               "memory", "gpu", "shm_size", "count", "env", "omp_threads", "cluster_size", "cluster_mode",
+               "preemptible", "mounts", "ports")
 PHASES = ("schedule", "check_precondition", "start", "check_timeout", "idle_check", "terminate")
 RESULTS = ("SUCCESS", "NEED_RETRY", "SKIPPED", "GIVE_UP", "EXPIRED", "FAILURE")
 LIVE_STATUSES = ("Scheduled", "Late", "Pending", "Running", "Cancelling", "Paused", "AwaitingRetry")
@@ -59,6 +61,8 @@ _FIELD_RULES: tuple[tuple[str, re.Pattern], ...] = tuple((f, re.compile(p, re.I)
     ("env", r"^env\b|^environment variable|^bad --env"),
     ("mounts", r"^mount\b|^two mounts|^mounts\b"),
     ("omp_threads", r"^omp[-_]threads\b"),
+    ("cluster_mode", r"^cluster[-_ ]mode\b"),
+    ("cluster_size", r"^cluster[-_]size\b|^cluster runs\b"),
     ("image", r"^--image\b|^image\b"),
     ("preset", r"unknown preset"),
     ("cpu", r"^cpu\b"),
@@ -159,8 +163,10 @@ def request_from_form(form: dict[str, Any], owner: Optional[str] = None) -> tupl
         "env": _lines(form.get("env") or ""), "mounts": _lines(form.get("mounts") or ""),
         "ports": [p for p in re.split(r"[,\s]+", form.get("ports") or "") if p],
     }
-    for f in ("name", "image", "preset", "cpu", "memory", "gpu", "shm_size", "omp_threads"):
+    for f in ("name", "image", "preset", "cpu", "memory", "gpu", "shm_size", "omp_threads", "cluster_size",
+              "cluster_mode"):
         data[f] = _blank(form.get(f))
+    data["preemptible"] = str(form.get("preemptible") or "").strip().lower() in ("true", "1", "yes")
     data["count"] = _blank(form.get("count")) or 1
     if kind == "batch":
         for f in BATCH_ONLY:
@@ -263,6 +269,13 @@ def review_rows(req: SessionRequest, started: Any = None) -> pd.DataFrame:
         rows.append(("count", str(req.count)))
     if req.omp_threads:
         rows.append(("OMP threads", str(req.omp_threads)))
+    size = getattr(started, "cluster_size", None) or req.cluster_size or 1
+    if size > 1:
+        mode = getattr(started, "cluster_mode", None) or req.cluster_mode or "single-node"
+        rows.append(("cluster", f"{size} members ({mode}): main1{''.join(f', sub{i}' for i in range(1, size))}; "
+                                "each with the resources above, placed all or none"))
+    if req.preemptible:
+        rows.append(("preemptible", "yes: fills idle hardware, may be preempted by regular work"))
     return pd.DataFrame(rows, columns=["item", "value"])
 
 

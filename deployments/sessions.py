@@ -70,6 +70,9 @@ class SessionRequest(BaseModel):
     omp_threads: Optional[int] = None
     priority: Optional[str] = None
     agent: Optional[str] = None
+    preemptible: bool = False  # may fill idle hardware and be preempted (then waits again for room)
+    cluster_size: Optional[int] = None  # members main1, sub1, ... each with the preset, placed all or none
+    cluster_mode: Optional[str] = None  # single-node | multi-node
 
 
 class SessionStarted(BaseModel):
@@ -82,6 +85,9 @@ class SessionStarted(BaseModel):
     ports: list[int]
     starts_at: Optional[datetime] = None
     timeout_s: Optional[float] = None
+    preemptible: bool = False
+    cluster_size: int = 1
+    cluster_mode: str = "single-node"
     warnings: list[str] = Field(default_factory=list)
     dry_run: bool = False
 
@@ -226,6 +232,7 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
         job=session_deployment(req.queue), queue=req.queue, preset=req.preset, cpu=req.cpu, memory=req.memory,
         gpu=req.gpu, shm_size=req.shm_size, priority=req.priority, env=env, name=base, count=req.count,
         agent=req.agent, owner=owner, timeout=req.timeout if req.type == "batch" else None,
+        preemptible=req.preemptible, cluster_size=req.cluster_size, cluster_mode=req.cluster_mode,
         params={"session_type": req.type, "startup_command": req.startup_command or "", "ports": ports,
                 "mounts": container_mounts(req.mounts) if docker else list(req.mounts)},
         extra_job_variables=docker_job_variables(req) if docker else {},
@@ -245,7 +252,9 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
         raise SessionValidationError(problems)
     result = SessionStarted(run_ids=[], names=names, type=req.type, queue=req.queue, preset=planned.preset,
                             resources=planned.resources, ports=ports, starts_at=starts_at,
-                            timeout_s=planned.timeout_s, warnings=warnings, dry_run=dry_run)
+                            timeout_s=planned.timeout_s, preemptible=req.preemptible,
+                            cluster_size=planned.cluster_size, cluster_mode=planned.cluster_mode,
+                            warnings=warnings, dry_run=dry_run)
     if dry_run:
         return result
     done: Submitted = submit(client, sub.model_copy(update={"dry_run": False}))

@@ -14,11 +14,18 @@ nothing from prefect-launch: only Prefect and the standard library.
 
 The scratch folder is deleted when the session ends; mounts (host folders) are linked
 into it and outlive it.
+
+A cluster session (``--cluster-size N``) runs this flow in every member (main1, sub1, ...):
+in a batch session every member runs the startup command with its own rank and the cluster's
+variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...), as a distributed launcher expects;
+in an interactive one main1 serves the apps and the sub members hold their share until the
+session ends. Each member has a scratch folder of its own.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -203,12 +210,46 @@ def _jupyter(scratch: Path, port: int, host: str, token: str):
                             stdout=sys.stdout, stderr=sys.stderr)
 
 
+def _member() -> str:
+    """This process's cluster member (main1 outside a cluster)."""
+    return os.environ.get("LAUNCH_CLUSTER_MEMBER") or "main1"
+
+
+def _logger():
+    """The run's logger in main1 (the flow engine); a sub member runs the function without a run context."""
+    try:
+        return get_run_logger()
+    except Exception:
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s | %(levelname)s | {_member()} - %(message)s")
+        return logging.getLogger("launch.session")
+
+
+def _hold_until_terminated(log) -> dict:
+    """A sub member of an interactive cluster session: keep its share until the agent ends the session."""
+    log.info("cluster member %s holds its resources; the apps are served by main1", _member())
+    stopped = {"signal": None}
+
+    def on_term(signum, _frame):
+        stopped["signal"] = signum
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        while stopped["signal"] is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return {"result": "terminated"}
+
+
 @flow(name="launch-session", log_prints=True)
 def session(session_type: str = "interactive", startup_command: str = "", ports: list[int] | None = None,
             mounts: list[str] | None = None, apps: list[str] | None = None, bind_host: str = "127.0.0.1") -> dict:
-    log = get_run_logger()
+    log = _logger()
     run_id = str(flow_run.id)
-    scratch = _scratch_root() / run_id
+    member = _member()
+    scratch = _scratch_root() / (run_id if member == "main1" else f"{run_id}.{member}")
     scratch.mkdir(parents=True, exist_ok=True)
     ports = list(ports or [])
     stop = {"signal": None}
@@ -229,11 +270,14 @@ def session(session_type: str = "interactive", startup_command: str = "", ports:
         else:
             log.warning("no mounts: nothing in the scratch folder %s is kept after the session ends", scratch)
         if session_type == "batch":
-            log.info("startup command: %s", startup_command)
+            log.info("startup command%s: %s", "" if member == "main1" else f" (cluster member {member})",
+                     startup_command)
             proc = subprocess.run(startup_command, shell=True, cwd=scratch)
             if proc.returncode != 0:
                 raise SessionFailed(f"task-failed: the startup command exited with code {proc.returncode}")
             return {"result": "task-finished", "exit_code": 0}
+        if member != "main1":
+            return _hold_until_terminated(log)
         apps = list(apps or ["jupyterlab"])
         if not ports:
             raise ValueError("an interactive session needs at least one port for its apps")
@@ -270,5 +314,6 @@ def session(session_type: str = "interactive", startup_command: str = "", ports:
             raise RuntimeError("the session's app exited on its own")
         return {"result": "terminated"}
     finally:
-        _drop_token(run_id)
+        if member == "main1":
+            _drop_token(run_id)
         shutil.rmtree(scratch, ignore_errors=True)

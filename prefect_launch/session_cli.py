@@ -53,6 +53,13 @@ def session_start(
     omp_threads: Optional[int] = typer.Option(None, "--omp-threads"),
     priority: Optional[str] = typer.Option(None, "--priority"),
     agent: Optional[str] = typer.Option(None, "--agent"),
+    preemptible: bool = typer.Option(False, "--preemptible", help="Fill idle hardware; may be preempted by "
+                                     "regular work (then it waits again, keeping its submit time)"),
+    cluster_size: Optional[int] = typer.Option(
+        None, "--cluster-size", help="A cluster session of N members (main1, sub1, ...), each with the preset; "
+                                     "batch: every member runs the command with its RANK; interactive: main1 "
+                                     "serves the apps"),
+    cluster_mode: Optional[str] = typer.Option(None, "--cluster-mode", help="single-node (default) or multi-node"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved session and every error; start nothing"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -67,7 +74,7 @@ def session_start(
                          shm_size=shm_size, image=image, env=list(env or []), mounts=list(mount or []),
                          ports=_ports(port), count=count, owner=owner, startup_command=startup_command,
                          starts_at=starts_at, timeout=timeout, omp_threads=omp_threads, priority=priority,
-                         agent=agent)
+                         agent=agent, preemptible=preemptible, cluster_size=cluster_size, cluster_mode=cluster_mode)
     try:
         with C._client() as client:
             out = start_session(client, req, dry_run=dry_run)
@@ -78,7 +85,9 @@ def session_start(
         return
     verb = "would start" if dry_run else "started"
     C.console.print(f"{verb} {len(out.names)} {out.type} session(s) on [bold]{out.queue}[/] "
-                    f"(preset {out.preset}: {out.resources})", highlight=False)
+                    f"(preset {out.preset}: {out.resources}"
+                    + (f" per member; cluster of {out.cluster_size}, {out.cluster_mode}" if out.cluster_size > 1 else "")
+                    + (", preemptible" if out.preemptible else "") + ")", highlight=False)
     for rid, n in zip(out.run_ids or [""] * len(out.names), out.names):
         C.console.print(f"  {rid or '-'}  {n}", highlight=False)
     for w in out.warnings:

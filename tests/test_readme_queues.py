@@ -43,3 +43,12 @@ def test_readme_idle_policy_example_means_what_it_says(tmp_path):
     verdict = c.check(45 * 60.0)
     assert verdict and verdict.reason == "idle-utilization" and "gpu" not in verdict.message
     assert c.check(12 * 3600.0).reason == "idle-session-lifetime"
+
+
+def test_readme_sharing_example_means_what_it_says(tmp_path):
+    text = next(t for t in _queue_examples() if "preempt_grace:" in t)
+    path = tmp_path / "share.yaml"
+    path.write_text(text)
+    q = load_queues_file(str(path)).queues[0]
+    assert q.preemptible_priorities == ["low"] and q.preempt_grace_s == 30.0 and q.fair_share
+    assert q.quota_for("bob").gpu == 2 and q.quota_for("alice").gpu == 4

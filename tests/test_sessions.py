@@ -46,6 +46,13 @@ def test_bad_session_requests_are_refused_with_every_error_and_nothing_created(t
                    "--preset", "big", "--count", "2", "--name", "dry-run", "--dry-run")
     assert dry["dry_run"] and dry["run_ids"] == [] and dry["names"] == ["dry-run-1", "dry-run-2"]
     assert dry["resources"].startswith("cpu=2") and any("no --mount" in w for w in dry["warnings"])
+    # a cluster session: checked like a cluster job, shown per member
+    clu = cli_json("session", "start", "--type", "interactive", "--queue", q, "--cluster-size", "3",
+                   "--preemptible", "--dry-run")
+    assert (clu["cluster_size"], clu["cluster_mode"], clu["preemptible"]) == (3, "single-node", True)
+    zero = cli("session", "start", "--type", "batch", "--queue", q, "--startup-command", "true",
+               "--cluster-size", "0", check=False)
+    assert zero.returncode == 2 and "cluster_size must be at least 1" in zero.stdout + zero.stderr
     assert cli_json("session", "ls", "--all", "--ended") == before
 
 
@@ -61,12 +68,17 @@ def test_batch_sessions_success_failure_timeout_and_starts_at(tmp_path, unique_n
     bad = cli_json("session", "start", *common, "--name", f"bad-{unique_name}", "--startup-command", "exit 3")
     slow = cli_json("session", "start", *common, "--name", f"slow-{unique_name}", "--startup-command", "sleep 60",
                     "--timeout", "3s")
+    # a batch cluster session: every member runs the command with its own rank (a distributed launcher's view)
+    clu = cli_json("session", "start", *common, "--name", f"clu-{unique_name}", "--mount", f"{out_dir}:/out",
+                   "--cluster-size", "2", "--startup-command",
+                   'echo "$LAUNCH_CLUSTER_MEMBER $RANK $WORLD_SIZE $LAUNCH_SESSION_ID" > out/member-$RANK.txt')
+    assert clu["cluster_size"] == 2 and clu["resources"].startswith("cpu=1")
     when = datetime.now(timezone.utc) + timedelta(seconds=25)
     later = cli_json("session", "start", *common, "--name", f"later-{unique_name}", "--startup-command", "true",
                      "--starts-at", when.isoformat())
     dup = cli("session", "start", *common, "--name", f"later-{unique_name}", "--startup-command", "true", check=False)
     assert dup.returncode == 2 and "is taken by another live session" in dup.stdout + dup.stderr
-    ids = {k: v["run_ids"][0] for k, v in (("ok", ok), ("bad", bad), ("slow", slow), ("later", later))}
+    ids = {k: v["run_ids"][0] for k, v in (("ok", ok), ("bad", bad), ("slow", slow), ("later", later), ("clu", clu))}
     with agent([q], f"ss-{unique_name}", "cpu=4,memory=8Gi", tmp_path):
         runs = {k: r for k, r in zip(ids, wait_final(list(ids.values()), timeout=180))}
         runs = {k: read_runs([rid])[0] for k, rid in ids.items()}
@@ -79,6 +91,9 @@ def test_batch_sessions_success_failure_timeout_and_starts_at(tmp_path, unique_n
     assert runs["slow"].state.is_failed() and runs["slow"].state.message.startswith("task-timeout: timeout after 3 s")
     assert runs["later"].state.is_completed()
     assert runs["later"].start_time >= when - timedelta(seconds=1), "never before --starts-at"
+    assert runs["clu"].state.is_completed(), runs["clu"].state
+    assert sorted(p.read_text().split() for p in out_dir.glob("member-*.txt")) == \
+        [["main1", "0", "2", ids["clu"]], ["sub1", "1", "2", ids["clu"]]]
     listed = {r["name"]: r for r in cli_json("session", "ls", "--owner", owner, "--ended")}
     assert listed[f"bad-{unique_name}"]["type"] == "batch" and "task-failed" in listed[f"bad-{unique_name}"]["reason"]
     from prefect import get_client
@@ -88,7 +103,8 @@ def test_batch_sessions_success_failure_timeout_and_starts_at(tmp_path, unique_n
     ran = (states[-1].timestamp - [s.timestamp for s in states if s.type.value == "RUNNING"][0]).total_seconds()
     assert abs(listed[f"ok-{unique_name}"]["elapsed_s"] - ran) < 1.0, (listed[f"ok-{unique_name}"], ran)
     recent = cli_json("session", "recent", "--owner", owner)
-    assert len(recent) == 4 and recent[0]["request"]["name"] == f"later-{unique_name}"
+    assert len(recent) == 5 and recent[0]["request"]["name"] == f"later-{unique_name}"
+    assert recent[1]["request"]["cluster_size"] == 2  # relaunch keeps the cluster
 
 
 def test_interactive_session_serves_jupyter_with_token_then_terminates(tmp_path, unique_name):

@@ -79,6 +79,11 @@ def test_every_check_message_lands_on_its_field():
         ("out of bounds for queue 'q': cpu 64 > max 8", "resources"),
         ("beyond any agent's total capacity on queue 'q': needs gpu=4 (agent a has 2 in total)", "resources"),
         ("unknown agent 'z' for queue 'q'; agents serving it: a", "general"),
+        ("cluster_size must be at least 1 in the submission, got 0", "cluster_size"),
+        ("cluster runs are not supported on kubernetes queues yet; use a process queue", "cluster_size"),
+        ("cluster_mode must be one of single-node, multi-node in the submission, got 'x'", "cluster_mode"),
+        ("cluster mode 'multi-node' is not supported on docker queues yet; use --cluster-mode single-node",
+         "cluster_mode"),
     ):
         assert F.field_of(msg) == field, msg
 
@@ -104,6 +109,18 @@ def test_review_rows_show_what_the_dry_run_resolved():
     assert rows["mounts"].startswith("none") and rows["count"] == "2"
     before = dict(F.review_rows(SessionRequest(queue="q"), None).itertuples(index=False))
     assert before["preset"] == "(queue default)" and before["names"].startswith("(a readable")
+    assert "cluster" not in before and "preemptible" not in before
+    # a cluster session, preemptible: read from the form, shown per member, and back for a relaunch
+    req, errors = F.request_from_form(_form(type="batch", startup_command="true", cluster_size="3",
+                                            cluster_mode="multi-node", preemptible="True"), owner="a")
+    assert errors == {} and (req.cluster_size, req.cluster_mode, req.preemptible) == (3, "multi-node", True)
+    rows = dict(F.review_rows(req, None).itertuples(index=False))
+    assert rows["cluster"].startswith("3 members (multi-node): main1, sub1, sub2") and rows["preemptible"].startswith("yes")
+    back = F.form_from_request(req.model_dump(exclude_none=True))
+    assert back["cluster_size"] == "3" and back["preemptible"] == "True"
+    assert F.request_from_form(back, owner="a") == (req, {})
+    bad, errors = F.request_from_form(_form(type="batch", startup_command="true", cluster_size="two"), owner="a")
+    assert "cluster_size" in errors and bad.cluster_size is None
 
 
 def _row(**kw) -> SessionRow:

@@ -91,3 +91,32 @@ def test_waiting_runs_show_position_and_eta_in_queue_ls_runs_ls_and_the_monitor(
         eta_col = table["eta"].tolist()
         assert now < eta_col[0].to_pydatetime() < eta_col[1].to_pydatetime(), eta_col
         assert all("waiting" in w for w in table["why"])
+
+
+def test_eta_is_checked_against_the_runs_actual_starts(tmp_path, unique_name):
+    """Ground truth for the prediction: after two runs of a job taught the agent its length and overheads,
+    the ETAs that `queue ls` shows for two waiting runs are compared with the starts the runs then have
+    in their own state history."""
+    q = apply_queue(tmp_path, {"name": f"etb-{unique_name}", "presets": {"one": {"cpu": 1, "memory": "256Mi"}},
+                               "default_preset": "one"})
+    job = deploy_probe(q, f"etb-{unique_name}")
+    params = ("--param", f"record_dir={tmp_path / 'rec'}", "--param", "seconds=5")
+    with agent([q], f"etb-{unique_name}", "cpu=1,memory=2Gi", tmp_path):
+        from launch_helpers import wait_final
+
+        assert all(r.state.is_completed() for r in wait_final(
+            cli_json("submit", job, "--queue", q, "--count", "2", *params)["run_ids"], timeout=120))
+        ids = cli_json("submit", job, "--queue", q, "--count", "3", *params)["run_ids"]
+        wait_running(ids[0])
+        etas: dict[str, datetime] = {}
+        deadline = time.time() + 20
+        while time.time() < deadline and len(etas) < 2:
+            waiting = cli_json("queue", "ls", q)[0]["waiting"]
+            etas = {w["run_id"]: datetime.fromisoformat(w["eta"]) for w in waiting if w.get("eta")}
+            time.sleep(0.5)
+        assert set(etas) == set(ids[1:]), etas
+        runs = {str(r.id): r for r in wait_final(ids, timeout=120)}
+    assert all(r.state.is_completed() for r in runs.values())
+    errors = [abs((runs[i].start_time - etas[i]).total_seconds()) for i in ids[1:]]
+    # the first waits behind one run, the second behind two: its error may add up over both
+    assert errors[0] < 5 and errors[1] < 8, (errors, {i: (etas[i], runs[i].start_time) for i in ids[1:]})

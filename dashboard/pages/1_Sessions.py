@@ -259,6 +259,22 @@ def _step_resources(queues: list[dict]) -> None:
         _text("count", "Number of sessions", help="N > 1 starts name-1..N; those that do not fit wait")
     with c2:
         _text("omp_threads", "OMP threads (optional)", placeholder="default: the session's CPUs")
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        _text("cluster_size", "Cluster size (optional)", placeholder="1: no cluster",
+              help="N members (main1, sub1, ...), each with these resources, placed all or none; batch: every "
+                   "member runs the command with its RANK; interactive: main1 serves the apps")
+    with c2:
+        modes = ["single-node", "multi-node"]
+        mode = S.sl_form.get("cluster_mode") or "single-node"
+        st.selectbox("Cluster mode", modes, index=modes.index(mode) if mode in modes else 0, key=_key("cluster_mode"),
+                     help="single-node: all members on one agent; multi-node: spread over the queue's agents")
+        _field_errors("cluster_mode")
+    with c3:
+        st.checkbox("Preemptible", value=S.sl_form.get("preemptible") == "True", key=_key("preemptible"),
+                    help="Fills idle hardware; regular work may preempt it (it then waits again, keeping its "
+                         "submit time)")
+        _field_errors("preemptible")
     _text("image", "Environment image (docker queues)", placeholder="empty: the agent's environment")
     _text("env", "Environment variables, one NAME=value per line", area=True, height=90)
 
