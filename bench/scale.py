@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -171,15 +172,23 @@ def create_runs(deployment: str, n: int, seconds: float, rec: Path, presets: Opt
     from prefect import get_client
 
     ids: dict[int, str] = {}
+    batch = uuid.uuid4().hex[:8]
 
     def part(k: int) -> None:
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(deployment)
             for i in range(k, n, 4):
                 jv = {"preset": presets[i % len(presets)]} if presets else {}
-                ids[i] = str(client.create_flow_run_from_deployment(
-                    dep.id, parameters={"record_dir": str(rec), "seconds": seconds, "tag": str(i)},
-                    job_variables=jv, name=f"run-{i}").id)
+                for attempt in range(10):  # a busy SQLite server answers 503; the key makes a retry safe
+                    try:
+                        ids[i] = str(client.create_flow_run_from_deployment(
+                            dep.id, parameters={"record_dir": str(rec), "seconds": seconds, "tag": str(i)},
+                            job_variables=jv, name=f"run-{i}", idempotency_key=f"scale-{batch}-{i}").id)
+                        break
+                    except Exception:
+                        if attempt == 9:
+                            raise
+                        time.sleep(min(5.0, 0.5 * 2 ** attempt))
 
     threads = [threading.Thread(target=part, args=(k,)) for k in range(4)]
     for t in threads:
