@@ -182,7 +182,11 @@ def test_job_manifest_waiting_placement_and_completion(prefect_server, kube):
             "terminated": {"exitCode": 0, "reason": "Completed"}}}])
         state = await s.final(fr)
         assert state.is_completed()
-        assert ("default", f"prefect-launch-env-{fr.id}") not in s.fake.secrets  # deleted at the end
+        for _ in range(100):  # deleted at the end (the worker's cleanup follows the final state)
+            if ("default", f"prefect-launch-env-{fr.id}") not in s.fake.secrets:
+                break
+            await asyncio.sleep(0.1)
+        assert ("default", f"prefect-launch-env-{fr.id}") not in s.fake.secrets
         assert ("DELETE", "job") not in s.fake.calls  # finished jobs are the pool's finished_job_ttl's
 
     go(body, kube)
