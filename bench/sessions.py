@@ -164,7 +164,12 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
     _cli("queue", "apply", str(qfile))
     lengths = [2, 6, 4, 8, 3]
     fit_at_once = 4  # 2 agents x 2 one-CPU runs
-    predicted, naive, ids, read_s = {}, {}, [], []
+    predicted, naive, ids, read_s, overheads = {}, {}, [], [], {}
+    from prefect_launch.deployments import eta_reader
+
+    learnt: list = []  # the overheads each prediction used (for --eta-detail)
+    _learn = eta_reader.learn_overhead
+    eta_reader.learn_overhead = lambda *a, **k: learnt.append(_learn(*a, **k)) or learnt[-1]
     agents = [background([*CLI, "agent", "--queue", "bench-eta", "--capacity", "cpu=2,memory=4Gi", "--name", f"eta-{k}",
                           "--on-exit", "cancel"], tmp / f"eta-{k}.log") for k in range(2)]
     for a in agents:
@@ -200,11 +205,14 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
                 now = datetime.now(timezone.utc)  # the prediction is made now, right after the submission
                 ids.append(rid)
                 t_read = time.time()
+                learnt.clear()
                 predicted[rid] = predicted_starts(client, ["bench-eta"], now, include_claimed=True).get(rid)
+                used = learnt[-1].model_dump() if learnt else None
                 read_s.append(time.time() - t_read)
                 ahead = len([x for x in ids[:-1] if not client.read_flow_run(x).state.is_final()])
                 # naive: runs ahead (running and waiting) x the queue's median run time / runs that fit at once
                 naive[rid] = now.timestamp() + ahead * _queue_median_run_time(client, "bench-eta") / fit_at_once
+                overheads[rid] = used
             wait_final(client, ids, 600)
             errs, nerrs, nerrs_all = [], [], []
             detail = []
@@ -217,7 +225,10 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
                                "run_s": fr.total_run_time.total_seconds(), "claimed": pend[-1] if pend else None,
                                "ended": fr.end_time and fr.end_time.timestamp(),
                                "agent": (fr.labels or {}).get("prefect.worker.name"),
-                               "preset": next((t for t in fr.tags if t.startswith("preset:")), None)})
+                               "preset": next((t for t in fr.tags if t.startswith("preset:")), None),
+                               "overhead": overheads.get(rid),
+                               "states": [(st.type.value, st.timestamp.timestamp(), st.message) for st in
+                                          sorted(client.read_flow_run_states(rid), key=lambda st: st.timestamp)]})
                 if not fr.start_time:
                     continue
                 actual = fr.start_time.timestamp()
@@ -229,10 +240,18 @@ def bench_eta(tmp: Path, n: int, detail_path: Optional[str] = None) -> dict:
                 from prefect_launch.deployments.eta_reader import queue_history
 
                 Path(detail_path).write_text(json.dumps({"runs": detail, "overhead": queue_history(
-                    client, "bench-eta")[1].model_dump()}, indent=1))
+                    client, "bench-eta")[1].model_dump(mode="json")}, indent=1))
     finally:
         for a in agents:
             a.__exit__(None, None, None)
+        if detail_path:  # the agents' logs beside the detail (the temporary folder goes)
+            for k in range(2):
+                log = tmp / f"eta-{k}.log"
+                if log.exists():
+                    Path(detail_path).with_suffix(f".eta-{k}.log").write_text(log.read_text(errors="replace"))
+            server_log = Path(os.environ.get("PREFECT_HOME", "/nonexistent")) / "server.log"
+            if server_log.exists():
+                Path(detail_path).with_suffix(".server.log").write_text(server_log.read_text(errors="replace"))
     mean = lambda v: statistics.mean(v) if v else float("nan")  # noqa: E731
     print(f"eta: prediction read p50 {statistics.median(read_s):.2f} s per submission", flush=True)
     print(f"eta: {len(errs)} runs compared (of {n} measured, {len(nerrs_all)} started); ours predicted "

@@ -37,20 +37,31 @@ def _api_key() -> str:
         return ""
 
 
+def claim_and_start(states: list[tuple[str, datetime]]) -> tuple[Optional[datetime], Optional[datetime]]:
+    """From a run's (state type, timestamp) history: its last claim and the first Running after it.
+
+    The claim is the first Pending after the last Scheduled: Prefect 3 records a second Pending
+    ("Submitting") when the worker hands the run to its infrastructure, and that one is part of the
+    claim -> start time, not the claim.
+    """
+    claimed = started = None
+    for kind, at in sorted(states, key=lambda s: s[1]):
+        if kind == "SCHEDULED":
+            claimed = started = None
+        elif kind == "PENDING" and (claimed is None or started is not None):
+            claimed, started = at, None
+        elif kind == "RUNNING" and claimed is not None and started is None:
+            started = at
+    return claimed, started
+
+
 def _claim_start(client: Any, run_id: str) -> tuple[Optional[datetime], Optional[datetime]]:
-    """Its last Pending (claim) and the first Running after it (start), from its state history."""
+    """`claim_and_start` of the run's state history (cached)."""
     if run_id not in _states:
-        states = sorted(client.read_flow_run_states(run_id), key=lambda s: s.timestamp)
-        claimed = started = None
-        for s in states:
-            kind = s.type.value
-            if kind == "PENDING":
-                claimed, started = s.timestamp, None
-            elif kind == "RUNNING" and claimed is not None and started is None:
-                started = s.timestamp
+        states = [(s.type.value, s.timestamp) for s in client.read_flow_run_states(run_id)]
         if len(_states) > 5000:
             _states.clear()
-        _states[run_id] = (claimed, started)
+        _states[run_id] = claim_and_start(states)
     return _states[run_id]
 
 

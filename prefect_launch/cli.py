@@ -47,6 +47,9 @@ def _client():
     from prefect import get_client
     from prefect.exceptions import PrefectHTTPStatusError
 
+    from prefect_launch.api_retry import install
+
+    install()
     if not os.environ.get("PREFECT_API_URL"):
         from prefect.settings import PREFECT_API_URL
 

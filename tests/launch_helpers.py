@@ -161,13 +161,16 @@ def wait_running(run_id: str, timeout: float = 120) -> int:
     raise AssertionError(f"run {run_id} never started")
 
 
-def wait_agent_free(name: str, gpu: int, timeout: float = 30) -> dict:
-    """The agent's published state once it shows ``gpu`` free GPUs and no runs (published within ~1 s)."""
+def wait_agent_free(name: str, gpu: int, timeout: float = 30, log: "Path | None" = None) -> dict:
+    """The agent's published state once it shows ``gpu`` free GPUs and no runs (published within ~1 s);
+    on failure the message carries the tail of the agent's ``log`` where given."""
     deadline = time.time() + timeout
     while True:
         a = {x["name"]: x for x in _agents()}.get(name)
         if a and a["free"]["gpu"] == gpu and a["runs"] == []:
             return a
         if time.time() > deadline:
-            raise AssertionError(f"agent {name} never showed {gpu} free GPUs and no runs: {a}")
+            tail = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"agent {name} never showed {gpu} free GPUs and no runs: {a}"
+                                 + (f"\n--- {log.name} (tail)\n{tail}" if tail else ""))
         time.sleep(0.5)

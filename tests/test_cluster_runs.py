@@ -247,8 +247,9 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
             os.kill(started["sub1"]["pid"], signal.SIGKILL)  # no longer the agent's child: no exit code to read
             wait_final([held], timeout=60)
             _assert_gone(started, ("main1",))
-            wait_agent_free(f"{name}-a", gpu=1)
-            wait_agent_free(f"{name}-b", gpu=1)
+            for a in ("a", "b"):  # the restarted follower logs to follower-again.log
+                wait_agent_free(f"{name}-{a}", gpu=1, log=tmp_path / ("follower-again.log" if follower.endswith(a)
+                                                                     else f"agent-{name}-{a}.log"))
             [failed] = read_runs([held])
             assert failed.state_name == "Failed" and "member sub1 exited with no exit status" in failed.state.message \
                 and follower in failed.state.message, (failed.state_name, failed.state.message)

@@ -160,3 +160,17 @@ def test_more_claimed_than_an_agent_holds_does_not_break_the_replay():
     got = predict(NOW, agents(), running, [Waiting(run_id="w", queue="q", resources=ONE, submitted=NOW,
                                                    expected_s=1)])
     assert got["w"] is not None and got["w"] >= NOW
+
+
+def test_claim_is_the_first_pending_after_the_last_scheduled_not_prefects_submitting_state():
+    from prefect_launch.deployments.eta_reader import claim_and_start
+
+    t = at
+    # claimed at 2, handed to its process ("Submitting", also Pending) at 8, running at 9
+    assert claim_and_start([("SCHEDULED", t(0)), ("PENDING", t(2)), ("PENDING", t(8)), ("RUNNING", t(9)),
+                            ("COMPLETED", t(20))]) == (t(2), t(9))
+    # put back in its queue (preempted), claimed again: the latest claim counts; history order need not be sorted
+    assert claim_and_start([("RUNNING", t(9)), ("SCHEDULED", t(0)), ("PENDING", t(2)), ("SCHEDULED", t(30)),
+                            ("PENDING", t(40)), ("PENDING", t(41)), ("RUNNING", t(43))]) == (t(40), t(43))
+    assert claim_and_start([("SCHEDULED", t(0)), ("PENDING", t(2))]) == (t(2), None)
+    assert claim_and_start([("SCHEDULED", t(0))]) == (None, None)

@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m prefect_launch.workers.cluster_member FLOW_RUN_ID", file=sys.stderr)
         return 2
     member = os.environ.get("LAUNCH_CLUSTER_MEMBER", "sub?")
+    from prefect_launch.api_retry import install
+
+    install()
     workdir = tempfile.mkdtemp(prefix=f"launch-{member}-")
     os.chdir(workdir)
     try:

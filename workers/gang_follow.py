@@ -222,6 +222,7 @@ class GangFollowerMixin:
                 self.agent.released()
                 self._publish_soon()
             self.journal.remove(booking_key(run_id))
+            self._logger.info("run %s: stopped this agent's cluster members and released their capacity", run_id)
             self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
                                                               "released their capacity")
 

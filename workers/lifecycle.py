@@ -61,11 +61,14 @@ from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.run_journal import JournalEntry, alloc_label
 from prefect_launch.workers.scheduled_runs import read_due_runs
 from prefect_launch.workers.run_tags import ALLOC_LABEL, IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
+from prefect_launch.api_retry import install as install_quick_503_retries
 from prefect_launch.workers.secret_env import resolve_secret_env
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
     from prefect.client.schemas.responses import WorkerFlowRunResponse
+
+install_quick_503_retries()  # every agent: a busy SQLite server's 503 costs a claim milliseconds, not 2 s
 
 PUBLISH_DEBOUNCE_S = 1.0
 # Set in the agent's own wake loop: its frequent polls read the due runs instead of calling the

@@ -62,6 +62,9 @@ def main() -> None:
 
     ctx = SettingsContext.get()
     SettingsContext(profile=ctx.profile if ctx else None, settings=Settings()).__enter__()
+    from prefect_launch.api_retry import install
+
+    install()  # a 503 from a busy SQLite server costs the run milliseconds, not Prefect's 2 s back-off
     sys.argv = ["prefect.engine"]
     runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 
