@@ -129,3 +129,50 @@ def commit_session(client: Any, docker_client: Any, session: str, image_name: st
         raise LaunchValidationError(f"session {fr.name}: no running container of it on this Docker host; run the "
                                     "commit where its agent runs (DOCKER_HOST)")
     return commit_container(live[0], tag_value(fr.tags, "owner") or owner, image_name, fr.name, str(fr.id))
+
+
+class OwnerImage(BaseModel):
+    """One image an owner committed from a session (what `session start --image` takes)."""
+
+    image: str  # repository:latest where tagged so, else the newest repository:tag
+    repository: str
+    tags: list[str]  # every tag of this image, newest first
+    image_id: str
+    created: Optional[datetime] = None
+    size_bytes: Optional[int] = None
+    session: str = ""
+    session_id: str = ""
+
+
+def _docker_time(value: Any) -> Optional[datetime]:
+    """Docker's ``2026-12-01T00:40:12.123456789Z`` (nanoseconds, UTC) as a datetime; None if unreadable."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z?$", str(value or ""))
+    if not m:
+        return None
+    return datetime.fromisoformat(m.group(1) + "." + (m.group(2) or "0")[:6].ljust(6, "0")).replace(tzinfo=timezone.utc)
+
+
+def owner_images(images: list[Any], owner: str) -> list[OwnerImage]:
+    """The committed images (docker-py ``Image``s) labelled as ``owner``'s, newest first. Pure over the
+    images' attributes: the caller lists them (``docker.images.list(filters={"label": ...})``)."""
+    out = []
+    for img in images:
+        labels = getattr(img, "labels", None) or {}
+        if labels.get(OWNER_LABEL) != owner:
+            continue
+        tags = sorted((t for t in (getattr(img, "tags", None) or []) if t.startswith(f"{REPOSITORY_PREFIX}/")),
+                      key=lambda t: (t.endswith(":latest"), t.rsplit(":", 1)[-1]), reverse=True)
+        if not tags:
+            continue
+        attrs = getattr(img, "attrs", None) or {}
+        created = _docker_time(attrs.get("Created"))
+        out.append(OwnerImage(image=tags[0], repository=tags[0].rsplit(":", 1)[0], tags=tags, image_id=img.id,
+                              created=created, size_bytes=attrs.get("Size"), session=labels.get(SESSION_LABEL, ""),
+                              session_id=labels.get(SESSION_ID_LABEL, "")))
+    return sorted(out, key=lambda i: (i.created is not None, i.created or datetime.min.replace(tzinfo=timezone.utc)),
+                  reverse=True)
+
+
+def list_owner_images(docker_client: Any, owner: str) -> list[OwnerImage]:
+    """`owner_images` of what the Docker host holds with the owner's label."""
+    return owner_images(docker_client.images.list(filters={"label": f"{OWNER_LABEL}={owner}"}), owner)

@@ -337,6 +337,39 @@ def session_relaunch(entry: str = typer.Argument(..., help="Recent entry id"),
         C.console.print(f"relaunched {e.label}: {', '.join(out.names)}", highlight=False)
 
 
+@session_app.command("images")
+def session_images(owner: Optional[str] = typer.Option(None, "--owner"),
+                   as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """List the images the owner committed from sessions (`session commit`), newest first, on this Docker host."""
+    from prefect_launch.deployments.session_commit import list_owner_images
+    from prefect_launch.workers.resources import format_size
+
+    C = _c()
+    try:
+        import docker
+
+        docker_client = docker.from_env(timeout=60)
+        images = list_owner_images(docker_client, _owner(owner))
+        docker_client.close()
+    except Exception as exc:
+        C._fail(f"cannot list images on the Docker daemon (DOCKER_HOST): {exc}")
+    if as_json:
+        C._print_json([i.model_dump(mode="json") for i in images])
+        return
+    if not images:
+        C.console.print(f"no committed images of {_owner(owner)} on this Docker host; make one with "
+                        "`prefect-launch session commit SESSION --image-name NAME`", highlight=False)
+        return
+    from rich.table import Table
+
+    table = Table("image", "created", "size", "from session", "other tags")
+    for i in images:
+        table.add_row(i.image, f"{i.created:%Y-%m-%d %H:%M}" if i.created else "-",
+                      format_size(i.size_bytes) if i.size_bytes else "-", i.session or "-",
+                      ", ".join(t.rsplit(":", 1)[-1] for t in i.tags[1:]) or "-")
+    C.console.print(table)
+
+
 @session_app.command("commit")
 def session_commit(session: str = typer.Argument(..., help="Name or id of a running session on a docker queue"),
                    image_name: str = typer.Option(..., "--image-name", help="4-32 letters, digits, '-', '_'"),

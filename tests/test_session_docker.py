@@ -79,6 +79,9 @@ def test_docker_session_commit_then_a_session_on_the_image(tmp_path: Path, uniqu
                                             remove=True, network_mode="none").decode()
         assert seen.split() == ["baked"], f"the container's file is in the image, the mount's is not: {seen!r}"
         assert read_runs([rid])[0].state.name == "Running", "the session keeps running after its commit"
+        listed = cli_json("session", "images", "--owner", owner, "--json")
+        assert [i["image"] for i in listed] == [done["image"]] and listed[0]["session"] == f"env-{unique_name}", listed
+        assert f"{repo}:{done['tag']}" in listed[0]["tags"] and listed[0]["image_id"] == done["image_id"], listed
         ended = cli_json("session", "terminate", f"env-{unique_name}", "--owner", owner)
         assert ended["status"] == "Cancelled", ended
 
@@ -90,3 +93,24 @@ def test_docker_session_commit_then_a_session_on_the_image(tmp_path: Path, uniqu
     print(f"docker session test body {time.time() - t0:.1f} s")
     for t in img.tags:
         docker_client.images.remove(t)
+
+
+def test_owner_images_lists_only_the_owners_committed_images_newest_first():
+    from types import SimpleNamespace
+
+    from prefect_launch.deployments.session_commit import SESSION_LABEL, owner_images
+
+    def img(i, owner, tags, created):
+        return SimpleNamespace(id=f"sha256:{i}", labels={OWNER_LABEL: owner, SESSION_LABEL: f"s{i}"}, tags=tags,
+                               attrs={"Created": created, "Size": 1000 * i})
+
+    rows = owner_images([img(1, "ann", ["launch/ann/env-a:20261130-101010", "launch/ann/env-a:latest"],
+                             "2026-11-30T10:10:10.123456789Z"),
+                         img(2, "bob", ["launch/bob/env-b:latest"], "2026-11-30T11:00:00Z"),
+                         img(3, "ann", ["launch/ann/env-c:latest"], "2026-11-30T12:00:00Z"),
+                         img(4, "ann", [], "2026-11-30T13:00:00Z"),  # untagged (dangling): not usable by --image
+                         img(5, "ann", ["other/thing:latest"], "2026-11-30T14:00:00Z")], "ann")
+    assert [r.image for r in rows] == ["launch/ann/env-c:latest", "launch/ann/env-a:latest"]
+    assert rows[1].tags == ["launch/ann/env-a:latest", "launch/ann/env-a:20261130-101010"]
+    assert rows[1].created.isoformat() == "2026-11-30T10:10:10.123456+00:00" and rows[1].session == "s1"
+    assert rows[0].created.isoformat() == "2026-11-30T12:00:00+00:00" and rows[0].size_bytes == 3000
