@@ -163,6 +163,9 @@ def panel_summary(v: V.View) -> None:
         if any(val is not None for _, val, _, _ in figures):
             for col, (label, val, what, unit) in zip(st.columns(4), figures):
                 col.metric(label, f"{val:.0f}%" if val is not None else "n/a", help=cap_help.format(what=what, unit=unit))
+        elif not occ.complete:
+            st.caption("Capacity held and used: shown once the run index covers the range (only the newest runs are "
+                       "read from Prefect's API yet).")
         else:
             st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
         st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
@@ -173,15 +176,23 @@ def panel_summary(v: V.View) -> None:
         left, right = st.columns([3, 2])
         with left:
             st.caption("Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per interval "
-                       "(red: the agents' GPUs). Idle stretches on fixed capacity are room for low-priority work.")
+                       "(red: the agents' GPUs). Idle stretches on fixed capacity are room for low-priority work."
+                       + ("" if occ.complete else " Only the span the newest runs read so far cover is drawn: the run "
+                          "index does not cover the range yet."))
             st.altair_chart(charts.occupancy_load_chart(load, occ.capacity.get("gpu")), width="stretch")
-            st.caption(f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
-                       f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: runs waited meanwhile")
+            if not occ.complete:
+                st.caption("Idle periods: shown once the run index covers the range (an interval none of the newest "
+                           "runs touch is not known to be idle).")
+            else:
+                st.caption(f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
+                           f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: runs waited meanwhile")
             if not idle.empty:
                 st.dataframe(idle.head(10), hide_index=True, width="stretch", key="idle_table")
         with right:
             st.caption("Held load by hour of day and weekday (UTC): periodic bursts are where scheduled cloud capacity pays.")
-            if occ.heatmap.empty:
+            if not occ.complete:
+                st.info("Shown once the run index covers the range (averages need every run of it).")
+            elif occ.heatmap.empty:
                 st.info("No runs in this range.")
             else:
                 st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")

@@ -39,8 +39,11 @@ def gantt_chart(g: pd.DataFrame, grouping_col: str) -> alt.Chart:
 
 def metric_chart(m: pd.DataFrame, y: str, title: str, grouping_col: str) -> alt.Chart:
     """x = run duration (s), y = the metric; waste flagged runs drawn as red crosses."""
-    d = m[m[y].notna() & m["duration_s"].notna()].copy()
-    d["flag"] = d["wasteful"].map({True: "waste", False: "ok"})
+    # only the columns the marks and tooltips read: the chart's data travels to the browser as it is
+    used = list(dict.fromkeys(["id", "run", "flow", "job", "queue", "owner", "duration_s", y, grouping_col, "wasteful",
+                               "waste_reasons"]))
+    d = m.loc[m[y].notna() & m["duration_s"].notna(), [c for c in used if c in m]].copy()
+    d["flag"] = d.pop("wasteful").map({True: "waste", False: "ok"})
     return (
         alt.Chart(d)
         .mark_point(filled=True, size=50, opacity=0.75)

@@ -629,11 +629,23 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     cap = capacity(agents) if agents is not None else dict(gpu=None, cpu=None)
     s_us, u_us = float(us(since)), float(min(us(until), now_us))
     n_held = int((~np.isnan(ph["h0"])).sum())
+    if complete:
+        idle = idle_periods(load, interval_s, until=pd.Timestamp(min(until, now)))
+        hm = heatmap(sel, ph, since, until, held, load=load if interval_s == 3600 else None)
+        share = capacity_share(load, cap, span_s)
+    else:
+        # only the newest runs were read: before the oldest of them nothing is known, so no bucket there is
+        # called idle (it would read as hours of idle hardware that were busy); the load shows the known
+        # span, and idle periods, heatmap and capacity share wait for every run of the range
+        known = float(np.nanmin(first)) if len(first) and not np.isnan(first).all() else float(b.hi_us)
+        known_from = pd.Timestamp(int(known // (interval_s * 1e6) * interval_s * 1e6), unit="us", tz="UTC")
+        load = load[load["bucket"] >= known_from].reset_index(drop=True)
+        idle = pd.DataFrame(columns=["from", "to", "hours", "waiting"])
+        hm = pd.DataFrame(columns=["weekday", "hour", "busy", "gpus", "hours"])
+        share = {"gpu": None, "cpu": None}
     return Occupancy(
         interval_s=interval_s, status=status_frame(sel, ph, b), queued=queued_frame(ph, g, b), load=load,
-        idle=idle_periods(load, interval_s, until=pd.Timestamp(min(until, now))),
-        heatmap=heatmap(sel, ph, since, until, held, load=load if interval_s == 3600 else None),
-        runs=len(sel), share=capacity_share(load, cap, span_s), capacity=cap,
+        idle=idle, heatmap=hm, runs=len(sel), share=share, capacity=cap,
         lanes=lanes(sel, ph, g if g is not None else sel["queue"], s_us, u_us) if n_held > PER_RUN_GANTT_MAX else None,
         complete=complete,
     )

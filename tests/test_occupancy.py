@@ -195,3 +195,20 @@ def test_lanes_fold_per_agent_when_devices_outnumber_the_rows_a_chart_can_show()
            for r in seg.itertuples()]
     assert got == [("a · GPUs", "bob", 0, 30, 2, "bo"), ("a · GPUs", "alice", 30, 100, 1, "al"),
                    ("b · GPUs", "carol", 50, 70, 1, "ca")]
+
+
+def test_newest_runs_only_never_call_the_unread_past_idle():
+    """The API path reads the newest runs only: the buckets before the oldest of them are unknown, so
+    nothing there is called idle, and averages over the range (heatmap, capacity share) are withheld."""
+    newest = frame([SHORT, WAITING, RUNNING])  # LONG (0-130) was not read: it is older than the newest three
+    since = T0 - dt.timedelta(seconds=40)
+    whole = OC.compute(frame([LONG, SHORT, WAITING, RUNNING]), None, since, NOW, 20, NOW)
+    part = OC.compute(newest, None, since, NOW, 20, NOW, complete=False)
+    assert not whole.idle.empty and not whole.heatmap.empty  # with every run: -40..20 really was idle
+    assert part.idle.empty and part.heatmap.empty and part.share == {"gpu": None, "cpu": None}
+    # the load starts at the bucket of the oldest moment a read run was seen (SHORT queued at 95: bucket 80-100)
+    assert part.load["bucket"].min() == pd.Timestamp(T0 + dt.timedelta(seconds=80)) and whole.load["bucket"].min() == pd.Timestamp(T0 - dt.timedelta(seconds=40))
+    # where it is drawn, it is what those runs held (the same producer)
+    both = part.load.merge(whole.load, on="bucket", suffixes=("_part", "_whole"))
+    assert (both["run_s_part"] <= both["run_s_whole"] + 1e-9).all() and len(both) == len(part.load)
+    assert part.complete is False and not part.status.empty
