@@ -165,6 +165,56 @@ def _assert_gone(started: dict[str, dict], members: tuple[str, ...]) -> None:
             pytest.fail(f"{member} (pid {pid}) still runs after the run ended")
 
 
+@pytest.mark.timeout(300)
+def test_a_restarted_agent_still_fails_the_run_when_a_sub_member_dies(prefect_server, tmp_path):
+    """The agent running a single-node cluster run is SIGKILLed and restarted: it re-adopts main1 and finds
+    sub1 by its command line; when sub1 then dies (no longer the agent's child, it left no exit status) the
+    run fails at once naming it, main1 is stopped, and every GPU comes back - not 120 s later, when main1
+    would have reached the collective on its own."""
+    import prefect.context
+    from prefect import flow
+
+    name = f"cr-{uuid.uuid4().hex[:8]}"
+    q = apply_queue(tmp_path, {"name": name, "presets": PRESETS, "default_preset": "g1"})
+    prefect.context.refresh_global_settings_context()
+    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
+        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    out = tmp_path / "out"
+    cap = "cpu=2,memory=2Gi,gpu=2"
+    with agent([q], name, cap, tmp_path) as first:
+        run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--param", f"out_dir={out}",
+                          "--param", "hold_s=120")["run_ids"][0]
+        started = _wait_started(out, run_id, members=("main1", "sub1"))
+        os.killpg(first.pid, signal.SIGKILL)
+    restarted = dt.datetime.now(dt.timezone.utc)
+    log = tmp_path / "agent-again.log"
+    with agent([q], name, cap, tmp_path, log_name=log.name, wait_online=False):
+        deadline = time.time() + 120
+        while True:  # the restarted agent has published what it holds
+            now = _agents_by_name().get(name) or {}
+            if dt.datetime.fromisoformat(now.get("heartbeat", "2000-01-01T00:00:00+00:00")) > restarted \
+                    and [r["run_id"] for r in now.get("runs", [])] == [run_id]:
+                break
+            assert time.time() < deadline, f"the restarted agent never showed the run as held: {now}"
+            time.sleep(0.5)
+        assert now["free"]["gpu"] == 0, now
+        assert psutil.pid_exists(started["sub1"]["pid"]) and psutil.pid_exists(started["main1"]["pid"])
+        time.sleep(1.0)  # the re-adopted run's watch is armed right after its recovery is published
+        os.kill(started["sub1"]["pid"], signal.SIGKILL)
+        t0 = time.time()
+        [run] = wait_final([run_id], timeout=60)
+        _assert_gone(started, ("main1",))
+        wait_agent_free(name, gpu=2, log=log)
+        [run] = read_runs([run_id])
+        assert run.state_name == "Failed" and "member sub1 exited with no exit status" in run.state.message, \
+            (run.state_name, run.state.message, log.read_text()[-3000:])
+        assert time.time() - t0 < 60
+
+
+def _agents_by_name() -> dict[str, dict]:
+    return {a["name"]: a for a in _agents()}
+
+
 @pytest.mark.timeout(120)
 def test_bad_cluster_requests_are_refused_before_anything_is_enqueued(cluster_env):
     from prefect import get_client

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from prefect.states import Failed, Scheduled, StateType
 
 from prefect_launch.workers.cluster_env import free_port, member_env
-from prefect_launch.workers.cluster_process import ClusterProcesses, describe_exit, find_members, pin_cores, stop_found
+from prefect_launch.workers.cluster_process import (ClusterProcesses, adopt_members, describe_exit, find_members,
+                                                     pin_cores, stop_found)
 from prefect_launch.workers.gang_follow import GangFollowerMixin
 from prefect_launch.workers.gang_protocol import GangPlan, ack_key, answers
 from prefect_launch.workers.ledger import Allocation
@@ -199,10 +200,13 @@ class ClusterRunMixin(GangFollowerMixin):
 
 
     async def _adopted_end(self, run_id: str, handle: Any, limits: Any) -> Optional[str]:
-        """A re-adopted cluster run's main1 is gone: its sub members (found by command line) go with it.
-
-        After an agent restart the subs are not the agent's children, so their exit codes are unknown:
-        a sub that fails then is not reported on its own; main1's end still ends the cluster."""
+        """A re-adopted cluster run's main1 is gone: its sub members go with it (those found by command line
+        too, should any have escaped the watch)."""
+        procs = self._adopted_members().pop(run_id, None)
+        if procs is not None:
+            await procs.stop(CLUSTER_STOP_GRACE_S)
+            if procs.failed is None:
+                procs.forget_files()
         left = await asyncio.to_thread(find_members, run_id)
         if left:
             self._logger.warning("run %s: main1 ended; stopping %d sub member(s) left from before the restart",
@@ -210,14 +214,36 @@ class ClusterRunMixin(GangFollowerMixin):
             await stop_found(left, CLUSTER_STOP_GRACE_S)
         return await super()._adopted_end(run_id, handle, limits)
 
-    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int, started_at: Any = None) -> None:
-        """Sampling as for any run; a re-adopted cluster run's subs are measured with main1 again."""
-        super()._after_start(flow_run, alloc, pid, started_at=started_at)
-        sampler = self._samplers.get(flow_run.id)
-        if alloc.members and sampler is not None and flow_run.id not in self._ever_started:  # re-adopted
-            for p in find_members(str(flow_run.id)):
-                sampler.track(p.pid)
+    def _adopted_members(self) -> dict[str, ClusterProcesses]:
+        return self.__dict__.setdefault("_adopted_cluster_members", {})
 
+    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int, started_at: Any = None) -> None:
+        """Sampling as for any run; a re-adopted cluster run's subs are measured and watched again."""
+        super()._after_start(flow_run, alloc, pid, started_at=started_at)
+        if alloc.members and flow_run.id not in self._ever_started:  # re-adopted after a restart
+            self._watch_adopted_members(flow_run, alloc)
+
+    def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """After a restart the sub members on this host are not the agent's children: they are found by
+        command line (`adopt_members`) and a sub that fails while main1 runs still fails the run, with the
+        exit code from its exit file (none: killed by a signal), as before the restart."""
+        run_id = str(flow_run.id)
+        subs = [m for m in alloc.members if m.name != "main1"]
+        if not subs or self._runs_task_group is None:
+            return
+        procs = adopt_members(run_id, subs, lambda name: self._member_log(run_id, name))
+        sampler = self._samplers.get(flow_run.id)
+        for s in procs.subs:
+            if sampler is not None and s.proc.pid:
+                sampler.track(s.proc.pid)
+        self._adopted_members()[run_id] = procs
+
+        async def on_failure(name: str, code: int) -> None:
+            await self._cluster_member_failed(flow_run, procs, name, code)
+
+        self._runs_task_group.start_soon(procs.watch, on_failure)
+        if alloc.remote_members:
+            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
 
 def _log_tail(path: Any, lines: int = 15) -> str:
     try:
