@@ -222,3 +222,40 @@ def base_image(client) -> str:
                 except docker.errors.APIError:
                     pass  # still used by a container, or by a concurrent session's tests
     return tag
+
+
+def session_image(client, base: str) -> str:
+    """``prefect-launch-session:<key>``: the base image plus JupyterLab (the host's version), for interactive
+    sessions on a docker queue; built once per base image."""
+    import docker.errors
+    from importlib.metadata import version
+
+    reqs = [f"jupyterlab=={version('jupyterlab')}"]
+    key = hashlib.sha256((base + "\n".join(reqs)).encode()).hexdigest()[:12]
+    tag = f"prefect-launch-session:{key}"
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    with tempfile.TemporaryDirectory(prefix="launch-session-image-") as tmp:
+        ctx = Path(tmp)
+        shutil.copytree(_dependency_wheels(reqs), ctx / "wheels", ignore=shutil.ignore_patterns(".complete"))
+        (ctx / "Dockerfile").write_text(
+            f"FROM {base}\n"
+            "COPY wheels /wheels\n"
+            f"RUN /opt/venv/bin/pip install -q --no-index --find-links /wheels {' '.join(repr(r) for r in reqs)} "
+            "&& rm -rf /wheels /root/.cache\n")
+        try:
+            client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, forcerm=True)
+        except docker.errors.BuildError as exc:
+            log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
+            raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
+    for stale in client.images.list(name="prefect-launch-session"):
+        if tag not in stale.tags:
+            for t in stale.tags:
+                try:
+                    client.images.remove(t, noprune=False)
+                except docker.errors.APIError:
+                    pass
+    return tag

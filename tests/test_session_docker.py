@@ -114,3 +114,51 @@ def test_owner_images_lists_only_the_owners_committed_images_newest_first():
     assert rows[1].tags == ["launch/ann/env-a:latest", "launch/ann/env-a:20261130-101010"]
     assert rows[1].created.isoformat() == "2026-11-30T10:10:10.123456+00:00" and rows[1].session == "s1"
     assert rows[0].created.isoformat() == "2026-11-30T12:00:00+00:00" and rows[0].size_bytes == 3000
+
+
+@pytest.mark.usefixtures("prefect_server")
+@pytest.mark.timeout(900)
+def test_interactive_docker_session_serves_jupyter_with_token_then_terminates(tmp_path: Path, unique_name: str,
+                                                                              docker_client, image: str):  # noqa: F811
+    """An interactive session on a docker queue: JupyterLab runs in the session's container (host network,
+    bound to 127.0.0.1), answers with its token only, and is gone with the container on terminate."""
+    import httpx
+
+    from docker_env import session_image
+    from prefect_launch.workers.run_tags import RUN_ID_LABEL
+
+    t0 = time.time()
+    lab_image = session_image(docker_client, image)
+    print(f"session image {lab_image} ready in {time.time() - t0:.1f} s")
+    q = apply_queue(tmp_path, {"name": f"sj-{unique_name}", "target": "docker", "image": lab_image,
+                               "presets": {"small": {"cpu": 1, "memory": "1Gi"}}, "default_preset": "small"})
+    owner = f"o{unique_name}"
+    name = f"lab-{unique_name}"
+    started = cli_json("session", "start", "--queue", q, "--owner", owner, "--name", name, "--json")
+    port, rid = started["ports"][0], started["run_ids"][0]
+    with agent([q], f"sj-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
+        deadline = time.time() + 300
+        urls: list = []
+        while not urls:
+            show = cli_json("session", "show", name, "--owner", owner)
+            urls = show["app_urls"]
+            assert time.time() < deadline and not read_runs([rid])[0].state.is_final(), (show, read_runs([rid])[0].state)
+            time.sleep(1)
+        print(f"docker JupyterLab listed in {time.time() - t0:.1f} s")
+        assert urls[0].startswith(f"http://127.0.0.1:{port}/lab?token="), urls
+        token = urls[0].split("token=", 1)[1]
+        [container] = docker_client.containers.list(filters={"label": f"{RUN_ID_LABEL}={rid}"})
+        assert container.attrs["HostConfig"]["NetworkMode"] == "host"
+        ok = httpx.get(f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+        assert ok.status_code == 200, ok.text
+        assert httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=10).status_code in (401, 403)
+        top = container.top()  # the app is the container's: JupyterLab runs inside it, not on the host
+        assert any("jupyter" in " ".join(p) or "jupyterlab" in " ".join(p) for p in top["Processes"]), top
+        ended = cli_json("session", "terminate", name, "--owner", owner)
+        assert ended["status"] == "Cancelled", ended
+        deadline = time.time() + 60
+        while docker_client.containers.list(filters={"label": f"{RUN_ID_LABEL}={rid}"}):
+            assert time.time() < deadline, "the session's container outlived its terminate"
+            time.sleep(0.5)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=3)
