@@ -267,8 +267,8 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
         _assert_gone(started, ("main1",))
         wait_agent_free(f"{name}-a", gpu=1)
         wait_agent_free(f"{name}-b", gpu=1)
-        # read once the agents let go: main1's engine reports its SIGTERM as Crashed (forced) for a moment,
-        # and the leader records the member's failure again after main1 is gone
+        # the run is Failed with the member's reason before main1 is killed (at once, no SIGTERM its engine
+        # could answer with "Crashed"), and stays so after both agents let go
         [failed] = read_runs([held])
         assert failed.state_name == "Failed" and "member sub1 exited with code -9" in failed.state.message, \
             (failed.state_name, failed.state.message)

@@ -116,8 +116,7 @@ class ClusterRunMixin(GangFollowerMixin):
                 handle = self._handles.get(flow_run.id)
                 if state.type == StateType.FAILED and (state.message or "").startswith("cluster-member-failed") \
                         and handle is not None and await self._handle_alive(run_id, handle):
-                    await self._stop_run(flow_run, handle, Failed(message=state.message),
-                                         grace_s=CLUSTER_STOP_GRACE_S)
+                    await self._stop_run(flow_run, handle, Failed(message=state.message), grace_s=0)
                 return
 
     def _member_log(self, run_id: Any, name: str):
@@ -163,15 +162,15 @@ class ClusterRunMixin(GangFollowerMixin):
         self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
                    to_state="FAILED", message=reason)
         self.get_flow_run_logger(flow_run).error(reason + _log_tail(self._member_log(flow_run.id, name)))
-        try:  # first, so readers see why at once; main1's engine then forces "Crashed" on its SIGTERM for a
-            # moment, and _mark_stopped records this reason again once main1 is gone
+        try:  # first, so readers see why at once; main1 is then killed without a SIGTERM, on which its
+            # engine would force "Crashed ... termination signal" over this for a moment
             await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
         except Exception as exc:
             self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
         await procs.stop(CLUSTER_STOP_GRACE_S)
         handle = self._handles.get(flow_run.id)
         if handle is not None:
-            await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=CLUSTER_STOP_GRACE_S)
+            await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=0)
 
     async def _end_cluster(self, flow_run: "FlowRun", procs: ClusterProcesses, status_code: Optional[int]) -> None:
         """main1 has exited: let the subs finish (main1 completed) or stop them; a late failure fails the run."""

@@ -665,6 +665,8 @@ class LaunchWorkerCore:
 
         ``state`` (reason first in its message) becomes the run's final state when its process is gone,
         even if the run reports Completed after the signal (an interactive session exits cleanly on it).
+        ``grace_s`` 0: killed at once, no SIGTERM - for a run whose final state the agent has already set
+        (its engine would report "Crashed ... termination signal" over it on a SIGTERM).
         """
         run_id = str(flow_run.id)
         if flow_run.id in self._end_states:
@@ -674,6 +676,11 @@ class LaunchWorkerCore:
         self.get_flow_run_logger(flow_run).warning(f"agent {self.name} is stopping the run: {state.message}")
         steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
         t0 = datetime.now(timezone.utc)
+        if grace_s <= 0:
+            await self._terminate(run_id, handle, force=True)
+            steps.append(SubStep(step="signal", result="SUCCESS", started=t0, ended=datetime.now(timezone.utc),
+                                 message="killed at once: the run's final state was already set"))
+            return
         await self._terminate(run_id, handle, force=False)
         steps.append(SubStep(step="signal", result="SUCCESS", started=t0, ended=datetime.now(timezone.utc),
                              message=f"SIGTERM to the run; {grace_s:g} s to exit"))
