@@ -208,20 +208,34 @@ def base_image(client) -> str:
             "ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1\n"
             "WORKDIR /opt/prefect\n"
         )
-        try:
-            client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, forcerm=True)
-        except docker.errors.BuildError as exc:
-            log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
-            raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
+        _build(client, ctx, tag)
         client.images.get(tag).tag("prefect-launch-base", "latest")
-    for stale in client.images.list(name="prefect-launch-base"):  # keep the cache to one project image
+    _keep_only(client, "prefect-launch-base", tag)  # keep the cache to one project image
+    return tag
+
+
+def _build(client, ctx: Path, tag: str) -> None:
+    """Build ``ctx`` (its Dockerfile) as ``tag`` on host networking; a failure carries the build log's end."""
+    import docker.errors
+
+    try:
+        client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, forcerm=True)
+    except docker.errors.BuildError as exc:
+        log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
+        raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
+
+
+def _keep_only(client, repository: str, tag: str) -> None:
+    """Remove ``repository``'s other images (older keys)."""
+    import docker.errors
+
+    for stale in client.images.list(name=repository):
         if tag not in stale.tags:
             for t in stale.tags:
                 try:
                     client.images.remove(t, noprune=False)
                 except docker.errors.APIError:
                     pass  # still used by a container, or by a concurrent session's tests
-    return tag
 
 
 def session_image(client, base: str) -> str:
@@ -246,16 +260,6 @@ def session_image(client, base: str) -> str:
             "COPY wheels /wheels\n"
             f"RUN /opt/venv/bin/pip install -q --no-index --find-links /wheels {' '.join(repr(r) for r in reqs)} "
             "&& rm -rf /wheels /root/.cache\n")
-        try:
-            client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, forcerm=True)
-        except docker.errors.BuildError as exc:
-            log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
-            raise RuntimeError(f"building {tag} failed: {exc}\n{log[-4000:]}") from None
-    for stale in client.images.list(name="prefect-launch-session"):
-        if tag not in stale.tags:
-            for t in stale.tags:
-                try:
-                    client.images.remove(t, noprune=False)
-                except docker.errors.APIError:
-                    pass
+        _build(client, ctx, tag)
+    _keep_only(client, "prefect-launch-session", tag)
     return tag

@@ -34,18 +34,24 @@ from launch_helpers import (ROOT, _agents, agent, apply_queue, cli, cli_json, re
 PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
 
 
-@pytest.fixture(scope="module")
-def cluster_env(prefect_server, tmp_path_factory):
-    """Queue, the all-reduce job and one agent with 3 GPUs, shared by this module's tests."""
+def _allreduce_queue(tmp: Path, prefix: str) -> tuple[str, str]:
+    """A fresh queue (``prefix``-<random>) with the all-reduce job deployed as ``allreduce/<name>``."""
     import prefect.context
     from prefect import flow
 
-    tmp = tmp_path_factory.mktemp("cluster")
-    name = f"cl-{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     q = apply_queue(tmp, {"name": name, "presets": PRESETS, "default_preset": "g1"})
     prefect.context.refresh_global_settings_context()
     flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
         name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    return name, q
+
+
+@pytest.fixture(scope="module")
+def cluster_env(prefect_server, tmp_path_factory):
+    """Queue, the all-reduce job and one agent with 3 GPUs, shared by this module's tests."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    name, q = _allreduce_queue(tmp, "cl")
     with agent([q], name, "cpu=2,memory=4Gi,gpu=3", tmp):
         yield {"queue": q, "job": f"allreduce/{name}", "agent": name, "tmp": tmp}
 
@@ -171,14 +177,7 @@ def test_a_restarted_agent_still_fails_the_run_when_a_sub_member_dies(prefect_se
     sub1 by its command line; when sub1 then dies (no longer the agent's child, it left no exit status) the
     run fails at once naming it, main1 is stopped, and every GPU comes back - not 120 s later, when main1
     would have reached the collective on its own."""
-    import prefect.context
-    from prefect import flow
-
-    name = f"cr-{uuid.uuid4().hex[:8]}"
-    q = apply_queue(tmp_path, {"name": name, "presets": PRESETS, "default_preset": "g1"})
-    prefect.context.refresh_global_settings_context()
-    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
-        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    name, q = _allreduce_queue(tmp_path, "cr")
     out = tmp_path / "out"
     cap = "cpu=2,memory=2Gi,gpu=2"
     with agent([q], name, cap, tmp_path) as first:
@@ -240,14 +239,7 @@ def test_bad_cluster_requests_are_refused_before_anything_is_enqueued(cluster_en
 def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
     """Two agents stand in for two hosts: the all-reduce completes; a member killed fails the run; the agent
     hosting a member survives its own SIGKILL and restart without handing the member's GPU out twice."""
-    import prefect.context
-    from prefect import flow
-
-    name = f"mn-{uuid.uuid4().hex[:8]}"
-    q = apply_queue(tmp_path, {"name": name, "presets": PRESETS, "default_preset": "g1"})
-    prefect.context.refresh_global_settings_context()
-    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
-        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    name, q = _allreduce_queue(tmp_path, "mn")
     out = tmp_path / "mn"
     cap = "cpu=1,memory=1Gi,gpu=1"
     with agent([q], f"{name}-a", cap, tmp_path, wait_online=False) as pa, \

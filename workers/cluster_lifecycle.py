@@ -119,9 +119,6 @@ class ClusterRunMixin(GangFollowerMixin):
                     await self._stop_run(flow_run, handle, Failed(message=state.message), grace_s=0)
                 return
 
-    def _member_log(self, run_id: Any, name: str):
-        return self.journal.dir / f"{run_id}.{name}.log"
-
     def _on_cluster_main(self, flow_run: "FlowRun", alloc: Allocation, procs: ClusterProcesses, pid: int,
                          limits: Any) -> None:
         """main1 exists: pin it to its own cores, bring the subs under the run's memory group, watch them."""

@@ -66,7 +66,7 @@ class GangFollowerMixin:
             except ObjectNotFound:
                 fr = None
             members = entry.allocation.members
-            procs = await asyncio.to_thread(adopt_members, run_id, members, lambda m: self._member_log_path(run_id, m))
+            procs = await asyncio.to_thread(adopt_members, run_id, members, lambda m: self._member_log(run_id, m))
             plan = plan_of(fr.labels) if fr is not None else None
             action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.name,
                                           (fr.labels or {}).get(ack_key(self.name)) if fr is not None else None,
@@ -91,7 +91,9 @@ class GangFollowerMixin:
                                                            f"(their capacity is held again): {why}")
             self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
 
-    def _member_log_path(self, run_id: str, member: str):
+    def _member_log(self, run_id: Any, member: str):
+        """``<journal dir>/<run id>.<member>.log``: a sub member's output (and, beside it, its exit file),
+        on the leader's host and on followers' alike."""
         return self.journal.dir / f"{run_id}.{member}.log"
 
     async def _gang_follow_loop(self) -> None:
@@ -151,7 +153,7 @@ class GangFollowerMixin:
             for m in alloc.members:
                 procs.start(m, {**{k: str(v) for k, v in env.items() if v is not None},
                                 **member_env(alloc, m, self.name, "multi-node", plan.port)},
-                            self._member_log_path(run_id, m.name))
+                            self._member_log(run_id, m.name))
         except Exception as exc:
             await procs.stop(1.0)
             self._followed.pop(fr.id, None)
