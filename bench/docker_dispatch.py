@@ -10,11 +10,16 @@ is read back with docker inspect (``limits_ok``).
 
     .venv/bin/python bench/docker_dispatch.py [--runs 10] [--gap 2.0]
 
+Our queue keeps one warm container (``--warm 1``, the queue setting ``warm_containers``):
+the first run starts cold and each later one in the container its predecessor's start
+left warm (workers/warm_containers.py); ``--warm 0`` times cold starts only. Stock
+prefect-docker has no such thing, so it starts every run cold.
+
 Each phase waits (up to --timeout s) for all its runs to end, then stops its containers so they
 do not load the next phase. A percentile no run reached is null, never a crash.
 
 Last line: one JSON object with ours_p50_s, ours_p95_s, stock_p50_s, stock_p95_s, speedup_p50,
-ours_container_p50_s, stock_container_p50_s, limits_ok; also submit -> claimed (Pending) p50 per side
+ours_container_p50_s, stock_container_p50_s, limits_ok, warm_containers, ours_warm_started; also submit -> claimed (Pending) p50 per side
 (dispatch alone, before any container), the runs that reached Running / Completed per side, and this
 machine's 1-minute load average at start and end.
 """
@@ -71,6 +76,7 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
     running: list[float] = []
     container: list[float] = []
     claimed: list[float] = []
+    warm: list[bool] = []
     containers = {}
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
@@ -89,6 +95,10 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
             if pending:  # the worker's claim: what dispatch itself costs, before any container exists
                 claimed.append((min(pending) - fr.created).total_seconds())
             found = docker_client.containers.list(all=True, filters={"label": f"{FLOW_RUN_LABEL}={fr.id}"})
+            if not found:  # a warm-started container: its labels were fixed before the run, its name is the run's
+                found = [c for c in docker_client.containers.list(all=True, filters={"name": f"launch-{fr.id}"})
+                         if c.name == f"launch-{fr.id}"]
+                warm.append(bool(found))
             if fr.start_time:
                 running.append((fr.start_time - fr.created).total_seconds())
             if found:
@@ -106,7 +116,7 @@ def measure(deployment: str, runs: int, gap: float, label: str, docker_client, t
               f"(states {states}); cancelled", file=sys.stderr, flush=True)
     if len(running) < runs:
         print(f"warning: {label}: {runs - len(running)} runs never reached Running", file=sys.stderr, flush=True)
-    return running, container, containers, states, claimed
+    return running, container, containers, states, claimed, sum(warm)
 
 
 def stop_containers(containers: dict) -> None:
@@ -164,6 +174,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between submissions")
+    ap.add_argument("--warm", type=int, default=1,
+                    help="our queue's warm_containers (0: every container starts cold, as prefect-docker's do)")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds after the last submission to wait for every run of a phase to end")
     args = ap.parse_args()
@@ -191,7 +203,8 @@ def main() -> None:
         queues = logs / "queues.yaml"
         queues.write_text(
             "queues:\n  - name: bench-launch-docker\n    target: docker\n"
-            f"    image: {image}\n    presets: {{tiny: {json.dumps(PRESET)}}}\n    default_preset: tiny\n")
+            f"    image: {image}\n    presets: {{tiny: {json.dumps(PRESET)}}}\n    default_preset: tiny\n"
+            f"    warm_containers: {args.warm}\n")
         subprocess.run([py, "-m", "prefect_launch.cli", "queue", "apply", str(queues)], check=True,
                        capture_output=True)
         stock_dep = deploy("bench-stock-docker", "stock", image, image_pull_policy="Never")
@@ -200,13 +213,13 @@ def main() -> None:
         with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock-docker", "--type", "docker"],
                         logs / "stock-worker.log", env):
             wait_worker("bench-stock-docker")
-            stock, stock_c, stock_containers, stock_states, stock_claim = measure(stock_dep, args.runs, args.gap,
+            stock, stock_c, stock_containers, stock_states, stock_claim, _ = measure(stock_dep, args.runs, args.gap,
                                                                       "stock docker worker", client, args.timeout)
         stop_containers(stock_containers)
         with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch-docker", "--name",
                          "bench-docker", "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log", env):
             wait_worker("bench-launch-docker")
-            ours, ours_c, ours_containers, ours_states, ours_claim = measure(ours_dep, args.runs, args.gap,
+            ours, ours_c, ours_containers, ours_states, ours_claim, ours_warm = measure(ours_dep, args.runs, args.gap,
                                                                   "launch-docker agent", client, args.timeout)
             stop_containers(ours_containers)
         checked = limits_ok(ours_containers)
@@ -231,6 +244,8 @@ def main() -> None:
         "ours_completed": ours_states.count("Completed"),
         "stock_completed": stock_states.count("Completed"),
         "limits_ok": checked,
+        "warm_containers": args.warm,
+        "ours_warm_started": ours_warm,  # runs that started in a warm container (the rest started cold)
         "loadavg_1m": [load_before, round(os.getloadavg()[0], 2)],  # this machine's load at start and end
     }
     both = figures["ours_p50_s"] and figures["stock_p50_s"]
@@ -243,6 +258,7 @@ def main() -> None:
               f" submit->claimed (Pending) p50 {_fmt(figures[key + '_claim_p50_s'])};"
               f" submit->container started p50 {_fmt(figures[key + '_container_p50_s'])}"
               f" p95 {_fmt(figures[key + '_container_p95_s'])}")
+    print(f"  launch-docker runs started in a warm container: {ours_warm} of {args.runs} (warm_containers: {args.warm})")
     speedup = f"{figures['speedup_p50']:.1f}x" if figures["speedup_p50"] else "n/a"
     print(f"  speedup at p50 (Running): {speedup}; limits read back: {checked}")
     print(json.dumps(figures))

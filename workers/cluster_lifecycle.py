@@ -50,9 +50,9 @@ class ClusterRunMixin(GangFollowerMixin):
         if alloc.remote_members:
             mode = "multi-node"
             await self._gather_gang(flow_run, alloc, port)
-        base = {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+        base = self._member_base_env(configuration)
         configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
-        procs = ClusterProcesses(run_id=str(flow_run.id))
+        procs = self._new_cluster(flow_run, configuration)
         try:
             for m in alloc.members[1:]:
                 env = {**base, **member_env(alloc, m, self.name, mode, port),
@@ -68,6 +68,14 @@ class ClusterRunMixin(GangFollowerMixin):
             f"cluster of {alloc.cluster_size or len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
             f"on agent {self.name}: {here}" + (f"; on other agents: {away}" if away else ""))
         return procs
+
+    def _member_base_env(self, configuration: Any) -> dict[str, str]:
+        """What every sub member's environment starts from: the agent's own plus the run's (processes)."""
+        return {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+
+    def _new_cluster(self, flow_run: "FlowRun", configuration: Any) -> ClusterProcesses:
+        """The back end's holder of a run's sub members (the docker worker starts containers instead)."""
+        return ClusterProcesses(run_id=str(flow_run.id))
 
     async def _gather_gang(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
         """Leader of a multi-node run: publish the plan, wait until every other agent booked and started

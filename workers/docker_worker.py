@@ -16,6 +16,7 @@ with one ledger). The back end adds only what is Docker's own:
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any, Optional
 
 import anyio
@@ -24,6 +25,9 @@ from pydantic import Field, PrivateAttr
 
 from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration, DockerWorkerResult
 
+from prefect_launch.workers.cluster_docker import MEMBER_LABEL, ClusterContainers, adopt_member_containers
+from prefect_launch.workers.cluster_lifecycle import CLUSTER_STOP_GRACE_S, ClusterRunMixin
+from prefect_launch.workers.container_engine import COMMAND as ENGINE_COMMAND
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.lifecycle import LaunchWorkerCore, PidHook, RunHandle
 from prefect_launch.workers.limits import physical_cores
@@ -32,6 +36,7 @@ from prefect_launch.workers.recovery import Found, Recovery, pid_start_time
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError, Resources, format_size
 from prefect_launch.workers.run_tags import AGENT_LABEL, QUEUE_LABEL, RUN_ID_LABEL
+from prefect_launch.workers.warm_containers import WarmContainers, run_container_name, shape_key, shape_of
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -56,6 +61,9 @@ def container_kwargs(resources: Resources, alloc: Allocation, run_id: str, agent
         "memswap_limit": str(resources.memory) if resources.memory else None,  # no swap beyond the limit
         "shm_size": str(resources.shm_size) if resources.shm_size else None,
         "labels": {RUN_ID_LABEL: run_id, AGENT_LABEL: agent, QUEUE_LABEL: queue},
+        # Docker's init (tini) as PID 1: the engine runs as the container's command, and a PID 1 without a
+        # handler ignores SIGTERM (stop, cancel, timeout would wait for the kill) and reaps no orphans
+        "init": True,
     }
     requests = []
     if alloc.gpu_indices:
@@ -81,6 +89,7 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
     launch: dict[str, Any] = Field(default_factory=dict)
     _request: Optional[ResolvedRequest] = PrivateAttr(default=None)
     _secret_env: Optional[dict[str, str]] = PrivateAttr(default=None)
+    _command_configured: bool = PrivateAttr(default=False)
 
     @classmethod
     def json_template(cls) -> dict[str, Any]:
@@ -90,6 +99,7 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
 
     def prepare_for_flow_run(self, flow_run: "FlowRun", deployment: Any = None, flow: Any = None,
                              work_pool: Any = None, worker_name: Optional[str] = None, worker_id: Any = None):
+        command_configured = self._command_configured = bool(self.command)
         super().prepare_for_flow_run(flow_run, deployment, flow, work_pool, worker_name, worker_id=worker_id)
         dep_vars = dict(getattr(deployment, "job_variables", None) or {})
         run_vars = dict(flow_run.job_variables or {})
@@ -100,12 +110,15 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
             except LaunchValidationError:
                 self._request = None  # placement rejected it already; a cancel still needs this configuration
         self._secret_env = {**(dep_vars.get("secret_env") or {}), **(run_vars.get("secret_env") or {})} or None
+        if not command_configured:  # Prefect's engine without its CLI in front (workers/container_engine.py)
+            self.command = shlex.join(ENGINE_COMMAND)
         if not self.network_mode and not self.networks:
             self.network_mode = "host"  # the API and the metrics store are on this host's loopback
 
 
-class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
+class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
     type = "launch-docker"
+    follows_gangs = False  # cluster runs on docker queues are single-node (workers/cluster_spec.py)
     job_configuration = LaunchDockerJobConfiguration
     _description = (
         "Resource-aware Docker worker of prefect-launch: claims runs only when they fit, runs each in a "
@@ -118,6 +131,8 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
         super().__init__(*args, **kwargs)
         self._docker: Any = None
         self._send_gpus: Optional[bool] = None
+        self._warm: Optional[WarmContainers] = None  # this queue's warm containers (queue setting warm_containers)
+        self._warm_checked = False
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -145,21 +160,32 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
         configuration.env.update(await self._run_env(alloc, configuration._secret_env))
         self.apply_allocation(configuration, alloc, str(flow_run.id))
         configuration.auto_remove = False  # its end state is read first; removed below unless kept
+        cluster: Optional[ClusterContainers] = None
+        if alloc.members:  # sub members' containers first: the run is Running once main1 (this container) is
+            cluster = await self._start_cluster(flow_run, alloc, configuration)  # type: ignore[assignment]
 
         def on_started(infrastructure_pid: Any) -> None:
             container_id = str(infrastructure_pid).rsplit(":", 1)[-1]
             pid = self._container_pid(container_id)
             self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid) if pid else None,
                                                         container=container_id))
+            if cluster is not None and pid:
+                self._on_cluster_main(flow_run, alloc, cluster, pid, None)
 
         status_code: Optional[int] = None
         reason: Optional[str] = None
         try:
-            result = await super().run(flow_run, configuration, PidHook(task_status or anyio.TASK_STATUS_IGNORED,
-                                                                          on_started))
+            hook = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_started)
+            result = await self._run_warm(flow_run, configuration, hook) if self._warm is not None else None
+            if result is None:
+                result = await super().run(flow_run, configuration, hook)
             status_code = result.status_code
             return result
         finally:
+            if cluster is not None:  # main1 is gone: the other members end with it
+                with anyio.CancelScope(shield=True):
+                    await self._end_cluster(flow_run, cluster, status_code)
+                    await anyio.to_thread.run_sync(cluster.remove)
             handle = self._handles.get(flow_run.id)
             if handle is not None and handle.container:
                 with anyio.CancelScope(shield=True):
@@ -167,8 +193,138 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
                                                             configuration.keep_container)
             await self._on_finished(flow_run, status_code, None, reason)
 
+    async def _run_warm(self, flow_run: "FlowRun", configuration: LaunchDockerJobConfiguration,
+                        task_status: Any) -> Optional[DockerWorkerResult]:
+        """prefect-docker's run, in a warm container of the run's shape; None: start it cold instead."""
+        warm = self._warm
+        assert warm is not None
+        settings = await anyio.to_thread.run_sync(self._build_container_settings, self.docker(), configuration)
+        shape = shape_of(settings, configuration._command_configured)
+        if shape is None:
+            return None
+        key = shape_key(shape)
+        entry = await anyio.to_thread.run_sync(warm.take, key)
+        labels = {AGENT_LABEL: self.name, QUEUE_LABEL: self._work_pool_name}
+        self._runs_task_group.start_soon(self._fill_warm, key, shape, labels)  # for the next run of this shape
+        if entry is None:
+            return None
+        container = await anyio.to_thread.run_sync(warm.hand_over, entry, settings, str(flow_run.id))
+        self._logger.info("run %s starts in warm container %s (%s)", flow_run.id, container.name, container.id[:12])
+        created_event = self._emit_container_status_change_event(container, configuration)
+        identifier = self._get_infrastructure_pid(container_id=container.id)
+        task_status.started(identifier)
+        container = await anyio.to_thread.run_sync(self._watch_container_safe, container, configuration,
+                                                   created_event)
+        exit_code = container.attrs["State"].get("ExitCode")
+        return DockerWorkerResult(status_code=exit_code if exit_code is not None else -1, identifier=identifier)
+
+    async def _fill_warm(self, key: str, shape: dict[str, Any], labels: dict[str, str]) -> None:
+        try:
+            if self._warm is not None:
+                await anyio.to_thread.run_sync(self._warm.fill, key, shape, labels)
+        except Exception as exc:
+            self._logger.warning("could not start a warm container: %s", exc)
+
+    async def _initialize_after_sync(self) -> None:
+        await super()._initialize_after_sync()
+        if self._warm_checked or self._work_pool is None:
+            return
+        self._warm_checked = True
+        scope = anyio.CancelScope()
+        self._scheduled_task_scopes.add(scope)
+        self._runs_task_group.start_soon(self._in_scope, scope, self._cancel_watch_loop)
+        spec = queue_spec_of(self._work_pool)
+        try:
+            pool = WarmContainers(self.docker(), spec.warm_containers if spec else 0, self.name,
+                                  self._work_pool_name)
+            stale = await anyio.to_thread.run_sync(pool.remove_stale)
+            if stale:
+                self._logger.info("removed %d unused warm container(s) of an earlier run of this agent", stale)
+            if pool.size > 0:
+                self._warm = pool
+                scope = anyio.CancelScope()
+                self._scheduled_task_scopes.add(scope)
+                self._runs_task_group.start_soon(self._in_scope, scope, self._expire_warm_loop)
+        except Exception as exc:
+            self._logger.warning("warm containers off: %s", exc)
+
+    async def _cancel_watch_loop(self, every_s: float = 1.0) -> None:
+        """Stop the container of a run the user cancelled (Prefect's Cancelling state).
+
+        The container runs Prefect's engine itself (`container_engine`), not ``prefect flow-run execute``,
+        whose runner used to watch for the cancel inside the container; so the agent does: SIGTERM, the grace,
+        then kill, and the run ends Cancelled with who stopped it."""
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterState,
+                                                    FlowRunFilterStateType)
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Cancelled
+
+        while True:
+            await anyio.sleep(every_s)
+            ids = [rid for rid in self._handles if rid not in self._end_states]
+            if not ids:
+                continue
+            try:
+                runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    id=FlowRunFilterId(any_=ids),
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
+            except Exception as exc:
+                self._logger.debug("cancel watch: %s", exc)
+                continue
+            for fr in runs:
+                handle = self._handles.get(fr.id)
+                if handle is not None and fr.id not in self._end_states:
+                    state = Cancelled(message=f"cancelled: agent {self.name} stopped the run's container after "
+                                              f"the cancel request")
+                    self._runs_task_group.start_soon(self._stop_run, fr, handle, state)
+
+    async def _expire_warm_loop(self, every_s: float = 30.0) -> None:
+        """Warm containers unused for their time to live are removed even when no run comes."""
+        while self._warm is not None:
+            await anyio.sleep(every_s)
+            try:
+                await anyio.to_thread.run_sync(self._warm.expire)
+            except Exception as exc:
+                self._logger.debug("warm containers: %s", exc)
+
+    async def teardown(self, *exc_info: Any) -> None:
+        if self._warm is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._warm.close)
+        await super().teardown(*exc_info)
+
+    # ------------------------------------------------ cluster runs (single-node)
+    def _member_base_env(self, configuration: LaunchDockerJobConfiguration) -> dict[str, str]:
+        """A member container's environment starts from the run's only (the agent's PATH is not the image's)."""
+        return {k: v for k, v in configuration.env.items() if v is not None}
+
+    def _new_cluster(self, flow_run: "FlowRun", configuration: LaunchDockerJobConfiguration) -> ClusterContainers:
+        settings = self._build_container_settings(self.docker(), configuration)
+        return ClusterContainers(run_id=str(flow_run.id), docker=self.docker(), main_settings=settings,
+                                 send_gpus=self.gpus_sent(), keep=configuration.keep_container)
+
+    def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """After a restart: the run's member containers, found by their labels, are watched again."""
+        run_id = str(flow_run.id)
+        subs = [m for m in alloc.members if m.name != "main1"]
+        if not subs or self._runs_task_group is None:
+            return
+        procs = adopt_member_containers(self.docker(), run_id, subs, lambda name: self._member_log(run_id, name))
+        self._adopted_members()[run_id] = procs
+
+        async def on_failure(name: str, code: int) -> None:
+            await self._cluster_member_failed(flow_run, procs, name, code)
+
+        self._runs_task_group.start_soon(procs.watch, on_failure)
+
     def apply_allocation(self, configuration: LaunchDockerJobConfiguration, alloc: Allocation, run_id: str) -> None:
-        """Write the run's limits into the configuration prefect-docker turns into a container."""
+        """Write the run's limits into the configuration prefect-docker turns into a container.
+
+        A cluster run's container is main1: its own member's share, not the members' sum."""
+        if alloc.members:
+            m = alloc.members[0]
+            alloc = alloc.model_copy(update={"resources": m.resources, "gpu_indices": m.gpu_indices,
+                                             "cpu_cores": m.cpu_cores})
         resources = alloc.resources
         kw = container_kwargs(resources, alloc, run_id, self.name, alloc.queue or self._work_pool_name,
                               self.gpus_sent())
@@ -183,6 +339,16 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
                 driver=r["Driver"], device_ids=r["DeviceIDs"], capabilities=r["Capabilities"])
                 for r in kw["device_requests"]]
         configuration.container_create_kwargs = {**(configuration.container_create_kwargs or {}), **kw}
+
+    def _watch_container_safe(self, container: Any, configuration: Any, created_event: Any) -> Any:
+        """prefect-docker's watch, with the container read again at its end: its exit code is read from the
+        container it returns, whose state is otherwise the one seen before the wait (exit code 0)."""
+        container = super()._watch_container_safe(container, configuration, created_event)
+        try:
+            container.reload()
+        except Exception:  # removed meanwhile: the exit code is unknown
+            pass
+        return container
 
     def _container_pid(self, container_id: str) -> Optional[int]:
         try:
@@ -232,7 +398,11 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
             await anyio.to_thread.run_sync(kill)
 
     def _containers_of(self, run_id: str) -> list[Any]:
-        return self.docker().containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+        """The run's container: by its run-id label, or (warm-started, labels fixed before the run) by its name."""
+        found = [c for c in self.docker().containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+                 if MEMBER_LABEL not in (c.labels or {})]  # a cluster run's sub members carry the run id too
+        named = self.docker().containers.list(all=True, filters={"name": run_container_name(run_id)})
+        return found + [c for c in named if c.name == run_container_name(run_id) and c.id not in {f.id for f in found}]
 
     async def _found_alive(self, found: Found) -> bool:
         def alive() -> bool:
@@ -254,6 +424,10 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
         return await anyio.to_thread.run_sync(find), None
 
     async def _adopted_end(self, run_id: str, handle: RunHandle, limits: Any) -> Optional[str]:
+        procs = self._adopted_members().pop(run_id, None)  # a re-adopted cluster run: its members end with main1
+        if procs is not None:
+            await procs.stop(CLUSTER_STOP_GRACE_S)
+            await anyio.to_thread.run_sync(procs.remove)
         alloc = self.ledger.get(run_id)
         if alloc is None or not handle.container:
             return None

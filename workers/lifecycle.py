@@ -663,8 +663,9 @@ class LaunchWorkerCore:
                         grace_s: float = TIMEOUT_GRACE_S) -> None:
         """The agent ends a run it decided to stop (timeout, idle reclaim): SIGTERM, grace, kill.
 
-        ``state`` (reason first in its message) becomes the run's final state when its process is gone,
-        even if the run reports Completed after the signal (an interactive session exits cleanly on it).
+        ``state`` (reason first in its message) is recorded before the signal when it is final, and again
+        once the process is gone, even if the run reports Completed after the signal (an interactive session
+        exits cleanly on it).
         ``grace_s`` 0: killed at once, no SIGTERM - for a run whose final state the agent has already set
         (its engine would report "Crashed ... termination signal" over it on a SIGTERM).
         """
@@ -676,6 +677,15 @@ class LaunchWorkerCore:
         self.get_flow_run_logger(flow_run).warning(f"agent {self.name} is stopping the run: {state.message}")
         steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
         t0 = datetime.now(timezone.utc)
+        if grace_s > 0 and state.is_final():
+            # The agent's state first: an engine answers SIGTERM by proposing "Crashed ... termination signal",
+            # which Prefect refuses for a run already in a final state, so no reader sees a crash that was the
+            # agent's decision (timeout, cancel, idle reclaim). The grace still lets the job checkpoint.
+            try:
+                await self.client.set_flow_run_state(flow_run.id, state, force=True)
+            except Exception as exc:  # recorded again once the process is gone (_mark_stopped)
+                self._logger.warning("could not record why run %s is stopped before signalling it: %s",
+                                     flow_run.id, exc)
         if grace_s <= 0:
             await self._terminate(run_id, handle, force=True)
             steps.append(SubStep(step="signal", result="SUCCESS", started=t0, ended=datetime.now(timezone.utc),

@@ -129,6 +129,8 @@ class QueueSpec(BaseModel):
     fair_share: bool = False  # within a priority level, the owner holding the least goes first (DRF)
     owner_quota: Optional[QuotaSpec] = None  # most any one owner holds at once
     owner_quotas: dict[str, QuotaSpec] = Field(default_factory=dict)  # per-owner overrides
+    # docker queues: containers started ahead of their runs, per shape (workers/warm_containers.py)
+    warm_containers: int = Field(0, ge=0, le=8)
 
     @field_validator("preempt_grace", mode="before")
     @classmethod
@@ -186,6 +188,9 @@ class QueueSpec(BaseModel):
     def _consistent(self) -> "QueueSpec":
         if not self.presets:
             raise ValueError(f"queue {self.name!r} declares no presets")
+        if self.warm_containers and self.target != "docker":
+            raise ValueError(f"queue {self.name!r}: warm_containers applies to docker queues only "
+                             f"(process queues always keep a warm engine; kubernetes starts its own pods)")
         if self.default_preset not in self.presets:
             raise ValueError(
                 f"queue {self.name!r}: default_preset {self.default_preset!r} is not one of {sorted(self.presets)}"

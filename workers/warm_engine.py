@@ -40,10 +40,14 @@ def main() -> None:
             importlib.import_module(name)
         except ImportError:
             break
-    line = sys.stdin.readline()
-    if not line:  # the agent went away before using us
-        return
-    order = json.loads(line)
+    order_path = os.environ.get("LAUNCH_WARM_ORDER")
+    if order_path:  # a warm container (workers/warm_containers.py): the order arrives as a file
+        order = _wait_for_order(order_path)
+    else:
+        line = sys.stdin.readline()
+        if not line:  # the agent went away before using us
+            return
+        order = json.loads(line)
     if order.get("log_path"):
         # Write to a file the agent tails, not to a pipe held by the agent: if the agent dies
         # (SIGKILL, OOM) the run goes on and is re-adopted, instead of dying of a broken pipe.
@@ -53,9 +57,11 @@ def main() -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    os.environ.clear()
+    if order.get("replace_env", True):
+        os.environ.clear()
     os.environ.update({k: v for k, v in order["env"].items() if v is not None})
-    os.chdir(order["cwd"])
+    if order.get("cwd"):
+        os.chdir(order["cwd"])
     # Settings were read at import time from the agent's environment; re-read them from the run's.
     from prefect.context import SettingsContext
     from prefect.settings import Settings
@@ -65,8 +71,35 @@ def main() -> None:
     from prefect_launch.api_retry import install
 
     install()  # a 503 from a busy SQLite server costs the run milliseconds, not Prefect's 2 s back-off
+    import warnings
+
+    # runpy's notice that prefect.engine is already imported: that is the point of a warm engine
+    warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
     sys.argv = ["prefect.engine"]
     runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+def _wait_for_order(path: str, poll_s: float = 0.02) -> dict:
+    """Say we are ready (with our uid/gid, so the agent writes a file we can read and remove), then wait.
+
+    The agent writes the order with Docker's archive API; a half-written file fails to parse and is
+    read again. The file is removed at once: it holds the run's environment.
+    """
+    import time
+
+    print(f"launch-warm-ready uid={os.getuid()} gid={os.getgid()}", flush=True)
+    while True:
+        try:
+            with open(path) as fh:
+                order = json.loads(fh.read())
+        except (OSError, ValueError):
+            time.sleep(poll_s)
+            continue
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        return order
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""Warm containers' pure parts: what fixes a container's shape, the hand-over's update body and order file."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from prefect_launch.workers.queue_spec import QueueSpec
+from prefect_launch.workers.warm_containers import (ORDER_PATH, WARM_LABEL, order_archive, shape_key, shape_of,
+                                                    update_body, warm_settings)
+
+SETTINGS = {"image": "img:1", "network_mode": "host", "volumes": ["/a:/a:ro"], "shm_size": "67108864",
+            "environment": {"PREFECT__FLOW_RUN_ID": "r1", "SECRET": "s"}, "labels": {"x": "1"}, "name": "run-a",
+            "command": "python -c ...", "nano_cpus": 500000000, "cpuset_cpus": "1", "mem_limit": "268435456",
+            "memswap_limit": "268435456", "auto_remove": False, "privileged": False, "extra_hosts": None}
+
+
+def test_shape_keeps_what_docker_fixes_at_creation_and_drops_the_runs_own_fields():
+    shape = shape_of(SETTINGS, command_configured=False)
+    assert shape == {"image": "img:1", "network_mode": "host", "volumes": ["/a:/a:ro"], "shm_size": "67108864",
+                     "privileged": False}
+    other_run = {**SETTINGS, "environment": {"PREFECT__FLOW_RUN_ID": "r2"}, "name": "run-b", "cpuset_cpus": "0",
+                 "nano_cpus": 10**9, "mem_limit": "1073741824"}
+    assert shape_key(shape_of(other_run, False)) == shape_key(shape)  # same shape: the same warm container fits
+    for changed in ({"shm_size": "134217728"}, {"image": "img:2"}, {"volumes": []}):
+        assert shape_key(shape_of({**SETTINGS, **changed}, False)) != shape_key(shape)
+
+
+def test_a_custom_command_or_sent_gpus_start_cold():
+    assert shape_of(SETTINGS, command_configured=True) is None
+    assert shape_of({**SETTINGS, "device_requests": [object()]}, False) is None
+    assert shape_of({**SETTINGS, "rendered_device_requests": [{"DeviceIDs": ["0"]}]}, False) is not None
+
+
+def test_update_body_sets_cpus_cores_and_memory_without_extra_swap():
+    assert update_body(SETTINGS) == {"NanoCpus": 500000000, "CpusetCpus": "1", "Memory": 256 << 20,
+                                     "MemorySwap": 256 << 20}
+    assert update_body({"mem_limit": "512Mi"}) == {"Memory": 512 << 20, "MemorySwap": 512 << 20}
+    assert update_body({}) == {}
+
+
+def test_warm_settings_carry_no_run_env_and_name_the_agent():
+    ws = warm_settings(shape_of(SETTINGS, False), "agent-a", "q", {"io.prefect-launch.agent": "agent-a"})
+    assert ws["environment"] == {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_APPS": "0"}
+    assert ws["labels"][WARM_LABEL] == "agent-a" and ws["name"].startswith("launch-warm-")
+    assert ws["command"][-1] == "prefect_launch.workers.warm_engine" and "nano_cpus" not in ws
+
+
+def test_order_archive_is_one_private_file_owned_by_the_engines_user():
+    data = order_archive({"A": "1", "B": None}, uid=1000, gid=100)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        (member,) = tf.getmembers()
+        assert member.name == ORDER_PATH.rsplit("/", 1)[1]
+        assert (member.uid, member.gid, member.mode) == (1000, 100, 0o600)
+        order = json.loads(tf.extractfile(member).read())
+    assert order == {"env": {"A": "1"}, "replace_env": False, "cwd": None}
+
+
+def test_warm_containers_is_a_docker_queue_setting():
+    base = {"name": "q", "presets": {"s": {"cpu": 1, "memory": "1Gi"}}, "default_preset": "s"}
+    assert QueueSpec.model_validate({**base, "target": "docker", "warm_containers": 2}).warm_containers == 2
+    with pytest.raises(ValueError, match="warm_containers applies to docker queues only"):
+        QueueSpec.model_validate({**base, "warm_containers": 1})
+    with pytest.raises(ValueError):
+        QueueSpec.model_validate({**base, "target": "docker", "warm_containers": 99})
