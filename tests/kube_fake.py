@@ -2,7 +2,7 @@
 
 It answers only the requests the worker makes - jobs create/get/list/delete,
 pods list by label selector, events list by ``involvedObject.name`` / ``.kind``, secrets
-get/create/replace/delete - over real HTTP on loopback, so the worker's own
+get/create/replace/delete, services create/get/delete (cluster runs) - over real HTTP on loopback, so the worker's own
 path (kubeconfig, kubernetes_asyncio's BatchV1Api/CoreV1Api, JSON
 (de)serialisation) runs unchanged. It schedules nothing: a test plays the
 cluster by adding pods, pod states and events (`add_pod`, `set_pod`, `add_event`).
@@ -29,7 +29,12 @@ _ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "events"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/secrets$"), "secrets"),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/secrets/([^/]+)$"), "secret"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/services$"), "services"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)$"), "service"),
 ]
+
+
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 
 def now() -> str:
@@ -50,6 +55,7 @@ class FakeKube:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []  # (method, resource kind)
         self.lock = threading.Lock()
         self.url = ""
@@ -59,16 +65,21 @@ class FakeKube:
         with self.lock:
             return list(self.jobs.values())[index]
 
-    def add_pod(self, job: dict[str, Any], phase: str = "Pending", **status: Any) -> str:
-        """A pod of ``job`` with its template's labels, as the job controller makes it."""
+    def add_pod(self, job: dict[str, Any], phase: str = "Pending", index: Optional[int] = None, **status: Any) -> str:
+        """A pod of ``job`` with its template's labels, as the job controller makes it (``index``: a pod of an
+        indexed Job, with its completion-index annotation and label, name and hostname ``<job>-<index>``)."""
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+        stem = name if index is None else f"{name}-{index}"
+        pod_name = f"{stem}-{uuid.uuid4().hex[:5]}"
         labels = {**((job["spec"]["template"].get("metadata") or {}).get("labels") or {}), "job-name": name}
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "creationTimestamp": now(),
-                            "uid": str(uuid.uuid4())},
-               "spec": json.loads(json.dumps(job["spec"]["template"]["spec"])),
-               "status": {"phase": phase}}
+        meta: dict[str, Any] = {"name": pod_name, "namespace": ns, "labels": labels, "creationTimestamp": now(),
+                                "uid": str(uuid.uuid4())}
+        spec = json.loads(json.dumps(job["spec"]["template"]["spec"]))
+        if index is not None:
+            labels[INDEX_KEY] = str(index)
+            meta["annotations"] = {INDEX_KEY: str(index)}
+            spec["hostname"] = stem
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": phase}}
         with self.lock:
             self.pods[(ns, pod_name)] = pod
         self.set_pod(pod_name, **status)
@@ -169,6 +180,23 @@ class FakeKube:
             self.secrets.pop((ns, name))
             return 200, _status(200, "deleted")
         return 200, self.secrets[(ns, name)]
+
+
+    def _services(self, method, ns, query, body):
+        name = body["metadata"]["name"]
+        if (ns, name) in self.services:
+            return 409, _status(409, f'services "{name}" already exists')
+        body["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
+        self.services[(ns, name)] = body
+        return 201, body
+
+    def _service(self, method, ns, name, query, body):
+        if (ns, name) not in self.services:
+            return 404, _status(404, f'services "{name}" not found')
+        if method == "DELETE":
+            self.services.pop((ns, name))
+            return 200, _status(200, "deleted")
+        return 200, self.services[(ns, name)]
 
 
 def _status(code: int, message: str) -> dict[str, Any]:

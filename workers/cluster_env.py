@@ -37,20 +37,32 @@ def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, ma
     size = alloc.cluster_size or len(alloc.members)
     names = member_names(size)
     local = sorted(m.rank for m in alloc.members)
-    env.update({
-        "LAUNCH_CLUSTER_SIZE": str(size),
-        "LAUNCH_CLUSTER_RANK": str(member.rank),
-        "LAUNCH_CLUSTER_MEMBER": member.name,
-        "LAUNCH_CLUSTER_MODE": mode,
-        "LAUNCH_CLUSTER_HOSTS": ",".join(names),
-        "LAUNCH_CLUSTER_ADDRS": ",".join(main_addr for _ in names),  # one agent: every member on this host
-        "LAUNCH_CLUSTER_MAIN_ADDR": main_addr,
-        "LAUNCH_CLUSTER_PORT": str(master_port),
-        "WORLD_SIZE": str(size),
-        "RANK": str(member.rank),
-        "LOCAL_RANK": str(local.index(member.rank)),
-        "LOCAL_WORLD_SIZE": str(len(local)),
-        "MASTER_ADDR": main_addr,
-        "MASTER_PORT": str(master_port),
-    })
+    env.update(cluster_variables(size=size, rank=member.rank, member=member.name, mode=mode, hosts=names,
+                                 addrs=[main_addr for _ in names],  # one agent: every member on this host
+                                 main_addr=main_addr, port=master_port, local_rank=local.index(member.rank),
+                                 local_size=len(local)))
     return env
+
+
+def cluster_variables(*, size: int, rank: int | str, member: str, mode: str, hosts: list[str], addrs: list[str],
+                      main_addr: str, port: int, local_rank: int = 0, local_size: int = 1) -> dict[str, str]:
+    """Who the cluster is and where its main listens, by the names every back end sets (pure).
+
+    Shared by the process back end (`member_env`) and the Kubernetes one (`kubernetes_cluster`), so the
+    variable names cannot drift apart between them."""
+    return {
+        "LAUNCH_CLUSTER_SIZE": str(size),
+        "LAUNCH_CLUSTER_RANK": str(rank),
+        "LAUNCH_CLUSTER_MEMBER": member,
+        "LAUNCH_CLUSTER_MODE": mode,
+        "LAUNCH_CLUSTER_HOSTS": ",".join(hosts),
+        "LAUNCH_CLUSTER_ADDRS": ",".join(addrs),
+        "LAUNCH_CLUSTER_MAIN_ADDR": main_addr,
+        "LAUNCH_CLUSTER_PORT": str(port),
+        "WORLD_SIZE": str(size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": main_addr,
+        "MASTER_PORT": str(port),
+    }

@@ -24,6 +24,10 @@ and books nothing locally. Per run it
 4. deletes the Job when the run is cancelled (Prefect Cancelling, or the agent
    stopping with ``--on-exit cancel``) or runs past its timeout.
 
+A cluster run (``cluster_size`` > 1) becomes an indexed Job and a headless Service
+(`kubernetes_cluster`, `kubernetes_cluster_run`): one pod per member, followed member by
+member (`kubernetes_cluster_events`); one member failing fails the run with its name.
+
 A restarted worker re-attaches to the Jobs of its Pending/Running runs (the
 ``infrastructure_pid`` Prefect stores, ``namespace:job``).
 """
@@ -54,8 +58,11 @@ from prefect_kubernetes.worker import (
     KubernetesWorkerVariables,
 )
 
+from prefect_launch.workers.cluster_spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.dispatch import WaitNotes
 from prefect_launch.workers.durations import format_duration
+from prefect_launch.workers.kubernetes_cluster_events import observe_cluster
+from prefect_launch.workers.kubernetes_cluster_run import KubernetesClusterMixin
 from prefect_launch.workers.kubernetes_events import Observation, observe
 from prefect_launch.workers.kubernetes_manifest import apply_run
 from prefect_launch.workers.ledger import Allocation
@@ -119,7 +126,7 @@ def kubernetes_run_environment(request: ResolvedRequest, queue: str, agent: str)
 class KubeApi:
     """The few Kubernetes calls the worker makes, on a kubernetes_asyncio ApiClient; objects come back as the
     API's JSON dicts. Each call is one RBAC verb: jobs create/get/list/delete, pods list, events list,
-    secrets get/create/update/delete."""
+    secrets get/create/update/delete, services create/delete (cluster runs)."""
 
     def __init__(self, api_client: Any):
         from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
@@ -166,6 +173,20 @@ class KubeApi:
         try:
             await self.batch.delete_namespaced_job(name=name, namespace=namespace, grace_period_seconds=grace_seconds,
                                                    propagation_policy="Foreground")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
+        await self.core.create_namespaced_service(namespace=namespace, body=body)
+
+    async def delete_service(self, namespace: str, name: str) -> bool:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self.core.delete_namespaced_service(name=name, namespace=namespace)
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -278,9 +299,15 @@ class LaunchKubernetesVariables(KubernetesWorkerVariables):
     image_pull_secrets: Optional[list[str]] = Field(
         default=None, description="Prefect Secret blocks holding registry credentials (a docker config or "
         "registry/username/password); the agent turns each into a kubernetes.io/dockerconfigjson Secret.")
+    cluster_size: Optional[int] = Field(
+        default=None, ge=1, le=MAX_CLUSTER_SIZE, description="Members of a cluster run (main1, sub1, ...), each "
+        "a pod of one indexed Job with the run's preset; a headless Service lets them find each other.")
+    cluster_mode: Optional[str] = Field(
+        default=None, description="single-node (every member on one node, required pod affinity) or multi-node "
+        "(members spread over nodes, preferred pod anti-affinity).")
 
 
-class LaunchKubernetesWorker(KubernetesWorker):
+class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
     type = "launch-kubernetes"
     job_configuration = LaunchKubernetesJobConfiguration
     job_configuration_variables = LaunchKubernetesVariables
@@ -451,10 +478,14 @@ class LaunchKubernetesWorker(KubernetesWorker):
             pulls = [await self._pull_secret(api, namespace, b) for b in configuration.image_pull_secrets]
             configuration.apply_request(request, run_id=str(flow_run.id), queue=queue, agent=self.name, env=env,
                                         env_secret=env_secret, pull_secrets=pulls)
+            cluster = self._render_cluster(flow_run, configuration, request)  # None for a single run
             logger.info(f"Agent '{self.name}' creating a Kubernetes job with {request.resources.describe()} "
-                        f"(preset {request.preset})")
+                        f"(preset {request.preset})" + (f" per member, cluster of {request.cluster.describe()}"
+                                                        if cluster else ""))
             try:
                 job = await self._create_job(configuration, client)
+                if cluster is not None:
+                    await self._create_cluster_service(api, flow_run, job, cluster)
             except BaseException:
                 if env_secret:
                     await self._forget_secret(api, namespace, env_secret[0])
@@ -464,9 +495,12 @@ class LaunchKubernetesWorker(KubernetesWorker):
             logger.info(f"Kubernetes job '{name}' created in namespace '{namespace}'")
             if task_status is not None:
                 task_status.started(pid)
+            end: Optional[Observation] = None
             try:
-                end = await self._watch(api, flow_run, namespace, name, request.timeout_s)
+                end = await self._watch(api, flow_run, namespace, name, request.timeout_s, size=request.cluster.size)
             finally:
+                if cluster is not None and end is not None:  # not when the worker stops: it re-attaches later
+                    await self._end_cluster(api, flow_run, namespace, name, end)
                 if env_secret:
                     await self._forget_secret(api, namespace, env_secret[0])
         status = await self._record_end(flow_run, end)
@@ -505,8 +539,9 @@ class LaunchKubernetesWorker(KubernetesWorker):
 
     # ---------------------------------------------------------------- watch
     async def _watch(self, api: KubeApi, flow_run: "FlowRun", namespace: str, job: str,
-                     timeout_s: Optional[float], running_since: Optional[float] = None) -> Observation:
-        """Follow the run's Job until it ends or the worker ends it; label why it waits and where it runs."""
+                     timeout_s: Optional[float], running_since: Optional[float] = None, size: int = 1) -> Observation:
+        """Follow the run's Job until it ends or the worker ends it; label why it waits and where it runs
+        (``size`` > 1: a cluster run's indexed Job, read member by member)."""
         run_id = flow_run.id
         self._watching[run_id] = (namespace, job)
         selector = f"{RUN_ID_LABEL}={run_id}"
@@ -542,7 +577,7 @@ class LaunchKubernetesWorker(KubernetesWorker):
                                              namespace, job, failures, exc)
                     await anyio.sleep(min(30.0, self.watch_seconds * 2 ** min(failures, 5)))
                     continue
-                obs = observe(body, pods, events)
+                obs = observe_cluster(body, pods, events, size) if size > 1 else observe(body, pods, events)
                 if obs.kind == "ended":
                     if body is None and self._stop.get(run_id) is not None:  # deleted by our own cancel
                         return await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
@@ -682,9 +717,16 @@ class LaunchKubernetesWorker(KubernetesWorker):
             request = configuration._request
             started = flow_run.start_time.timestamp() if flow_run.start_time else None
             self._logger.info("re-attached to run %s (Kubernetes job %s/%s)", flow_run.id, namespace, job)
+            size = request.cluster.size if request else 1
             async with self._get_configured_kubernetes_client(configuration) as client:
-                end = await self._watch(KubeApi(client), flow_run, namespace, job,
-                                        request.timeout_s if request else None, running_since=started)
+                api = KubeApi(client)
+                end: Optional[Observation] = None
+                try:
+                    end = await self._watch(api, flow_run, namespace, job, request.timeout_s if request else None,
+                                            running_since=started, size=size)
+                finally:
+                    if size > 1 and end is not None:
+                        await self._end_cluster(api, flow_run, namespace, job, end)
             await self._record_end(flow_run, end)
         except Exception:
             self._logger.exception("watching re-attached run %s failed", flow_run.id)
