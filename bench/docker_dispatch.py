@@ -258,7 +258,8 @@ def main() -> None:
               f" submit->claimed (Pending) p50 {_fmt(figures[key + '_claim_p50_s'])};"
               f" submit->container started p50 {_fmt(figures[key + '_container_p50_s'])}"
               f" p95 {_fmt(figures[key + '_container_p95_s'])}")
-    print(f"  launch-docker runs started in a warm container: {ours_warm} of {args.runs} (warm_containers: {args.warm})")
+    print(f"  launch-docker runs started in a warm container: {ours_warm} of {args.runs} (warm_containers: {args.warm});"
+          " a warm container started before its run was submitted, so its submit->container started is negative")
     speedup = f"{figures['speedup_p50']:.1f}x" if figures["speedup_p50"] else "n/a"
     print(f"  speedup at p50 (Running): {speedup}; limits read back: {checked}")
     print(json.dumps(figures))
