@@ -25,7 +25,7 @@ several times (medians printed):
 - cold load: the dashboard's data layer for the default view (all queues, last 7 days)
   with empty caches;
 - filter change: from the default view just loaded (its caches held, as the page's
-  process holds them) to a view it has not seen, 10 s later on the page's clock (and
+  process holds them) to a view it has not seen, its range 10 s later (and
   after a real pause long enough that the index syncs with the server first): one
   queue, one owner, one job, one preset, one status, and grouping by owner. filter_s is
   the median over the queue and owner changes; each kind is printed (and in the JSON as
@@ -38,11 +38,13 @@ The last line printed is one JSON object: runs, cold_s, filter_s, naive_s, speed
 index path), and queue_s, owner_s, job_s, preset_s, status_s, grouping_s, refresh_s,
 index_build_s, api_cold_s, api_filter_s (the API-only path; null with --sources index), occupancy_s
 (the occupancy panels of the 7-day view, computed from the index's rows held in memory), and
-page_cold_s, page_warm_s: what a person waits for, from navigation to a fully drawn page (every
-panel there, every chart drawn, the script done) in headless Chromium through Playwright - cold:
+page_cold_s, page_warm_s: what a person waits for, from navigation to a fully drawn first page (every
+panel of it there - the summary, job status, queued time, the first section (job runs), external links -,
+every chart drawn, the script done; the other sections are drawn when chosen) in headless Chromium
+through Playwright - cold:
 the first visit after `streamlit run` started (its caches empty, the run index already built);
 warm: a new visit (new session) right after (null where Chromium or Playwright is missing, or
-with --no-page); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+with --no-page; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
 figure is an upper bound). Progress lines carry the elapsed time and the load average.
 """
 
@@ -342,10 +344,13 @@ CHROMIUM = "/usr/bin/chromium"
 PAGE_TIMEOUT_S = 600
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# the first page: the summary (load chart, hour x weekday heatmap), job status, queued time and the
+# first section (job runs: the Gantt); the other sections are drawn when chosen
+FIRST_PAGE_CHARTS = 5
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')
-    && document.querySelectorAll('.vega-embed').length >= 9
-    && [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))"""
+    && document.querySelectorAll('.vega-embed').length >= %d
+    && [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""" % FIRST_PAGE_CHARTS
 
 
 def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
@@ -400,6 +405,8 @@ def main() -> None:
     ap.add_argument("--home", help="reuse a PREFECT_HOME kept by --keep (its runs and metrics; no seeding)")
     ap.add_argument("--page-repeat", type=int, default=2, help="fresh `streamlit run`s timed in the browser")
     ap.add_argument("--no-page", action="store_true", help="skip the browser timing (page_cold_s, page_warm_s)")
+    ap.add_argument("--page-only", action="store_true",
+                    help="time only the page (after the run index is built); the data-layer figures are null")
     args = ap.parse_args()
     t_start = time.perf_counter()
     load_start = loadavg()
@@ -464,6 +471,23 @@ def main() -> None:
         built = index_sync.build(index_sync.RunIndex(store), data.get_api(api_url), days=8)
         t_build = time.perf_counter() - t
         stage(f"run index built in {t_build:.1f} s ({built.runs_read} runs read, one-off; kept in step by syncs afterwards)")
+
+        if args.page_only:
+            page_cold, page_warm = page_times(home, args.page_repeat)
+            stage("page timed" if page_cold else "page not timed")
+            page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
+            page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
+            if page_cold:
+                print(f"page drawn in Chromium     cold median {page_cold_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_cold)}), "
+                      f"warm median {page_warm_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_warm)})")
+            keys = ["runs", "cold_s", "filter_s", "naive_s", "speedup_cold", "speedup_filter", *(f"{k}_s" for k in changes),
+                    "refresh_s", "index_build_s", "api_cold_s", "api_filter_s", "naive_extrapolated", "occupancy_s",
+                    "page_cold_s", "page_warm_s", "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
+            out = dict.fromkeys(keys)
+            out.update(runs=args.runs, index_build_s=round(t_build, 1), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
+                       loadavg_start=load_start, loadavg_end=loadavg())
+            print(json.dumps(out))
+            return
 
         def measure(source: str) -> tuple[list[float], dict[str, list[float]], list[float]]:
             """cold: every cache empty. filter change: from the default view just loaded (what the

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import charts
@@ -70,6 +73,27 @@ def _waiting(queues: tuple) -> list:
         return [w.model_dump() for w in waiting_runs(client, list(queues))]
 
 
+_PREFETCH = ThreadPoolExecutor(max_workers=2, thread_name_prefix="monitor-prefetch")
+
+
+def _prefetch(spec: S.ViewSpec, opts: dict) -> None:
+    """Start the range's cost rows and the waiting runs in the background while the view is read:
+    both wait on SQLite or the API much of their time. The panels take them from the caches later
+    (a call under way for the same arguments is waited for, not repeated); a failure here is
+    raised again, and shown, where the panel asks for it."""
+    ctx = get_script_run_ctx()
+
+    def call(fn, *args):
+        add_script_run_ctx(threading.current_thread(), ctx)
+        try:
+            fn(*args)
+        except Exception:
+            pass
+
+    _PREFETCH.submit(call, _costs, spec.since, spec.until, tuple(spec.queues))
+    _PREFETCH.submit(call, _waiting, tuple(sorted(spec.queues or opts["queues"])))
+
+
 def panel_waiting(v: V.View) -> None:
     """Who waits and why, with queue position and predicted start (inside the summary panel)."""
     from prefect_launch.deployments.wait_order import WaitingRun
@@ -115,8 +139,7 @@ def sidebar(opts: dict) -> S.ViewSpec:
     sb.header("Queue monitor")
     queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
     choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=2, key="range")
-    now = dt.datetime.now(S.UTC).replace(microsecond=0)
-    now = now + dt.timedelta(seconds=10 - now.second % 10)  # up to the next 10 s step: reruns hit the cache
+    now = S.page_now()  # up to the next step of the page's clock: visits and reruns within it hit the caches
     custom = None
     if choice == "Custom":
         today = now.date()
@@ -409,8 +432,7 @@ def _links_unlocked() -> bool:
             st.error(f"Sign-in unavailable: {exc}")
             return False
         if ok:
-            st.session_state["links_authed"] = True
-            st.session_state["links_open"] = True
+            st.session_state["links_authed"] = True  # the Manage Links toggle stays on
             st.rerun()
         st.error("Wrong password.")
     return False
@@ -429,38 +451,38 @@ def panel_links(v: V.View, opts: dict) -> None:
                 st.markdown(f"**{html.escape(q)}**: {blk.html()}", unsafe_allow_html=True)
         if not shown:
             st.caption("No links yet: add Grafana, Datadog, a cloud console… with Manage Links.")
-        with st.expander("Manage Links", expanded=bool(st.session_state.get("links_open"))):
-            if not opts["queues"]:
-                st.info("No queue exists yet.")
-                return
-            if not _links_unlocked():
-                return
-            q = st.selectbox("Queue", opts["queues"], key="links_queue")
-            blk = QueueLinks.for_queue(q)
-            labels = [x.label for x in blk.links]
-            with st.form("link_form", clear_on_submit=False):
-                target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")
-                label = st.text_input("Label", key="link_label")
-                url = st.text_input("URL (http:// or https://)", key="link_url")
-                c1, c2 = st.columns(2)
-                save = c1.form_submit_button("Save link")
-                remove = c2.form_submit_button("Remove link")
-            if save or remove:
-                st.session_state["links_open"] = True
-            if save:
-                try:
-                    blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
-                    blk.store()
-                    st.success(f"Saved link {label.strip()!r} for {q}.")
-                except ValueError as exc:
-                    msg = str(exc).splitlines()
-                    st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
-            if remove:
-                if target == "(new link)":
-                    st.error("Pick the link to remove.")
-                elif blk.remove(target):
-                    blk.store()
-                    st.success(f"Removed link {target!r} from {q}.")
+        # the form is drawn only when asked for (its widgets cost every visit a share of the drawing)
+        if not st.toggle("Manage Links", key="links_open"):
+            return
+        if not opts["queues"]:
+            st.info("No queue exists yet.")
+            return
+        if not _links_unlocked():
+            return
+        q = st.selectbox("Queue", opts["queues"], key="links_queue")
+        blk = QueueLinks.for_queue(q)
+        labels = [x.label for x in blk.links]
+        with st.form("link_form", clear_on_submit=False):
+            target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")
+            label = st.text_input("Label", key="link_label")
+            url = st.text_input("URL (http:// or https://)", key="link_url")
+            c1, c2 = st.columns(2)
+            save = c1.form_submit_button("Save link")
+            remove = c2.form_submit_button("Remove link")
+        if save:
+            try:
+                blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
+                blk.store()
+                st.success(f"Saved link {label.strip()!r} for {q}.")
+            except ValueError as exc:
+                msg = str(exc).splitlines()
+                st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
+        if remove:
+            if target == "(new link)":
+                st.error("Pick the link to remove.")
+            elif blk.remove(target):
+                blk.store()
+                st.success(f"Removed link {target!r} from {q}.")
 
 
 def _source_note(v: V.View) -> str:
@@ -485,6 +507,7 @@ def main() -> None:
         st.error(f"Cannot reach the Prefect API: {exc}")
         st.stop()
     spec = sidebar(opts)
+    _prefetch(spec, opts)
     v = _view(spec)
     st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
                f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"
@@ -495,11 +518,16 @@ def main() -> None:
         panel_status(v)
     with c2:
         panel_queued(v)
-    panel_runs(v)
-    panel_metrics(v)
-    panel_cost(v)
-    panel_errors(v)
+    # the panels below: one section at a time, only the chosen one drawn (the browser's drawing of
+    # charts and grids is most of what a visit waits for; each section stays one click away)
+    names = list(SECTIONS)
+    section = st.segmented_control("Section", names, default=names[0], required=True, key="section",
+                                   label_visibility="collapsed") or names[0]
+    SECTIONS[section](v)
     panel_links(v, opts)
+
+
+SECTIONS = {"Job runs": panel_runs, "Resource use": panel_metrics, "Cost and waste": panel_cost, "Errors": panel_errors}
 
 
 main()

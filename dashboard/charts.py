@@ -142,8 +142,11 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
     brush = alt.selection_interval(encodings=["x"], name="brush")
     n = max(seg["lane"].nunique(), 1)
     folded = bool(seg.attrs.get("folded"))  # one lane per agent: the group holding most of its devices per pixel
-    # label columns come as categoricals (cheap to build); the chart gets plain strings
-    seg = seg.astype({c: object for c in ("lane", "agent", "group") if isinstance(seg[c].dtype, pd.CategoricalDtype)})
+    # only the columns the marks and tooltips read (the data travels to the browser as it is: run ids
+    # and agents were a third of it); label columns come as categoricals (cheap to build), the chart
+    # gets plain strings
+    seg = seg[[c for c in ("lane", "start", "end", "group", "runs", "name") if c in seg]]
+    seg = seg.astype({c: object for c in ("lane", "group") if isinstance(seg[c].dtype, pd.CategoricalDtype)})
     return (
         alt.Chart(seg)
         .mark_bar(height={"band": 0.8})

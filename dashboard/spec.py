@@ -51,6 +51,7 @@ STATUS_COLORS = {
     "cancelled": "#6d4c41",
     "paused": "#00acc1",
 }
+PAGE_STEP_S = 60  # the page's clock moves in these steps (see page_now); a view is cached CACHE_TTL_S (30 s) at most
 RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(days=1), "Last 7 days": dt.timedelta(days=7)}
 NICE_INTERVALS = (60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 
@@ -94,6 +95,14 @@ def interval_for(since: dt.datetime, until: dt.datetime, target: int = 170) -> i
         if span / s <= target:
             return s
     return int(math.ceil(span / 500))
+
+
+def page_now(now: Optional[dt.datetime] = None) -> dt.datetime:
+    """The page's clock: ``now`` up to the next whole ``PAGE_STEP_S`` step. Every visit and rerun
+    within a step reads the same range, so the view and the cost rows of a range are computed once
+    per step (and kept 30 s), not once per visit."""
+    now = (now or dt.datetime.now(UTC)).replace(microsecond=0)
+    return now + dt.timedelta(seconds=PAGE_STEP_S - int(now.timestamp()) % PAGE_STEP_S)
 
 
 def time_window(choice: str, now: Optional[dt.datetime] = None, custom: Optional[tuple] = None) -> tuple[dt.datetime, dt.datetime]:

@@ -11,7 +11,13 @@ from fixtures_dashboard import fresh_app, seed_runs
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
-          "GPU memory by job", "System memory by job", "Runs that waste hardware", "Errors", "External Links"]
+          "GPU memory by job", "System memory by job", "Runs that waste hardware", "Cost and waste", "Errors",
+          "External Links"]
+FIRST = ["Queue summary", "Job status", "Queued time"]  # always drawn, above the section control
+# the sections below them, one drawn at a time (the first by default), then External Links
+SECTIONS = {"Job runs": ["Job runs"], "Resource use": ["GPU use by job", "CPU use by job", "GPU memory by job",
+                                                       "System memory by job", "Runs that waste hardware"],
+            "Cost and waste": ["Cost and waste"], "Errors": ["Errors"]}
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +41,24 @@ def _captions(at: AppTest) -> str:
     return "\n".join(c.value for c in at.caption)
 
 
+def _section(at: AppTest, name: str) -> AppTest:
+    at.segmented_control(key="section").set_value(name)
+    return at.run()
+
+
 def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     at = _app().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert [s.value for s in at.subheader if s.value in PANELS] == PANELS
+    assert [s.value for s in at.subheader if s.value in PANELS] == FIRST + SECTIONS["Job runs"] + ["External Links"]
     assert "grouping job" in _captions(at)
+    seen = set()
+    for name, panels in SECTIONS.items():  # every panel one choice away, only the chosen section drawn
+        _section(at, name)
+        assert not at.exception, [e.value for e in at.exception]
+        assert [s.value for s in at.subheader if s.value in PANELS] == FIRST + panels + ["External Links"], name
+        seen.update(panels)
+    assert seen | set(FIRST) | {"External Links"} == set(PANELS)
+    _section(at, "Job runs")
 
     at.sidebar.multiselect(key="queues").set_value([seeded.pool]).run()
     at.sidebar.selectbox(key="grouping").set_value("owner").run()
@@ -51,16 +70,16 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     assert set(runs_table["queue"]) == {seeded.pool}
     assert set(runs_table["owner"]) == set(seeded.owners)
     assert all(link.endswith(f"/runs/flow-run/{i}") for link, i in zip(runs_table["link"], runs_table["link"].str.rsplit("/", n=1).str[-1]))
-    errors = _table(at, "message", "link")
+    errors = _table(_section(at, "Errors"), "message", "link")
     assert len(errors) == len(seeded.failed_ids)
 
     # a filter narrows the panels
     at.sidebar.multiselect(key="f_owners").set_value(["alice"]).run()
     at.sidebar.multiselect(key="f_statuses").set_value(["failed"]).run()
     assert not at.exception
-    runs_table = _table(at, "priority", "link")
-    assert set(runs_table["owner"]) == {"alice"} and set(runs_table["state_name"]) == {"Failed"}
     assert set(_table(at, "message", "link")["owner"]) == {"alice"}
+    runs_table = _table(_section(at, "Job runs"), "priority", "link")
+    assert set(runs_table["owner"]) == {"alice"} and set(runs_table["state_name"]) == {"Failed"}
 
     # custom range shows the date picker and still renders
     at.sidebar.radio(key="range").set_value("Custom").run()
@@ -68,6 +87,8 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
 
 
 def _submit(at: AppTest, queue: str, label: str, url: str, target: str = "(new link)", button: int = 0) -> AppTest:
+    if "links_queue" not in [s.key for s in at.selectbox]:  # the form is drawn once Manage Links is on
+        at.toggle(key="links_open").set_value(True).run()
     at.selectbox(key="links_queue").set_value(queue)
     at.run()
     at.selectbox(key="link_target").set_value(target)
