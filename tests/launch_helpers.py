@@ -174,3 +174,15 @@ def wait_agent_free(name: str, gpu: int, timeout: float = 30, log: "Path | None"
             raise AssertionError(f"agent {name} never showed {gpu} free GPUs and no runs: {a}"
                                  + (f"\n--- {log.name} (tail)\n{tail}" if tail else ""))
         time.sleep(0.5)
+
+
+def wait_for(what, timeout: float, message):
+    """``what()``'s first truthy value within ``timeout`` s; else fail with ``message`` (a string, or a callable
+    read only then, e.g. an agent log's tail)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(message() if callable(message) else message)

@@ -13,12 +13,11 @@ import json
 import subprocess
 import sys
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from launch_helpers import ROOT, apply_queue, cli_json, wait_agent_free, wait_final
+from launch_helpers import ROOT, apply_queue, cli_json, wait_agent_free, wait_final, wait_for
 from prefect_launch.workers.cluster_docker import MEMBER_LABEL
 from prefect_launch.workers.run_tags import RUN_ID_LABEL
 from test_docker_backend import MiB, agent
@@ -48,16 +47,6 @@ def _run_containers(client, run_id: str) -> dict[str, object]:
     return {c.labels.get(MEMBER_LABEL, "main1"): c for c in found}
 
 
-def _wait(what, timeout: float, message):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(message())
-
-
 def test_docker_cluster_all_reduces_in_one_container_per_member_then_a_killed_member_fails_the_run(
         tmp_path: Path, unique_name: str, docker_client, image: str):  # noqa: F811
     name = f"dkc-{unique_name}"
@@ -67,7 +56,7 @@ def test_docker_cluster_all_reduces_in_one_container_per_member_then_a_killed_me
     with agent([name], name, "cpu=2,memory=4Gi,gpu=3", tmp_path):
         run_id = cli_json("submit", job, "--cluster-size", "3", "--param", f"out_dir={out}",
                           "--param", "hold_s=4")["run_ids"][0]
-        members = _wait(lambda: (lambda m: m if len(m) == 3 else None)(_run_containers(docker_client, run_id)),
+        members = wait_for(lambda: (lambda m: m if len(m) == 3 else None)(_run_containers(docker_client, run_id)),
                         120, lambda: log.read_text()[-3000:])
         assert sorted(members) == ["main1", "sub1", "sub2"]
         for c in members.values():
@@ -85,16 +74,16 @@ def test_docker_cluster_all_reduces_in_one_container_per_member_then_a_killed_me
         assert sorted(r["rank"] for r in recs.values()) == [0, 1, 2]
         assert sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in recs.values()) == ["0", "1", "2"]
         wait_agent_free(name, 3, timeout=120)
-        _wait(lambda: not _run_containers(docker_client, run_id), 60,
+        wait_for(lambda: not _run_containers(docker_client, run_id), 60,
               lambda: f"member containers left: {list(_run_containers(docker_client, run_id))}")
 
         # a sub member's container dies: the run fails naming it, main1 is stopped, all capacity comes back
         doomed = cli_json("submit", job, "--cluster-size", "3", "--param", f"out_dir={out}",
                           "--param", "hold_s=60")["run_ids"][0]
-        _wait(lambda: len(list(out.glob(f"{doomed}-*.started.json"))) == 3, 120, lambda: log.read_text()[-3000:])
+        wait_for(lambda: len(list(out.glob(f"{doomed}-*.started.json"))) == 3, 120, lambda: log.read_text()[-3000:])
         _run_containers(docker_client, doomed)["sub1"].kill()
         (run,) = wait_final([doomed], timeout=120)
         assert run.state_name == "Failed" and "member sub1" in run.state.message, run.state.message
         wait_agent_free(name, 3, timeout=120)
-        _wait(lambda: not _run_containers(docker_client, doomed), 60,
+        wait_for(lambda: not _run_containers(docker_client, doomed), 60,
               lambda: f"containers left: {list(_run_containers(docker_client, doomed))}")

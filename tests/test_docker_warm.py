@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from launch_helpers import CLI, apply_queue, wait_agent_free, wait_agent_online, wait_final
+from launch_helpers import CLI, apply_queue, wait_agent_free, wait_agent_online, wait_final, wait_for
 from prefect_launch.workers.warm_containers import ORDER_PATH, WARM_LABEL, WARM_NAME_PREFIX, run_container_name
 from test_docker_backend import MiB, PRESETS, agent, deploy_container_probe, record, submit
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
@@ -30,16 +29,6 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(150
 def warm_containers(client, agent_name: str) -> list:
     return [c for c in client.containers.list(all=True, filters={"label": f"{WARM_LABEL}={agent_name}"})
             if c.name.startswith(WARM_NAME_PREFIX)]
-
-
-def wait_for(what, timeout: float, message: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(message)
 
 
 def test_warm_container_takes_the_runs_limits_and_env_and_survives_an_agent_kill(
