@@ -255,6 +255,7 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     at.sidebar.multiselect(key="queues").set_value([ran["queue"]]).run()
     at.sidebar.radio(key="range").set_value("Last 1 hour").run()
     at.sidebar.selectbox(key="grouping").set_value("owner").run()
+    at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
     assert "Cost and waste" in [s.value for s in at.subheader]
     shown = next(d.value for d in at.dataframe if "gpu_alloc_h" in d.value.columns)
@@ -279,6 +280,8 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     # the usage panels show what the agent measured: the GPU-use chart's data holds each GPU run's summary
     import pyarrow as pa
 
+    at.segmented_control(key="section").set_value("Resource use").run()
+    assert not at.exception, [e.value for e in at.exception]
     frames = []
     for el in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")]:
         blobs = [d.data.data for d in el.proto.datasets] + ([el.proto.data.data] if el.proto.data.data else [])

@@ -15,7 +15,8 @@ running run, through a `RunHandle`:
 - ``_adopted_end(run_id, handle, limits)``: why a re-adopted run ended, if the
   agent knows better than the run's own final state.
 
-Capacity is released exactly once per run, on every end, by `_release_allocation`.
+Capacity is released exactly once per run, on every end: by `_free_capacity` as soon as its process or
+container is gone (before the bookkeeping of its end), else by `_release_allocation` (Prefect's slot release).
 
 Every decision becomes a scheduling-history record (`blocks.scheduling_history`, written by
 one `HistoryWriter` per agent): dispatch's placement decisions, the start (or its failure),
@@ -128,6 +129,7 @@ class LaunchWorkerCore:
         self._ever_started: set[UUID] = set()  # runs whose process/container came up (start SUCCESS)
         self._idle: dict[UUID, IdleChecker] = {}
         self._stops: dict[UUID, list[SubStep]] = {}
+        self._freed: dict[UUID, bool] = {}  # capacity given back before Prefect's slot release (_free_capacity)
 
     @property
     def history(self) -> Optional[HistoryWriter]:
@@ -431,6 +433,7 @@ class LaunchWorkerCore:
                 await self._mark_stopped(flow_run, Crashed(message=reason))
             elif flow_run.id in self._end_states:
                 await self._mark_stopped(flow_run, self._end_states[flow_run.id])
+            self._free_capacity(flow_run.id)  # its process is gone: the next run need not wait for the summary
             await self._after_finish(flow_run, status_code)
             if flow_run.id in self._handles:  # it ran: record its end (a failed start is recorded by the caller)
                 await self._note_end(flow_run, status_code, reason)
@@ -569,11 +572,20 @@ class LaunchWorkerCore:
         self._signalled.pop(flow_run_id, None)
         self._stops.pop(flow_run_id, None)
         self.agent.preempting.discard(str(flow_run_id))
-        if self.ledger.release(str(flow_run_id)) is not None:
-            self.journal.remove(str(flow_run_id))
+        self._free_capacity(flow_run_id)
+        if self._freed.pop(flow_run_id, False):  # freed now or when its process ended
             self._end_states.pop(flow_run_id, None)
-            self.agent.released()
-            self._publish_soon()
+
+    def _free_capacity(self, flow_run_id: UUID) -> bool:
+        """Give the run's capacity back (once): called as soon as its process or container is gone, before the
+        bookkeeping of its end (metrics summary, artifact, history), which used to delay the next placement."""
+        if self.ledger.release(str(flow_run_id)) is None:
+            return False
+        self._freed[flow_run_id] = True
+        self.journal.remove(str(flow_run_id))
+        self.agent.released()
+        self._publish_soon()
+        return True
 
     # ------------------------------------------------- back-end hooks (process)
     async def _handle_alive(self, run_id: str, handle: RunHandle) -> bool:

@@ -71,6 +71,10 @@ def main() -> None:
     from prefect_launch.api_retry import install
 
     install()  # a 503 from a busy SQLite server costs the run milliseconds, not Prefect's 2 s back-off
+    if order_path:  # a warm container: the engine must not get the agent's SIGTERM (see container_engine)
+        from prefect_launch.workers.container_engine import shield_from_sigterm
+
+        shield_from_sigterm()
     import warnings
 
     # runpy's notice that prefect.engine is already imported: that is the point of a warm engine
