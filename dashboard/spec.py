@@ -51,7 +51,7 @@ STATUS_COLORS = {
     "cancelled": "#6d4c41",
     "paused": "#00acc1",
 }
-PAGE_STEP_S = 60  # the page's clock moves in these steps (see page_now); a view is cached CACHE_TTL_S (30 s) at most
+PAGE_STEP_S = 10  # the page's clock moves in these steps (see page_now): figures stay at most 10 s old
 RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(days=1), "Last 7 days": dt.timedelta(days=7)}
 NICE_INTERVALS = (60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 

@@ -74,8 +74,9 @@ def docker_daemon() -> Iterator[str]:
         return
     OWN_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
     url = f"unix://{OWN_SOCKET_DIR}/docker.sock"
-    if _answers(url):  # left by another session of ours: share it, do not stop it
-        yield url
+    if _answers(url):  # started by another session of ours (e.g. the other xdist worker): share it
+        with _using(os.getpid()):
+            yield url
         return
     data = CACHE / "data-root"
     data.mkdir(parents=True, exist_ok=True)
@@ -94,6 +95,7 @@ def docker_daemon() -> Iterator[str]:
             time.sleep(0.3)
         yield url
     finally:
+        _wait_for_other_users()  # the other pytest worker may still be running its docker tests
         proc.terminate()
         try:
             proc.wait(timeout=30)
@@ -101,6 +103,39 @@ def docker_daemon() -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+USERS_DIR = OWN_SOCKET_DIR / "users"
+
+
+@contextlib.contextmanager
+def _using(pid: int) -> Iterator[None]:
+    """Mark this process as a user of the private dockerd while the block runs."""
+    USERS_DIR.mkdir(parents=True, exist_ok=True)
+    mark = USERS_DIR / str(pid)
+    mark.touch()
+    try:
+        yield
+    finally:
+        mark.unlink(missing_ok=True)
+
+
+def _wait_for_other_users(timeout: float = 3600) -> None:
+    """The daemon's owner stops it only once no live process that shares it is left."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        live = []
+        for mark in USERS_DIR.glob("*") if USERS_DIR.exists() else []:
+            try:
+                os.kill(int(mark.name), 0)
+                live.append(mark)
+            except (ValueError, ProcessLookupError):
+                mark.unlink(missing_ok=True)
+            except PermissionError:
+                live.append(mark)
+        if not live:
+            return
+        time.sleep(1)
 
 
 def _run(cmd: list[str], **kw) -> None:
