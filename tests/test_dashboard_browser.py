@@ -97,6 +97,7 @@ def test_every_panel_renders_with_data(dashboard):
             heat = page.locator(".st-key-panel-summary .vega-embed")
             assert heat.count() >= 2  # load chart and hour x weekday heatmap
             link = page.locator('.st-key-panel-links a[href="https://grafana.example.com/d/gpu"]')
+            link.first.wait_for(timeout=60_000)  # drawn after the section above it: it streams in last
             assert link.count() == 1 and link.inner_text() == "Grafana GPU board"
             # the panel streams in element by element: its links can be on screen before the expander below them
             page.locator(".st-key-panel-links").get_by_text("Manage Links").first.wait_for(timeout=30_000)
