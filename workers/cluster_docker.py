@@ -125,12 +125,9 @@ class ClusterContainers(ClusterProcesses):
                 s.proc.kill(signal.SIGKILL)  # type: ignore[call-arg]
             await self.wait(5.0)
 
-    def forget_files(self) -> None:
-        super().forget_files()
-        self.remove()
-
     def remove(self) -> None:
-        """Remove the members' containers once their ends are read (unless the queue keeps them)."""
+        """Remove the members' containers once their ends are read (unless the queue keeps them): the docker
+        worker calls it once on every end, after `_end_cluster` (which only drops the member logs)."""
         if self.keep:
             return
         for s in self.subs:

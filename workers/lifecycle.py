@@ -129,7 +129,7 @@ class LaunchWorkerCore:
         self._ever_started: set[UUID] = set()  # runs whose process/container came up (start SUCCESS)
         self._idle: dict[UUID, IdleChecker] = {}
         self._stops: dict[UUID, list[SubStep]] = {}
-        self._freed: dict[UUID, bool] = {}  # capacity given back before Prefect's slot release (_free_capacity)
+        self._freed: set[UUID] = set()  # capacity given back before Prefect's slot release (_free_capacity)
 
     @property
     def history(self) -> Optional[HistoryWriter]:
@@ -573,7 +573,8 @@ class LaunchWorkerCore:
         self._stops.pop(flow_run_id, None)
         self.agent.preempting.discard(str(flow_run_id))
         self._free_capacity(flow_run_id)
-        if self._freed.pop(flow_run_id, False):  # freed now or when its process ended
+        if flow_run_id in self._freed:  # freed now or when its process ended
+            self._freed.discard(flow_run_id)
             self._end_states.pop(flow_run_id, None)
 
     def _free_capacity(self, flow_run_id: UUID) -> bool:
@@ -581,7 +582,7 @@ class LaunchWorkerCore:
         bookkeeping of its end (metrics summary, artifact, history), which used to delay the next placement."""
         if self.ledger.release(str(flow_run_id)) is None:
             return False
-        self._freed[flow_run_id] = True
+        self._freed.add(flow_run_id)
         self.journal.remove(str(flow_run_id))
         self.agent.released()
         self._publish_soon()
@@ -690,9 +691,10 @@ class LaunchWorkerCore:
         steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
         t0 = datetime.now(timezone.utc)
         if grace_s > 0 and state.is_final():
-            # The agent's state first: an engine answers SIGTERM by proposing "Crashed ... termination signal",
-            # which Prefect refuses for a run already in a final state, so no reader sees a crash that was the
-            # agent's decision (timeout, cancel, idle reclaim). The grace still lets the job checkpoint.
+            # The agent's state first, so readers see its reason at once. Prefect's engine still forces
+            # "Crashed ... termination signal" when the SIGTERM reaches it (process back end: a short window,
+            # mended by _mark_stopped once the process is gone; containers shield the engine from the signal,
+            # see container_engine.shield_from_sigterm). The grace still lets the job checkpoint.
             try:
                 await self.client.set_flow_run_state(flow_run.id, state, force=True)
             except Exception as exc:  # recorded again once the process is gone (_mark_stopped)
