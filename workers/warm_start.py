@@ -1,7 +1,8 @@
 """Warm starts: hand a placed run to a pre-imported engine process.
 
-`WarmPool` keeps ``size`` engine processes (workers/warm_engine.py) spawned and
-waiting; `WarmEngineStarter` is a Prefect `EngineCommandStarter` that, instead
+`WarmPool` keeps ``size`` engine processes (workers/warm_engine.py) forked from
+one pre-imported zygote (workers/engine_zygote.py; a fresh interpreter each where
+the zygote cannot start) and waiting; `WarmEngineStarter` is a Prefect `EngineCommandStarter` that, instead
 of spawning ``python -m prefect.engine``, takes one from the pool, writes it the
 run's environment and working directory, then streams its output and waits for
 it exactly as Prefect's own starter does. The pool refills in the background.
@@ -19,11 +20,13 @@ from typing import Optional
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from prefect.runner._process_manager import ProcessHandle, create_isolated_termination_scope
 from prefect.runner._starter_engine import EngineCommandStarter
 from prefect.settings import get_current_settings
 from prefect.utilities.processutils import consume_process_output, sanitize_subprocess_env
 
+from prefect_launch.workers.engine_fork import EngineZygote
 from prefect_launch.workers.run_tags import tag_value
 
 logger = logging.getLogger("prefect_launch.warm_start")
@@ -41,12 +44,15 @@ class WarmPool:
     ``1`` always; ``0`` never.
     """
 
-    def __init__(self, size: int = 1, apps: Optional[str] = None):
+    def __init__(self, size: int = 1, apps: Optional[str] = None, fork: Optional[bool] = None):
         self.size = size
         self._ready: list[anyio.abc.Process] = []
         self._spawning = 0
         self.apps_mode = (apps or os.environ.get("LAUNCH_WARM_APPS") or "auto").lower()
         self._apps_until = 0.0
+        if fork is None:  # LAUNCH_ENGINE_FORK=0: every engine a fresh interpreter, as before the zygote
+            fork = os.environ.get("LAUNCH_ENGINE_FORK", "1").lower() not in ("0", "false", "no")
+        self.zygote: Optional[EngineZygote] = EngineZygote() if fork else None
 
     def want_apps(self, for_s: float = APPS_WARM_S) -> None:
         """An interactive session was placed: the engines started from now on preload its apps."""
@@ -65,6 +71,15 @@ class WarmPool:
             env = dict(os.environ)
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
             env["LAUNCH_WARM_APPS"] = "1" if self.apps_now() else "0"
+            if self.zygote is not None:
+                env["LAUNCH_WARM_APPS"] = "0"  # the zygote loads them before a fork that asks for them
+                try:
+                    proc = await anyio.to_thread.run_sync(self.zygote.fork, sanitize_subprocess_env(env),
+                                                          self.apps_now())
+                    self._ready.append(proc)
+                    return
+                except Exception as exc:
+                    logger.warning("could not fork an engine from the zygote (%s); starting a fresh one", exc)
             proc = await anyio.open_process(
                 [sys.executable, "-m", "prefect_launch.workers.warm_engine"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -107,6 +122,10 @@ class WarmPool:
                             await stream.aclose()
                         except Exception:
                             pass
+            if self.zygote is not None:
+                self.zygote.release()  # it exits once its socket closes; its running engines go on
+                while self.zygote.alive():
+                    await anyio.sleep(0.02)
 
 
 class WarmEngineStarter(EngineCommandStarter):
