@@ -97,3 +97,36 @@ def test_one_priority_order_across_queues_and_owner_quota(prefect_server, tmp_pa
     first, second = sorted([a1, a2], key=lambda r: starts[r])
     assert starts[second] >= ends[first] - 0.5  # alice held at most one GPU at a time
     assert starts[b1] < ends[first]  # bob was not held up by alice's quota
+
+
+@pytest.mark.timeout(300)
+def test_owner_quota_holds_across_the_queues_agents(prefect_server, tmp_path, unique_name):
+    """Two agents serve one queue with a 1-GPU owner quota: alice's second run waits for her first, on
+    either agent, though both have GPUs free; bob's run is not held up. Truth: the runs' own states."""
+    from prefect import get_client
+
+    from prefect_launch.workers.run_tags import WAIT_LABEL
+
+    q = apply_queue(tmp_path, {"name": f"qx-{unique_name}", "presets": GPU_PRESETS, "default_preset": "g1",
+                               "owner_quota": {"gpu": 1}})
+    job = deploy_probe(q, f"qx-{unique_name}")
+    rec = tmp_path / "rec"
+    with agent([q], f"qx1-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
+        a1 = _submit(job, "--owner", "alice", seconds=10, tmp=rec)
+        wait_running(a1)
+        time.sleep(1.5)  # a1's placement label is on the run (written a moment after its start)
+        with agent([q], f"qx2-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
+            a2 = _submit(job, "--owner", "alice", seconds=1, tmp=rec)
+            b1 = _submit(job, "--owner", "bob", seconds=1, tmp=rec)
+            deadline = time.time() + 60
+            reason = ""
+            while time.time() < deadline and "at its quota" not in reason:
+                with get_client(sync_client=True) as client:
+                    reason = (client.read_flow_run(a2).labels or {}).get(WAIT_LABEL, "")
+                time.sleep(0.5)
+            runs = {str(r.id): r for r in wait_final([a1, a2, b1], timeout=200)}
+    assert "owner alice is at its quota" in reason, reason
+    assert all(r.state.is_completed() for r in runs.values())
+    a1_end = runs[a1].end_time.timestamp()
+    assert _placed_times(a2)[0] >= a1_end - 0.5, "alice held two GPUs at once across the two agents"
+    assert _placed_times(b1)[0] < a1_end, "bob waited for alice's quota"

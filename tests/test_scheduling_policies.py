@@ -107,3 +107,23 @@ def test_two_half_size_gangs_do_not_deadlock():
     after = {"a1": R(2, 6 * GI, 0)}
     second = gang_plan(2, R(1, GI, 1), after, "single-node")
     assert not second.placed and second.members == []
+
+
+def test_quotas_count_what_other_agents_hold():
+    from prefect_launch.workers.dispatch import _quotas, held_elsewhere
+    from prefect_launch.workers.ledger import Allocation, Ledger
+    from prefect_launch.workers.queue_spec import QueueSpec
+
+    placed = [("a1", Allocation(run_id="r1", resources=R(1, GI, 1), queue="q", owner="alice")),
+              ("a2", Allocation(run_id="r2", resources=R(0.5, GI, 1), queue="q", owner="alice")),
+              ("a2", Allocation(run_id="r3", resources=R(1, GI, 1), queue="other", owner="alice")),  # other queue
+              ("me", Allocation(run_id="r4", resources=R(1, GI, 1), queue="q", owner="alice"))]  # in my ledger
+    assert held_elsewhere(placed, "me", "q") == {"alice": R(1.5, 2 * GI, 2)}
+    spec = QueueSpec.model_validate({"name": "q", "presets": {"g1": {"cpu": 1, "memory": "1Gi", "gpu": 1}},
+                                     "default_preset": "g1", "owner_quota": {"gpu": 3}})
+    ledger = Ledger(R(4, 8 * GI, 2))
+    assert ledger.try_allocate("r4", R(1, GI, 1), queue="q", owner="alice") is not None
+    quotas = _quotas(spec, ledger, "q", held_elsewhere(placed, "me", "q"))
+    assert quotas.held["alice"].gpu == 3  # one here, two on the other agents
+    assert over_quota(quotas.held["alice"], R(1, GI, 1), quotas.of("alice"), "owner alice")
+    assert _quotas(spec, ledger, "q").held["alice"].gpu == 1  # what one agent alone would have counted

@@ -51,6 +51,8 @@ class DispatchHooks:
     stopping: Callable[[], set[str]] = lambda: set()  # runs already told to give their capacity back
     # peers(): the free capacity of the queue's other online agents (multi-node cluster runs)
     peers: Optional[Callable[[], Awaitable[dict[str, Resources]]]] = None
+    # placed_elsewhere(): (agent, allocation) of the queue's live runs, as their labels say (owner quotas)
+    placed_elsewhere: Optional[Callable[[], Awaitable[list[tuple[str, Allocation]]]]] = None
 
 
 @dataclass
@@ -153,10 +155,16 @@ async def dispatch_cycle(
     # 2. snapshot, 4. plan against it
     t_plan = _now()
     free_before = ledger.free()
+    elsewhere: dict[str, Resources] = {}
+    if hooks.placed_elsewhere is not None and (spec.owner_quota is not None or spec.owner_quotas):
+        try:
+            elsewhere = held_elsewhere(await hooks.placed_elsewhere(), agent_name, queue)
+        except Exception as exc:  # the quota then counts this agent's runs only, as before; said in the log
+            hooks.log(f"could not read what other agents hold for owner quotas: {exc}")
     decisions = plan(candidates, free_before, ledger.capacity, agent_name, spec.backfill,
                      agents_offline=offline, agents_known=known, foreign=[c for c in foreign or []
                                                                           if ledger.get(c.run_id) is None],
-                     fair=_fair_share(spec, ledger), quotas=_quotas(spec, ledger, queue))
+                     fair=_fair_share(spec, ledger), quotas=_quotas(spec, ledger, queue, elsewhere))
     t_planned = _now()
     by_cand = {c.run_id: c for c in candidates}
     decisions = await _preempt_for_head(decisions, by_cand, by_id, ledger, hooks, spec, out)
@@ -260,13 +268,30 @@ def _fair_share(spec: QueueSpec, ledger: Ledger) -> Optional[FairShare]:
     return FairShare(held=_held_by_owner(ledger), capacity=ledger.capacity) if spec.fair_share else None
 
 
-def _quotas(spec: QueueSpec, ledger: Ledger, queue: str) -> Optional[Quotas]:
-    """Owner quotas count what each owner holds of this queue on this agent."""
+def held_elsewhere(placed: list[tuple[str, Allocation]], me: str, queue: str) -> dict[str, Resources]:
+    """What each owner holds of ``queue`` on agents other than ``me``, from their runs' allocations."""
+    held: dict[str, Resources] = {}
+    for agent, a in placed:
+        if agent == me or a.queue != queue:
+            continue
+        h = held.get(a.owner or "", Resources())
+        held[a.owner or ""] = Resources(cpu=round(h.cpu + a.resources.cpu, 6), memory=h.memory + a.resources.memory,
+                                        gpu=h.gpu + a.resources.gpu)
+    return held
+
+
+def _quotas(spec: QueueSpec, ledger: Ledger, queue: str,
+            elsewhere: Optional[dict[str, Resources]] = None) -> Optional[Quotas]:
+    """Owner quotas count what each owner holds of this queue: here (the ledger) and on the queue's other
+    agents (``elsewhere``, from their runs' labels), so a quota holds however many agents serve the queue."""
     if spec.owner_quota is None and not spec.owner_quotas:
         return None
+    held = _held_by_owner(ledger, queue)
+    for owner, r in (elsewhere or {}).items():
+        h = held.get(owner, Resources())
+        held[owner] = Resources(cpu=round(h.cpu + r.cpu, 6), memory=h.memory + r.memory, gpu=h.gpu + r.gpu)
     return Quotas(caps={o: q.resources() for o, q in spec.owner_quotas.items()},
-                  default=spec.owner_quota.resources() if spec.owner_quota else None,
-                  held=_held_by_owner(ledger, queue))
+                  default=spec.owner_quota.resources() if spec.owner_quota else None, held=held)
 
 
 async def _preempt_for_head(decisions: list[Decision], cands: dict[str, Candidate], runs: dict[str, Any],

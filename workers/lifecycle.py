@@ -129,6 +129,7 @@ class LaunchWorkerCore:
         self._ever_started: set[UUID] = set()  # runs whose process/container came up (start SUCCESS)
         self._idle: dict[UUID, IdleChecker] = {}
         self._stops: dict[UUID, list[SubStep]] = {}
+        self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
         self._freed: set[UUID] = set()  # capacity given back before Prefect's slot release (_free_capacity)
 
     @property
@@ -298,6 +299,31 @@ class LaunchWorkerCore:
         return {a.name: a.free for a in agents
                 if a.name != self.name and a.online() and self._work_pool_name in a.queues}
 
+    async def _placed_elsewhere(self) -> list[tuple[str, Allocation]]:
+        """The queue's live runs placed by other agents, as their ``launch.alloc`` labels say (owner quotas).
+
+        Read at most once a second. A run another agent placed less than a moment ago may not carry its
+        label yet, so two agents placing the same owner's runs in the same second can overshoot its quota
+        by one run each; every later decision counts it.
+        """
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                    WorkPoolFilter, WorkPoolFilterName)
+        from prefect.client.schemas.objects import StateType
+
+        from prefect_launch.workers.run_journal import parse_alloc_label
+
+        cached = self._elsewhere_cache
+        if cached is not None and time.monotonic() - cached[0] < 1.0:
+            return cached[1]
+        live = await self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
+        )
+        placed = [(p[0], p[1]) for p in (parse_alloc_label((fr.labels or {}).get(ALLOC_LABEL)) for fr in live) if p]
+        self._elsewhere_cache = (time.monotonic(), placed)
+        return placed
+
     async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
         if deployment_id is None:
             return {}
@@ -321,6 +347,7 @@ class LaunchWorkerCore:
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
             log=self._logger.debug, history=self._note_history,
             preempt=self._preempt, stopping=lambda: set(self.agent.preempting), peers=self._peer_free,
+            placed_elsewhere=self._placed_elsewhere,
         )
         foreign = [c for q, cs in self.agent.unplaced.items() if q != self._work_pool_name for c in cs]
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
