@@ -339,12 +339,23 @@ def panel_runs(v: V.View) -> None:
             lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
             sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
             st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} runs")
-        table = sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
-            ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
+        table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
+            ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
+            sel["id"], v.metrics)
         st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
                      column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
                                     "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
                                     "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+
+
+def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
+    """A cluster run stays one row; its members (GPUs, CPU seconds, memory each) go in one more column,
+    shown only when a run in the table has members."""
+    if metrics is None or metrics.empty or "members" not in metrics:
+        return table
+    per_run = metrics.drop_duplicates("id").set_index("id")["members"]
+    shown = [per_run.get(i, "") or "" for i in ids]
+    return table.assign(members=shown) if any(shown) else table
 
 
 def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
@@ -363,8 +374,9 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
         lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
         st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} of the newest {len(v.runs):,} runs")
-    table = sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
-        ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]]
+    table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
+        ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
+        sel["id"], v.metrics)
     st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
                  column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
                                 "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),

@@ -19,7 +19,7 @@ from prefect_launch.dashboard.spec import STATUS_OF_TYPE, UNKNOWN, ViewSpec
 
 METRIC_COLUMNS = ["id", "run", "job", "queue", "owner", "preset", "flow", "state", "status", "duration_s", "gpu_util_pct", "cpu_pct",
                   "cpu_share_pct", "gpu_mem_gib", "rss_gib", "alloc_gpus", "alloc_cpus", "alloc_memory_gib", "wasteful",
-                  "waste_reasons"]
+                  "waste_reasons", "members"]
 WASTE_COLUMNS = ["run", "id", "job", "owner", "queue", "preset", "duration_s", "gpu_util_pct", "cpu_share_pct", "alloc_gpus",
                  "waste_reasons"]
 
@@ -123,11 +123,27 @@ def metrics_frame(rows: Sequence[dict], spec: Optional[ViewSpec] = None) -> pd.D
             alloc_gpus=r.get("gpu"), alloc_cpus=r.get("cpu"),
             alloc_memory_gib=(r["memory_bytes"] / 2**30) if r.get("memory_bytes") else None,
             wasteful=bool(r.get("wasteful")), waste_reasons="; ".join(r.get("waste_reasons") or []),
+            members=members_text((r.get("extra") or {}).get("members")),
         ))
     df = pd.DataFrame(out, columns=METRIC_COLUMNS)
     if spec is not None and not df.empty:
         df = apply_filters(df, spec)
     return df
+
+
+def members_text(members: Optional[dict]) -> str:
+    """A cluster run's members in one cell: name, GPUs, CPU seconds, peak memory ('' for other runs)."""
+    if not isinstance(members, dict) or not members:
+        return ""
+    parts = []
+    for name, m in sorted(members.items()):
+        if not isinstance(m, dict):
+            continue
+        gpus = ",".join(str(int(g)) for g in (m.get("gpu_indices") or []))
+        peak = m.get("peak_memory_bytes")
+        parts.append(f"{name}: " + (f"gpu {gpus}, " if gpus else "") + f"{float(m.get('cpu_seconds') or 0):.1f} CPU-s"
+                     + (f", {peak / 2**30:.2f} GiB" if isinstance(peak, (int, float)) and peak else ""))
+    return " · ".join(parts)
 
 
 def apply_filters(df: pd.DataFrame, spec: ViewSpec) -> pd.DataFrame:

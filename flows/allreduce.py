@@ -72,8 +72,11 @@ def all_reduce_sum(vector: list[float], rank: int, world: int, addr: str, port: 
 
 
 @flow(name="allreduce")
-def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0) -> dict:
-    """Rank r contributes [r+1, 2(r+1), ...]; the sum is checked against world*(world+1)/2 * [1, 2, ...]."""
+def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float = 0.0) -> dict:
+    """Rank r contributes [r+1, 2(r+1), ...]; the sum is checked against world*(world+1)/2 * [1, 2, ...].
+
+    ``burn_s``: rank r first spins the CPU for (r+1) x burn_s seconds of its own CPU time, so each
+    member's measured CPU differs by a known amount (per-member metrics tests)."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     member = os.environ.get("LAUNCH_CLUSTER_MEMBER", "main1")
     run_id = os.environ.get("PREFECT__FLOW_RUN_ID", "local")
@@ -86,12 +89,15 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0) -> dict:
                                           "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
     (out / f"{run_id}-{member}.started.json").write_text(json.dumps({"pid": os.getpid(), "env": env}))
     time.sleep(hold_s)  # e.g. to be killed by a test before the collective
+    spin_until = time.process_time() + burn_s * (rank + 1)
+    while time.process_time() < spin_until:
+        pass
     mine = [float((rank + 1) * (i + 1)) for i in range(length)]
     got = all_reduce_sum(mine, rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
                          int(os.environ.get("MASTER_PORT", "29500")))
     want = [world * (world + 1) / 2 * (i + 1) for i in range(length)]
     record = {"member": member, "rank": rank, "world": world, "sum": got, "expected": want, "ok": got == want,
-              "pid": os.getpid(), "env": env}
+              "pid": os.getpid(), "env": env, "cpu_s": time.process_time()}
     (out / f"{run_id}-{member}.json").write_text(json.dumps(record))
     if got != want:
         raise ValueError(f"all-reduce gave {got}, expected {want}")

@@ -338,6 +338,9 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
               "or the agent writes to another store (LAUNCH_METRICS_BLOCK)")
     summary = store.get_summary(run_id)
     series = store.series(run_id, max_points=120)
+    members = (record.extra or {}).get("members") if cluster else None
+    if cluster and members:
+        cluster["members"] = list(members.values())  # per member; the run's figures above are their sum
     if as_json:
         _print_json({**report_dict(record, summary, series), "state": state.name if state else None,
                      "reason": ended_why, "cluster": cluster})
@@ -347,8 +350,27 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
             console.print(f"cluster: {cluster['size']} members ({cluster['mode']})"
                           + (f"; {cluster['placement']}" if cluster.get("placement") else ""),
                           highlight=False, markup=False)
+            if cluster.get("members"):
+                console.print(_members_table(cluster["members"]))
         if ended_why:
             console.print(f"ended: {state.name}: {ended_why}", highlight=False, markup=False)
+
+
+def _members_table(members: list[dict[str, Any]]) -> Table:
+    """A cluster run's figures per member (the run's own figures are their sum)."""
+    from prefect_launch.workers.resources import format_size
+
+    table = Table(title="per member (the run's figures are their sum)")
+    for col in ("member", "process", "GPUs", "CPU s", "peak memory", "GPU util"):
+        table.add_column(col)
+    for m in members:
+        peak = m.get("peak_memory_bytes")
+        util = m.get("avg_gpu_util_pct")
+        table.add_row(str(m.get("member")), str(m.get("pid")), ",".join(map(str, m.get("gpu_indices") or [])) or "-",
+                      f"{m.get('cpu_seconds') or 0:.1f}",
+                      f"{format_size(peak)} ({m.get('memory_measure')})" if peak else "-",
+                      f"{util:.0f}%" if util is not None else "-")
+    return table
 
 
 def _cluster_of_run(fr: Any) -> Optional[dict[str, Any]]:

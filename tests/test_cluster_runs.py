@@ -127,7 +127,10 @@ def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
     assert run.state_name == "Failed", (run.state_name, run.state.message)
     assert "member sub1 exited with code -9 (SIGKILL)" in run.state.message
     _assert_gone(started, ("main1", "sub2"))  # the others were stopped, not left running
-    ended = cli_json("history", victim_run, "--error-code", "cluster-member-failed")
+    deadline, ended = time.time() + 20, []
+    while not ended and time.time() < deadline:  # the agent's history writer stores its notes once a second
+        ended = cli_json("history", victim_run, "--error-code", "cluster-member-failed")
+        time.sleep(0 if ended else 0.5)
     assert ended and "member sub1" in ended[0]["message"], ended
     wait_agent_free(cluster_env["agent"], gpu=3)
     assert time.time() - t0 < 45
@@ -302,3 +305,37 @@ def test_multi_node_run_spreads_over_two_agents(prefect_server, tmp_path):
     assert sorted(agents.values()) == [f"{name}-a", f"{name}-b"], agents  # one member on each agent
     assert {r["env"]["LAUNCH_CLUSTER_MODE"] for r in recs.values()} == {"multi-node"}
     assert {r["env"]["LOCAL_RANK"] for r in recs.values()} == {"0"}
+
+
+@pytest.mark.timeout(180)
+def test_per_member_figures_match_each_members_own_cpu_time(cluster_env):
+    """Each member burns a different amount of CPU; `runs show` gives each member's figures (checked
+    against the CPU time the member's own process reported) and the run's figure is their sum."""
+    out = cluster_env["tmp"] / "burn"
+    run_id = cli_json("submit", cluster_env["job"], "--cluster-size", "3", "--param", f"out_dir={out}",
+                      "--param", "burn_s=1.0")["run_ids"][0]
+    [run] = wait_final([run_id], timeout=150)
+    assert run.state_name == "Completed", run.state.message
+    recs = _records(out, run_id)
+    deadline = time.time() + 30
+    shown: dict = {}
+    while time.time() < deadline:  # the summary is written just after the run's process ends
+        shown = cli_json("runs", "show", run_id)
+        if (shown.get("cluster") or {}).get("members") and shown.get("summary"):
+            break
+        time.sleep(0.5)
+    members = {m["member"]: m for m in shown["cluster"]["members"]}
+    assert sorted(members) == ["main1", "sub1", "sub2"], shown["cluster"]
+    for name, rec in recs.items():
+        m = members[name]
+        assert m["pid"] == rec["pid"], (name, m, rec["pid"])
+        # the member's own CPU time when it wrote its record; the agent samples once a second, so the
+        # member's last second (its engine's teardown) may or may not be in the figure
+        assert rec["cpu_s"] - 1.0 <= m["cpu_seconds"] <= rec["cpu_s"] + 1.5, (name, m["cpu_seconds"], rec["cpu_s"])
+        assert m["peak_memory_bytes"] and m["memory_measure"] in ("pss", "rss")
+    gpus = [tuple(m["gpu_indices"]) for m in members.values()]
+    assert sorted(gpus) == [(0,), (1,), (2,)]  # each member's own GPU, as placed
+    total = sum(m["cpu_seconds"] for m in members.values())
+    assert abs(shown["summary"]["cpu_seconds"] - total) <= 0.05 * total + 0.5, (shown["summary"]["cpu_seconds"], total)
+    text = cli("runs", "show", run_id).stdout
+    assert "per member" in text and "sub2" in text

@@ -133,11 +133,14 @@ class ClusterRunMixin(GangFollowerMixin):
         pin_cores(pid, alloc.members[0].cpu_cores)
         group = getattr(limits, "group", None)
         sampler = self._samplers.get(flow_run.id)
-        for p in procs.pids():
+        gpus_of = {m.name: m.gpu_indices for m in alloc.members}
+        if sampler is not None:  # main1 is the run's own process: named, so its figures are also kept apart
+            sampler.track(pid, member="main1", gpu_indices=gpus_of.get("main1"))
+        for s in procs.subs:
             if group is not None:  # the run's memory limit covers every member
-                group.add(p)
-            if sampler is not None:  # the run's metrics are the sum over its members
-                sampler.track(p)
+                group.add(s.proc.pid)
+            if sampler is not None:  # the run's metrics are the sum over its members; each is also kept apart
+                sampler.track(s.proc.pid, member=s.name, gpu_indices=gpus_of.get(s.name))
         self._note(flow_run.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
                    message=f"agent {self.name} started cluster members main1 (process {pid}), "
                            + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs))
@@ -237,9 +240,12 @@ class ClusterRunMixin(GangFollowerMixin):
             return
         procs = adopt_members(run_id, subs, lambda name: self._member_log(run_id, name))
         sampler = self._samplers.get(flow_run.id)
+        gpus_of = {m.name: m.gpu_indices for m in alloc.members}
+        if sampler is not None:
+            sampler.track(sampler.pid, member="main1", gpu_indices=gpus_of.get("main1"))
         for s in procs.subs:
             if sampler is not None and s.proc.pid:
-                sampler.track(s.proc.pid)
+                sampler.track(s.proc.pid, member=s.name, gpu_indices=gpus_of.get(s.name))
         self._adopted_members()[run_id] = procs
 
         async def on_failure(name: str, code: int) -> None:

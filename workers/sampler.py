@@ -58,6 +58,7 @@ import psutil
 
 from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, RunSummary
 from prefect_launch.workers.limits import MemoryGroup, run_memory
+from prefect_launch.workers.member_usage import MemberTracker
 from prefect_launch.workers.nvml import Nvml, get_nvml
 from prefect_launch.workers.rapl import RaplReader
 from prefect_launch.workers.run_summary import SummaryAccumulator, WasteThresholds
@@ -224,6 +225,7 @@ class RunSampler:
 
         # sampling-thread state
         self._acc = SummaryAccumulator()
+        self._members = MemberTracker()  # a cluster run's figures per member
         self._procs: dict[int, psutil.Process] = {}
         self._prev_tot: dict[int, float] = {}
         self._prev_parent: dict[int, Optional[int]] = {}
@@ -287,6 +289,9 @@ class RunSampler:
         if self._nvml is not None and self.gpu_mem_total_bytes is None and self.gpu_indices:
             self.gpu_mem_total_bytes = self._nvml.memory_total(self.gpu_indices)
         self.record = self.record.model_copy(update={"ended_at": ended, "state": exit_state})
+        if self._members.active:
+            self.record = self.record.model_copy(update={"extra": {**self.record.extra,
+                                                                   "members": self._members.results()}})
         summary = self._acc.finish(
             self.record,
             exit_state,
@@ -355,9 +360,14 @@ class RunSampler:
             self.late_written.set()
             return
 
-    def track(self, pid: int) -> None:
+    def track(self, pid: int, member: Optional[str] = None, gpu_indices: Optional[list[int]] = None) -> None:
         """Also measure ``pid`` and its descendants, e.g. a cluster run's other members (the run's figures
-        are then the sum over its members)."""
+        are then the sum over its members). Named with ``member``, its figures are also kept on their own
+        (the run record's ``extra["members"]``, see workers/member_usage.py)."""
+        if member is not None:
+            self._members.add_root(int(pid), member, gpu_indices)
+        if int(pid) == self.pid:
+            return
         try:
             self._procs.setdefault(int(pid), psutil.Process(int(pid)))
         except psutil.Error:
@@ -549,6 +559,12 @@ class RunSampler:
             except Exception as exc:  # pragma: no cover - defensive
                 self.log.debug("NVML sample failed: %s", exc)
         gpu_j, cpu_j = self._energy_since(energy_prev, energy_now, wall, cpu)
+        if self._members.active:
+            try:
+                self._members.tick(tot_now, self._prev_tot, parent_now, self._prev_parent, self._procs, wall,
+                                   self._nvml)
+            except Exception as exc:  # pragma: no cover - defensive: the run's own figures come first
+                self.log.debug("per-member figures failed for run %s: %s", self.record.flow_run_id, exc)
         sample = MetricSample(
             flow_run_id=self.record.flow_run_id,
             ts=ts,
