@@ -41,10 +41,9 @@ def test_cluster_validation_says_what_is_wrong(layer, why):
     assert cluster_of([({"cluster_size": 2, "cluster_mode": "multi-node"}, "x")]).mode == "multi-node"
 
 
-def test_docker_queues_take_single_node_clusters_only_and_size_one_is_a_plain_run():
+def test_docker_queues_take_both_cluster_modes_and_size_one_is_a_plain_run():
     assert cluster_of([({"cluster_size": 2}, "x")], target="docker").size == 2
-    with pytest.raises(LaunchValidationError, match="multi-node' is not supported on docker queues"):
-        cluster_of([({"cluster_size": 2, "cluster_mode": "multi-node"}, "x")], target="docker")
+    assert cluster_of([({"cluster_size": 2, "cluster_mode": "multi-node"}, "x")], target="docker").mode == "multi-node"
     assert not cluster_of([({"cluster_size": 1}, "x")], target="docker").is_cluster
 
 

@@ -87,3 +87,41 @@ def test_docker_cluster_all_reduces_in_one_container_per_member_then_a_killed_me
         wait_agent_free(name, 3, timeout=120)
         wait_for(lambda: not _run_containers(docker_client, doomed), 60,
               lambda: f"containers left: {list(_run_containers(docker_client, doomed))}")
+
+
+def test_docker_multi_node_run_spreads_its_member_containers_over_two_agents(
+        tmp_path: Path, unique_name: str, docker_client, image: str):  # noqa: F811
+    """Two agents with one GPU each serve one docker queue: a 2-member multi-node all-reduce puts main1 in a
+    container of the agent that placed it and sub1 in a container of the other, both limited to one
+    member's share; the sum is right, and both agents end with their GPU free and no container left."""
+    from prefect_launch.workers.run_tags import AGENT_LABEL
+
+    name = f"dkm-{unique_name}"
+    out = tmp_path / "out"
+    job = _allreduce_on_docker(tmp_path, name, image, out)
+    a, b = f"{name}-a", f"{name}-b"
+    with agent([name], a, "cpu=1,memory=2Gi,gpu=1", tmp_path), agent([name], b, "cpu=1,memory=2Gi,gpu=1", tmp_path):
+        run_id = cli_json("submit", job, "--cluster-size", "2", "--cluster-mode", "multi-node",
+                          "--param", f"out_dir={out}", "--param", "hold_s=4")["run_ids"][0]
+        members = wait_for(lambda: (lambda m: m if len(m) == 2 else None)(_run_containers(docker_client, run_id)),
+                           180, lambda: (tmp_path / f"agent-{a}.log").read_text()[-2000:]
+                           + (tmp_path / f"agent-{b}.log").read_text()[-2000:])
+        assert sorted(members) == ["main1", "sub1"]
+        for c in members.values():
+            c.reload()
+            hc = c.attrs["HostConfig"]
+            assert hc["Memory"] == 256 * MiB and hc["NanoCpus"] == int(0.5e9) and hc["NetworkMode"] == "host"
+        hosts = {m: c.labels.get(AGENT_LABEL) for m, c in members.items()}
+        assert set(hosts.values()) == {a, b}, hosts  # one member on each agent
+        (run,) = wait_final([run_id], timeout=240)
+        assert run.state_name == "Completed", run.state.message
+        recs = {p.name[len(run_id) + 1:-5]: json.loads(p.read_text()) for p in out.glob(f"{run_id}-*.json")
+                if not p.name.endswith(".started.json")}
+        assert sorted(recs) == ["main1", "sub1"], recs
+        assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs
+        assert {r["env"]["LAUNCH_AGENT"] for r in recs.values()} == {a, b}
+        assert {r["env"]["LAUNCH_CLUSTER_MODE"] for r in recs.values()} == {"multi-node"}
+        wait_agent_free(a, 1, timeout=120)
+        wait_agent_free(b, 1, timeout=120)
+        wait_for(lambda: not _run_containers(docker_client, run_id), 60,
+                 lambda: f"member containers left: {list(_run_containers(docker_client, run_id))}")

@@ -168,8 +168,6 @@ def test_the_service_is_owned_by_the_created_job():
 def test_kubernetes_queues_accept_cluster_runs_in_both_modes():
     for mode in ("single-node", "multi-node"):
         assert cluster_of([({"cluster_size": 3, "cluster_mode": mode}, "x")], target="kubernetes").size == 3
-    with pytest.raises(LaunchValidationError, match="not supported on docker queues"):  # docker: single-node
-        cluster_of([({"cluster_size": 2, "cluster_mode": "multi-node"}, "x")], target="docker")
 
 
 # ------------------------------------------------------------------------------------------ observing

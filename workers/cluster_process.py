@@ -95,6 +95,10 @@ class ClusterProcesses:
         self.subs.append(sub)
         return sub
 
+    def remove(self) -> None:
+        """What is left of the members once their ends are read: nothing for processes (containers are
+        removed, see `ClusterContainers.remove`)."""
+
     def pids(self) -> list[int]:
         return [s.proc.pid for s in self.subs]
 

@@ -16,10 +16,10 @@ from prefect_launch.workers.resources import LaunchValidationError, Resources
 ClusterMode = Literal["single-node", "multi-node"]
 CLUSTER_MODES: tuple[str, ...] = ("single-node", "multi-node")
 MAX_CLUSTER_SIZE = 64  # a sanity bound: a typo like 1000 is refused instead of waiting forever
-# Where members run today: processes of one agent (single-node) or of several agents (multi-node), or the
-# pods of one indexed Job on a kubernetes queue (placed together or spread by pod affinity).
+# Where members run: processes or containers (host networking) of one agent (single-node) or of several
+# agents (multi-node), or the pods of one indexed Job on a kubernetes queue (placed together or spread by pod affinity).
 SUPPORTED: dict[str, tuple[str, ...]] = {"process": ("single-node", "multi-node"),
-                                         "docker": ("single-node",),  # one container per member, one agent
+                                         "docker": ("single-node", "multi-node"),  # a container per member
                                          "kubernetes": ("single-node", "multi-node")}  # an indexed Job
 
 

@@ -118,7 +118,7 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
 
 class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
     type = "launch-docker"
-    follows_gangs = False  # cluster runs on docker queues are single-node (workers/cluster_spec.py)
+    follows_gangs = True  # hosts its members of other agents' multi-node runs, as containers
     job_configuration = LaunchDockerJobConfiguration
     _description = (
         "Resource-aware Docker worker of prefect-launch: claims runs only when they fit, runs each in a "
@@ -293,7 +293,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
                 await anyio.to_thread.run_sync(self._warm.close)
         await super().teardown(*exc_info)
 
-    # ------------------------------------------------ cluster runs (single-node)
+    # ------------------------------------------------ cluster runs (single-node; multi-node: see gang_follow)
     def _member_base_env(self, configuration: LaunchDockerJobConfiguration) -> dict[str, str]:
         """A member container's environment starts from the run's only (the agent's PATH is not the image's)."""
         return {k: v for k, v in configuration.env.items() if v is not None}
@@ -302,6 +302,20 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         settings = self._build_container_settings(self.docker(), configuration)
         return ClusterContainers(run_id=str(flow_run.id), docker=self.docker(), main_settings=settings,
                                  send_gpus=self.gpus_sent(), keep=configuration.keep_container)
+
+    def _adopt_followed_members(self, run_id: str, members: list, log_of) -> ClusterContainers:
+        """A restarted follower's member containers of another agent's multi-node run, found by their labels."""
+        return adopt_member_containers(self.docker(), run_id, members, log_of)
+
+    async def _follower_members(self, fr: "FlowRun", alloc: Allocation,
+                                dvars: dict[str, Any]) -> tuple[ClusterContainers, dict[str, str]]:
+        """This agent's members of another agent's multi-node run: containers shaped from the run's own docker
+        configuration (image, volumes, env, as its worker would build main1's), each limited to its share."""
+        configuration = await self.job_configuration.resolve_for_flow_run(
+            fr, client=self.client, work_pool=self.work_pool, worker_name=self.name, worker_id=self.backend_id)
+        self.apply_allocation(configuration, alloc, str(fr.id))
+        procs = await anyio.to_thread.run_sync(self._new_cluster, fr, configuration)
+        return procs, self._member_base_env(configuration)
 
     def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
         """After a restart: the run's member containers, found by their labels, are watched again."""

@@ -1,6 +1,7 @@
 """The other agents of a multi-node cluster run: book, start and watch the members the leader asked for.
 
-Mixed into `LaunchProcessWorker` (after `ClusterRunMixin`). Every ``LAUNCH_GANG_POLL_SECONDS`` the
+Mixed into the process and docker workers (after `ClusterRunMixin`); the docker worker starts its
+members as containers (`_follower_members`, `_adopt_followed_members`). Every ``LAUNCH_GANG_POLL_SECONDS`` the
 agent reads its queue's Pending runs; one whose ``launch.gang`` plan names it gets its answer
 (`gang_protocol`): its members booked in this agent's ledger and started (``ok``), or why not
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
@@ -68,7 +69,8 @@ class GangFollowerMixin:
             except ObjectNotFound:
                 fr = None
             members = entry.allocation.members
-            procs = await asyncio.to_thread(adopt_members, run_id, members, lambda m: self._member_log(run_id, m))
+            procs = await asyncio.to_thread(self._adopt_followed_members, run_id, members,
+                                            lambda m: self._member_log(run_id, m))
             plan = plan_of(fr.labels) if fr is not None else None
             action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.name,
                                           (fr.labels or {}).get(ack_key(self.name)) if fr is not None else None,
@@ -92,6 +94,20 @@ class GangFollowerMixin:
                                                            f"{', '.join(m.name for m in members)} after a restart "
                                                            f"(their capacity is held again): {why}")
             self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+
+    # ------------------------------------------------ what differs per back end (processes here)
+    def _adopt_followed_members(self, run_id: str, members: list, log_of) -> ClusterProcesses:
+        """A restarted follower's hold on its live members (processes: found by command line)."""
+        return adopt_members(run_id, members, log_of)
+
+    async def _follower_members(self, fr: "FlowRun", alloc: Any, dvars: dict[str, Any]) -> tuple[ClusterProcesses, dict[str, str]]:
+        """The holder of this agent's members of ``fr`` and the environment they start from (processes: an
+        engine's: the agent's Prefect settings, even from a profile, and the job's env)."""
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+               **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {})}
+        return ClusterProcesses(run_id=str(fr.id)), {k: str(v) for k, v in env.items() if v is not None}
 
     def _member_log(self, run_id: Any, member: str):
         """``<journal dir>/<run id>.<member>.log``: a sub member's output (and, beside it, its exit file),
@@ -146,18 +162,15 @@ class GangFollowerMixin:
         procs = ClusterProcesses(run_id=run_id)
         self._followed[fr.id] = procs
         try:
-            from prefect.settings import get_current_settings
-
-            # as an engine's env: the agent's Prefect settings (API URL even from a profile), the job's env
-            env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-                   **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {}),
-                   "PREFECT__FLOW_RUN_ID": run_id}
+            procs, base = await self._follower_members(fr, alloc, dvars)
+            self._followed[fr.id] = procs
             for m in alloc.members:
-                procs.start(m, {**{k: str(v) for k, v in env.items() if v is not None},
+                procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,
                                 **member_env(alloc, m, self.name, "multi-node", plan.port)},
                             self._member_log(run_id, m.name))
         except Exception as exc:
             await procs.stop(1.0)
+            procs.remove()
             self._followed.pop(fr.id, None)
             self.ledger.release(booking_key(run_id))
             self.journal.remove(booking_key(run_id))
@@ -222,6 +235,7 @@ class GangFollowerMixin:
             self._followed.pop(fr.id, None)
             if not failed_here:  # a failed member's log stays for the reader
                 procs.forget_files()
+            procs.remove()  # containers: gone once their ends are read (processes: nothing to do)
             if self.ledger.release(booking_key(run_id)) is not None:
                 self.agent.released()
                 self._publish_soon()
