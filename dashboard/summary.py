@@ -17,7 +17,7 @@ from typing import Optional
 import pandas as pd
 
 COLUMNS = ["queue", "type", "now", "queued", "pending", "running", "agents_online", "free_cpu", "free_gpu",
-           "free_memory_gib", "concurrency_limit", "status"]
+           "free_memory_gib", "concurrency_limit", "status", "sharing"]
 
 
 def head_reasons(runs: pd.DataFrame) -> dict[str, str]:
@@ -63,7 +63,7 @@ def summary_frame(pools: pd.DataFrame, now_counts: pd.DataFrame, workers: pd.Dat
             pending=pending, running=running, agents_online=n_online,
             free_cpu=None if ag.empty else float(ag["free_cpu"].sum()), free_gpu=None if ag.empty else int(ag["free_gpu"].sum()),
             free_memory_gib=None if ag.empty else round(float(ag["free_memory_gib"].sum()), 1),
-            concurrency_limit=p["concurrency_limit"], status=p["status"],
+            concurrency_limit=p["concurrency_limit"], status=p["status"], sharing=p.get("sharing") or "",
         ))
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -105,7 +105,7 @@ def waiting_frame(waits: list, now) -> pd.DataFrame:
             eta=pd.Timestamp(eta) if eta else pd.NaT,
             eta_in_s=max(0.0, (eta - now).total_seconds()) if eta else None,
             why=w.reason or ("starts at " + f"{sub:%Y-%m-%d %H:%M:%S} UTC" if sub and sub > now
-                             else "waiting: no agent has polled it yet")))
+                             else "waiting: not planned yet (agents plan the oldest due runs of each priority first)")))
     df = pd.DataFrame(rows, columns=WAITING_COLUMNS)
     df["position"] = df["position"].astype("Int64")
     df["eta"] = pd.to_datetime(df["eta"], utc=True)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
+from prefect_launch.workers.fair_share import OwnerUsage, owner_usage
 from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
 from prefect_launch.workers.resources import Resources
 from prefect_launch.workers.template import build_base_job_template
@@ -88,6 +89,8 @@ class QueueStatus(BaseModel):
     waiting_count: int = 0  # due and waiting (have a position); `queued` also counts runs whose starts-at is ahead
     head_eta: Optional[datetime] = None  # predicted start of position 1
     next_eta: Optional[datetime] = None  # earliest predicted start of any waiting run (backfill can beat the head)
+    sharing: str = ""  # fair share, owner quotas, preemptible levels ('' when the queue has none)
+    owners: list[OwnerUsage] = []  # what each owner holds now (queues with fair share or quotas)
 
 
 def queue_status(client: Any, pool: Any, agents: list[AgentState], waits: Optional[list[Any]] = None) -> QueueStatus:
@@ -125,16 +128,47 @@ def queue_status(client: Any, pool: Any, agents: list[AgentState], waits: Option
         cap = Resources(cpu=sum(a.capacity.cpu for a in online), memory=sum(a.capacity.memory for a in online),
                         gpu=sum(a.capacity.gpu for a in online))
     state = "offline" if not names else ("busy" if running or queued else "idle")
+    owners = _owners(client, pool.name, spec, cap) if spec and running and (
+        spec.fair_share or spec.owner_quota or spec.owner_quotas) else []
     return QueueStatus(
         name=pool.name, target=spec.target if spec else pool.type, description=pool.description,
         presets={n: p.to_resources().describe() for n, p in spec.presets.items()} if spec else {},
         default_preset=spec.default_preset if spec else None, backfill=spec.backfill if spec else False,
         agents_online=names, queued=queued, running=running, free=free, capacity=cap, state=state,
         waiting=[{"run_id": w.run_id, "name": w.name, "position": w.position, "eta": w.eta,
-                  "reason": w.reason or "waiting: no agent has polled it yet"} for w in waits[:WAITING_SHOWN]],
+                  "reason": w.reason or "waiting: not planned yet (agents plan the oldest due runs of each priority first)"} for w in waits[:WAITING_SHOWN]],
         waiting_count=sum(1 for w in waits if w.position is not None),
         head_eta=head.eta if head else None, next_eta=min(etas) if etas else None,
+        sharing=spec.sharing_text() if spec else "", owners=owners,
     )
+
+
+def _owners(client: Any, queue: str, spec: Any, capacity: Optional[Resources]) -> list[OwnerUsage]:
+    """What each owner holds of ``queue`` now, from its live runs' ``launch.alloc`` labels (every agent's)."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                WorkPoolFilter, WorkPoolFilterName)
+    from prefect.client.schemas.objects import StateType
+
+    from prefect_launch.workers.run_journal import parse_alloc_label
+    from prefect_launch.workers.run_tags import ALLOC_LABEL
+
+    live = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[queue])))
+    held = []
+    for fr in live:
+        parsed = parse_alloc_label((fr.labels or {}).get(ALLOC_LABEL))
+        if parsed is not None and parsed[1].queue in (None, queue):
+            held.append((parsed[1].owner, parsed[1].resources))
+
+    def quota_of(owner: str):
+        q = spec.quota_for(owner)
+        return (q.resources(), q.describe()) if q is not None else None
+
+    smallest = min((p.to_resources() for p in spec.presets.values()), key=lambda r: (r.gpu, r.cpu, r.memory),
+                   default=None)
+    return owner_usage(held, capacity or Resources(), quota_of, smallest)
 
 
 def list_queue_status(client: Any, names: Optional[list[str]] = None) -> list[QueueStatus]:

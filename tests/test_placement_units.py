@@ -82,6 +82,36 @@ def test_strict_fifo_head_blocks_and_explains():
     assert d["r2"].action == "wait" and "queued behind r1" in d["r2"].reason
 
 
+def test_deep_fifo_reasons_do_not_change_with_the_head():
+    from prefect_launch.workers.placement import FIFO_NAMED
+
+    free = Resources(cpu=4, memory=8 * GI, gpu=0)
+    runs = [_cand(i, 1) for i in range(1, 20)]
+    first = {x.run_id: x.reason for x in plan(runs, free, TOTAL, "w1")}
+    later = {x.run_id: x.reason for x in plan(runs[1:], free, TOTAL, "w1")}  # r1 started: r2 is the head now
+    assert first["r2"] == "waiting: queued behind r1 (FIFO)"
+    assert later["r3"] == "waiting: queued behind r2 (FIFO)"
+    deep = f"r{FIFO_NAMED + 3}"  # behind the named ones in both plans
+    assert first[deep] == later[deep] == "waiting: queued behind earlier runs (FIFO)"
+    changed = [r for r in later if later[r] != first[r]]
+    assert len(changed) <= FIFO_NAMED + 1  # a new head re-labels a handful of runs, not the whole queue
+
+
+def test_a_waiting_label_is_written_only_when_no_agent_wrote_it_yet():
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.dispatch import WaitNotes
+    from prefect_launch.workers.run_tags import WAIT_LABEL
+
+    notes = WaitNotes()
+    fresh = SimpleNamespace(id="r1", labels={})
+    assert notes.changed(fresh, "waiting: x") is True
+    assert notes.changed(fresh, "waiting: x") is False  # this agent wrote it already
+    by_other = SimpleNamespace(id="r2", labels={WAIT_LABEL: "waiting: y"})
+    assert WaitNotes().changed(by_other, "waiting: y") is False  # another agent of the queue wrote the same
+    assert notes.changed(SimpleNamespace(id="r1", labels={WAIT_LABEL: "waiting: x"}), "waiting: z") is True
+
+
 def test_backfill_lets_smaller_runs_pass():
     free = Resources(cpu=4, memory=8 * GI, gpu=1)
     d = {x.run_id: x.action for x in plan([_cand(1, 2), _cand(2, 1), _cand(3, 1)], free, TOTAL, "w1", backfill=True)}

@@ -69,3 +69,25 @@ def test_read_matches_the_worker_poll_on_a_real_server(prefect_server, unique_na
     due, later, ours, theirs, cached = anyio.run(main)
     assert ours == theirs == cached == [due]
     assert later not in ours
+
+
+def test_the_window_is_per_priority_so_a_late_urgent_run_is_seen(prefect_server, unique_name):
+    """With room for 2 runs per level, 4 older `low` runs do not hide a newer `high` one."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    async def main():
+        async with get_client() as client:
+            pool = await client.create_work_pool(WorkPoolCreate(name=f"win-{unique_name}", type="process"))
+            await client.create_work_queue(name="high", work_pool_name=pool.name, priority=1)
+            await client.create_work_queue(name="low", work_pool_name=pool.name, priority=2)
+            fid = await client.create_flow_from_name(f"win-{unique_name}")
+            dep = await client.create_deployment(flow_id=fid, name="d", work_pool_name=pool.name)
+            lows = [await client.create_flow_run_from_deployment(dep, work_queue_name="low") for _ in range(4)]
+            high = await client.create_flow_run_from_deployment(dep, work_queue_name="high")
+            got = await read_due_runs(client, pool, None, datetime.now(timezone.utc) + timedelta(seconds=10), limit=2)
+            return [r.id for r in lows], high.id, [r.flow_run.id for r in got]
+
+    lows, high, got = anyio.run(main)
+    assert high in got  # the newest run, but the only one of its level
+    assert [r for r in got if r != high] == lows[:2]  # the oldest two of the deep level, in order

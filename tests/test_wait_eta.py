@@ -41,7 +41,7 @@ def test_waiting_frame_has_position_eta_and_why():
     assert df["position"].tolist()[:2] == [1, 2] and pd.isna(df["position"].iloc[2])
     assert df["eta"].iloc[0] == pd.Timestamp(NOW + timedelta(seconds=60)) and pd.isna(df["eta"].iloc[1])
     assert df["eta_in_s"].iloc[0] == 60 and df["waited_s"].iloc[0] == 30
-    assert df["why"].tolist() == ["waiting: needs cpu=1, agent a has 0 free", "waiting: no agent has polled it yet",
+    assert df["why"].tolist() == ["waiting: needs cpu=1, agent a has 0 free", "waiting: not planned yet (agents plan the oldest due runs of each priority first)",
                                   f"starts at {NOW + timedelta(hours=1):%Y-%m-%d %H:%M:%S} UTC"]
 
 

@@ -339,9 +339,12 @@ class WaitNotes:
         self._known: dict[Any, str] = {}
 
     def changed(self, flow_run: Any, reason: str) -> bool:
-        known = self._known.get(flow_run.id) or (getattr(flow_run, "labels", None) or {}).get(WAIT_LABEL)
+        """True when the label must be written: neither this agent's last write nor the label the run
+        carries as read this cycle (another agent of the queue may have written the same words) says it."""
+        known = self._known.get(flow_run.id)
+        current = (getattr(flow_run, "labels", None) or {}).get(WAIT_LABEL)
         self._known[flow_run.id] = reason
-        return known != reason
+        return reason not in (known, current)
 
     def forget(self, run_id: Any) -> None:
         self._known.pop(run_id, None)

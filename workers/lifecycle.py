@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 install_quick_503_retries()  # every agent: a busy SQLite server's 503 costs a claim milliseconds, not 2 s
 
 PUBLISH_DEBOUNCE_S = 1.0
+WAKE_COALESCE_S = 0.05
 # Set in the agent's own wake loop: its frequent polls read the due runs instead of calling the
 # worker poll endpoint, which writes (see workers/scheduled_runs.py).
 _READ_ONLY_POLL: contextvars.ContextVar[bool] = contextvars.ContextVar("launch_read_only_poll", default=False)
@@ -228,6 +229,7 @@ class LaunchWorkerCore:
         while True:
             with anyio.move_on_after(self.poll_seconds):
                 await self._wake.wait()
+            await asyncio.sleep(WAKE_COALESCE_S)  # a burst of events (a batch submitted) makes one cycle
             self._wake.clear()
             try:
                 await self.get_and_submit_flow_runs()
@@ -248,8 +250,10 @@ class LaunchWorkerCore:
             try:
                 async with get_events_subscriber(filter=event_filter, reconnect_on_clean_close=True) as sub:
                     async for event in sub:
+                        # not Late: Prefect marks every waiting run Late 15 s after its due time, which
+                        # changes nothing to plan (it is still Scheduled) and woke every agent per run
                         if event.event in ("prefect.flow-run.Scheduled", "prefect.flow-run.Pending",
-                                           "prefect.flow-run.Cancelled", "prefect.flow-run.Late"):
+                                           "prefect.flow-run.Cancelled"):
                             self._wake_up()
             except Exception as exc:
                 self._logger.debug("event subscription dropped (%s); retrying", exc)

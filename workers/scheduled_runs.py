@@ -12,6 +12,7 @@ endpoint instead.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
@@ -28,6 +29,13 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.responses import WorkerFlowRunResponse
 from prefect.client.schemas.sorting import FlowRunSort
+
+
+# How many due runs of each priority level an agent plans per cycle (the oldest). A cycle starts far fewer;
+# reading every waiting run of a deep queue on each wake-up (every event, every 2 s, every agent) kept a
+# SQLite-backed server busy serializing them: 300 waiting runs and 3 agents cut placements to a third.
+# Runs further back wait with no label of their own until they come within the window.
+DUE_WINDOW = int(os.environ.get("LAUNCH_DUE_WINDOW", "50"))
 
 
 def needs_server_limits(pool: Any, queues: Iterable[Any]) -> bool:
@@ -57,11 +65,12 @@ def due_runs(runs: Iterable[Any], pool_id: Any, queues: dict[str, Any]) -> list[
 
 
 async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Iterable[str]],
-                        scheduled_before: datetime, limit: int = 200,
+                        scheduled_before: datetime, limit: int = DUE_WINDOW,
                         queues: Optional[list[Any]] = None) -> Optional[list[WorkerFlowRunResponse]]:
-    """The pool's due runs by a read (the oldest 200, the API's page limit: more than any cycle places);
-    None when only Prefect's own poll gives the right answer. ``queues``: the pool's work queues when the
-    caller read them lately (paused or limited queues then count from that read)."""
+    """The pool's due runs by a read: the oldest ``limit`` of each priority level (work queue), so a late
+    ``critical`` run is seen however many older ``low`` ones wait; None when only Prefect's own poll gives
+    the right answer. ``queues``: the pool's work queues when the caller read them lately (paused or
+    limited queues then count from that read)."""
     if queues is None:
         queues = await client.read_work_queues(work_pool_name=pool.name)
     if getattr(pool, "is_paused", False):
@@ -71,11 +80,21 @@ async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Itera
     runnable = runnable_queues(queues, work_queue_names)
     if not runnable:
         return []
-    runs = await client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
-            next_scheduled_start_time=FlowRunFilterNextScheduledStartTime(before_=scheduled_before)),
-        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name])),
-        work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=sorted(runnable))),
-        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)
+    async def level(name: str) -> list[Any]:
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+                next_scheduled_start_time=FlowRunFilterNextScheduledStartTime(before_=scheduled_before)),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name])),
+            work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[name])),
+            sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)
+
+    import asyncio
+
+    levels = await asyncio.gather(*(level(name) for name in sorted(runnable)))
+    def due_at(fr: Any) -> float:
+        when = fr.next_scheduled_start_time or fr.expected_start_time
+        return when.timestamp() if when is not None else float("inf")
+
+    runs = sorted((fr for runs in levels for fr in runs), key=lambda fr: (due_at(fr), str(fr.id)))
     return due_runs(runs, pool.id, runnable)
