@@ -191,7 +191,9 @@ def panel_summary(v: V.View) -> None:
                        "read from Prefect's API yet).")
         else:
             st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
-        st.dataframe(summary, hide_index=True, width="stretch", key="summary_table")
+        shown = summary if "sharing" in summary and summary["sharing"].astype(bool).any() else summary.drop(
+            columns=["sharing"], errors="ignore")  # the column only where a queue shares by owner
+        st.dataframe(shown, hide_index=True, width="stretch", key="summary_table")
         panel_waiting(v)
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")

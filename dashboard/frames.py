@@ -26,7 +26,7 @@ RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "preset", "sta
 DETAIL_COLUMNS = ["name", "priority", "state_name", "message", "waiting", "cpu", "memory", "gpu", "launched"]
 ERROR_COLUMNS = ["time", "job", "run", "id", "owner", "queue", "state", "message", "log"]
 COUNT_COLUMNS = ["queue", "queued", "pending", "running"]
-POOL_COLUMNS = ["queue", "type", "status", "paused", "concurrency_limit", "id"]
+POOL_COLUMNS = ["queue", "type", "status", "paused", "concurrency_limit", "id", "sharing"]
 WORKER_COLUMNS = ["queue", "worker", "status", "last_heartbeat"]
 AGENT_COLUMNS = ["agent", "queue", "online", "runs", "cpu", "free_cpu", "memory_gib", "free_memory_gib", "gpu", "free_gpu"]
 
@@ -189,10 +189,25 @@ def now_counts_frame(counts: pd.DataFrame, pools: Sequence[str]) -> pd.DataFrame
     return wide.reset_index()[COUNT_COLUMNS]
 
 
+def sharing_of(pool: dict) -> str:
+    """How a launch queue shares its agents between owners (its declared fair share, quotas, preemptible
+    levels), from the work pool's JSON; '' for a plain pool or a queue without them."""
+    from prefect_launch.workers.queue_spec import QueueSpec
+
+    data = ((pool.get("base_job_template") or {}).get("job_configuration") or {}).get("launch")
+    if not data:
+        return ""
+    try:
+        return QueueSpec.model_validate(data).sharing_text()
+    except Exception:
+        return ""
+
+
 def pools_frame(raw: Sequence[dict]) -> pd.DataFrame:
-    """Work-pool JSON -> queue, type, status, paused, concurrency_limit, id."""
+    """Work-pool JSON -> queue, type, status, paused, concurrency_limit, id, sharing."""
     return pd.DataFrame([dict(queue=p["name"], type=p.get("type"), status=p.get("status"), paused=p.get("is_paused"),
-                              concurrency_limit=p.get("concurrency_limit"), id=p["id"]) for p in raw], columns=POOL_COLUMNS)
+                              concurrency_limit=p.get("concurrency_limit"), id=p["id"], sharing=sharing_of(p))
+                         for p in raw], columns=POOL_COLUMNS)
 
 
 def workers_frame(raw: Sequence[dict]) -> pd.DataFrame:

@@ -125,6 +125,13 @@ def queue_ls(names: Optional[List[str]] = typer.Argument(None, help="Only these 
                       str(r.queued), str(r.waiting_count), _eta_text(r.head_eta), str(r.running), free)
     console.print(table)
     for r in rows:
+        if r.sharing:
+            console.print(f"  {r.name}: sharing: {r.sharing}", highlight=False, markup=False)
+        for u in r.owners:
+            console.print(f"    owner {u.owner}: {u.runs} run(s), {u.held.describe()}, "
+                          f"{u.dominant_share:.0%} of the queue's capacity"
+                          + (f"; quota {u.quota}" + (" (reached: its next run waits)" if u.at_quota else "")
+                             if u.quota else ""), highlight=False, markup=False)
         for w in r.waiting:
             pos = f"#{w['position']}" if w.get("position") else "#-"
             console.print(f"  {r.name}: {pos} {w['name']} ({w['run_id'][:8]}) ETA {_eta_text(w.get('eta'))} "

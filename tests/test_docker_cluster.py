@@ -76,6 +76,12 @@ def test_docker_cluster_all_reduces_in_one_container_per_member_then_a_killed_me
         wait_agent_free(name, 3, timeout=120)
         wait_for(lambda: not _run_containers(docker_client, run_id), 60,
               lambda: f"member containers left: {list(_run_containers(docker_client, run_id))}")
+        # the run's figures per member container (their sum is the run's), each on its own GPU
+        shown = wait_for(lambda: (lambda s: s if (s.get("cluster") or {}).get("members") else None)(
+            cli_json("runs", "show", run_id)), 30, lambda: "no per-member figures")
+        per = {m["member"]: m for m in shown["cluster"]["members"]}
+        assert sorted(per) == ["main1", "sub1", "sub2"] and all(m["samples"] >= 1 for m in per.values()), per
+        assert sorted(tuple(m["gpu_indices"]) for m in per.values()) == [(0,), (1,), (2,)]
 
         # a sub member's container dies: the run fails naming it, main1 is stopped, all capacity comes back
         doomed = cli_json("submit", job, "--cluster-size", "3", "--param", f"out_dir={out}",

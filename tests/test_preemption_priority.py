@@ -124,8 +124,12 @@ def test_owner_quota_holds_across_the_queues_agents(prefect_server, tmp_path, un
                 with get_client(sync_client=True) as client:
                     reason = (client.read_flow_run(a2).labels or {}).get(WAIT_LABEL, "")
                 time.sleep(0.5)
+            [listed] = cli_json("queue", "ls", q)  # what the user reads: the policy and who holds what
             runs = {str(r.id): r for r in wait_final([a1, a2, b1], timeout=200)}
     assert "owner alice is at its quota" in reason, reason
+    assert listed["sharing"] == "owner quota gpu=1"
+    alice = next(o for o in listed["owners"] if o["owner"] == "alice")
+    assert alice["runs"] == 1 and alice["held"]["gpu"] == 1 and alice["at_quota"] is True, listed["owners"]
     assert all(r.state.is_completed() for r in runs.values())
     a1_end = runs[a1].end_time.timestamp()
     assert _placed_times(a2)[0] >= a1_end - 0.5, "alice held two GPUs at once across the two agents"

@@ -127,3 +127,31 @@ def test_quotas_count_what_other_agents_hold():
     assert quotas.held["alice"].gpu == 3  # one here, two on the other agents
     assert over_quota(quotas.held["alice"], R(1, GI, 1), quotas.of("alice"), "owner alice")
     assert _quotas(spec, ledger, "q").held["alice"].gpu == 1  # what one agent alone would have counted
+
+
+def test_how_a_queue_shares_and_what_each_owner_holds():
+    from prefect_launch.dashboard.frames import pools_frame
+    from prefect_launch.workers.fair_share import owner_usage
+    from prefect_launch.workers.queue_spec import QueueSpec
+
+    spec = QueueSpec.model_validate({"name": "q", "presets": {"g1": {"cpu": 1, "memory": "1Gi", "gpu": 1}},
+                                     "default_preset": "g1", "fair_share": True, "owner_quota": {"gpu": 2},
+                                     "owner_quotas": {"alice": {"gpu": 3, "memory": "8Gi"}}})
+    assert spec.sharing_text() == "fair share (DRF) within a priority; owner quota gpu=2; alice: memory=8Gi gpu=3"
+    plain = QueueSpec.model_validate({"name": "p", "presets": {"s": {"cpu": 1, "memory": "1Gi"}}, "default_preset": "s"})
+    assert plain.sharing_text() == ""
+    # the monitor reads it from the work pool's JSON
+    pools = pools_frame([{"name": "q", "id": "1", "base_job_template": {"job_configuration": {"launch": spec.model_dump()}}},
+                         {"name": "plain", "id": "2", "base_job_template": {}}])
+    assert pools.set_index("queue")["sharing"].to_dict() == {"q": spec.sharing_text(), "plain": ""}
+
+    def quota_of(owner):
+        q = spec.quota_for(owner)
+        return (q.resources(), q.describe()) if q else None
+
+    runs = [("alice", R(1, GI, 1)), ("alice", R(1, GI, 1)), ("bob", R(1, GI, 1)), ("bob", R(1, GI, 1)), (None, R(0.5, GI, 0))]
+    got = {u.owner: u for u in owner_usage(runs, R(8, 16 * GI, 4), quota_of, smallest=R(1, GI, 1))}
+    assert (got["alice"].runs, got["alice"].held.gpu, got["alice"].dominant_share) == (2, 2, 0.5)
+    assert got["alice"].quota == "memory=8Gi gpu=3" and not got["alice"].at_quota  # a third GPU fits her own quota
+    assert got["bob"].quota == "gpu=2" and got["bob"].at_quota  # the default quota: his next run waits
+    assert got["(none)"].runs == 1 and got["(none)"].dominant_share == 0.0625 and not got["(none)"].at_quota

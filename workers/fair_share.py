@@ -86,3 +86,40 @@ def over_quota(held: Resources, request: Resources, quota: Optional[Quota], who:
 
 def fifo_key(submitted: Optional[datetime]) -> datetime:
     return (submitted or datetime.max).replace(tzinfo=None)
+
+
+class OwnerUsage(BaseModel):
+    """What one owner holds of a queue now, against its quota and the queue's capacity."""
+
+    owner: str
+    runs: int
+    held: Resources
+    dominant_share: float  # of the queue's online capacity, 0-1
+    quota: Optional[str] = None  # the cap, as declared
+    at_quota: bool = False  # one more run of the smallest preset would wait for the quota
+
+
+def owner_usage(held_runs: list[tuple[Optional[str], Resources]], capacity: Resources,
+                quota_of, smallest: Optional[Resources] = None) -> list[OwnerUsage]:
+    """Per owner: runs and resources held now (``held_runs``: (owner, resources) of each live run),
+    their dominant share of ``capacity``, and whether ``quota_of(owner)`` -> (Quota, text) is reached.
+    Largest share first."""
+    held: dict[str, Resources] = defaultdict(Resources)
+    count: dict[str, int] = defaultdict(int)
+    for owner, r in held_runs:
+        o = owner or ""
+        held[o] = _add(held[o], r)
+        count[o] += 1
+    out = []
+    for o, h in held.items():
+        q, text = quota_of(o) or (None, None)
+        if q is None:
+            at = False
+        elif smallest is not None:  # the smallest run the queue takes would have to wait
+            at = over_quota(h, smallest, q, o) is not None
+        else:  # some capped resource is used up
+            at = ((q.gpu is not None and h.gpu >= q.gpu) or (q.cpu is not None and h.cpu >= q.cpu - 1e-9)
+                  or (q.memory is not None and h.memory >= q.memory))
+        out.append(OwnerUsage(owner=o or "(none)", runs=count[o], held=h,
+                              dominant_share=round(dominant_share(h, capacity), 4), quota=text, at_quota=at))
+    return sorted(out, key=lambda u: (-u.dominant_share, u.owner))

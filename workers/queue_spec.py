@@ -102,6 +102,12 @@ class QuotaSpec(BaseModel):
             parse_size(v, "quota memory")
         return v
 
+    def describe(self) -> str:
+        """``cpu=2 memory=8Gi gpu=1``: only the capped resources."""
+        caps = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in (("cpu", self.cpu), ("memory", self.memory), ("gpu", self.gpu)) if v is not None]
+        return " ".join(caps) or "none"
+
     def resources(self):
         from prefect_launch.workers.fair_share import Quota
 
@@ -141,6 +147,19 @@ class QueueSpec(BaseModel):
             return "30s"
         parse_duration(v, "preempt_grace")  # type: ignore[arg-type]
         return str(v)
+
+    def sharing_text(self) -> str:
+        """How the queue shares its agents between owners, in a line (`queue ls`, the monitor); '' when it
+        does not (plain priority and FIFO/backfill)."""
+        parts = []
+        if self.fair_share:
+            parts.append("fair share (DRF) within a priority")
+        if self.owner_quota is not None:
+            parts.append(f"owner quota {self.owner_quota.describe()}")
+        parts += [f"{o}: {q.describe()}" for o, q in sorted(self.owner_quotas.items())]
+        if self.preemptible_priorities:
+            parts.append(f"preemptible: {', '.join(self.preemptible_priorities)} (grace {self.preempt_grace})")
+        return "; ".join(parts)
 
     def quota_for(self, owner: Optional[str]) -> Optional["QuotaSpec"]:
         return self.owner_quotas.get(owner or "") or self.owner_quota
