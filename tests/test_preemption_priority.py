@@ -134,3 +134,26 @@ def test_owner_quota_holds_across_the_queues_agents(prefect_server, tmp_path, un
     a1_end = runs[a1].end_time.timestamp()
     assert _placed_times(a2)[0] >= a1_end - 0.5, "alice held two GPUs at once across the two agents"
     assert _placed_times(b1)[0] < a1_end, "bob waited for alice's quota"
+
+
+@pytest.mark.timeout(300)
+def test_fair_share_lets_a_second_owner_past_a_flooding_one(prefect_server, tmp_path, unique_name):
+    """Two GPUs, fair share on: alice floods the queue with 4 runs, then bob submits one. Bob's run is
+    placed with alice's first, in the first cycle (once she holds half the GPUs, bob's share of 0 is
+    smaller), not after all of hers; without fair share the same submissions run in submit order. Truth: the runs'
+    Pending times."""
+    orders = {}
+    for fair in (True, False):
+        tag = "fs" if fair else "ff"
+        q = apply_queue(tmp_path, {"name": f"{tag}-{unique_name}", "presets": GPU_PRESETS, "default_preset": "g1",
+                                   "fair_share": fair})
+        job = deploy_probe(q, f"{tag}-{unique_name}")
+        rec = tmp_path / f"rec-{tag}"
+        alice = [_submit(job, "--owner", "alice", seconds=2, tmp=rec) for _ in range(4)]
+        bob = _submit(job, "--owner", "bob", seconds=2, tmp=rec)
+        with agent([q], f"{tag}-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
+            wait_final([*alice, bob], timeout=240)
+        placed = {rid: _placed_times(rid)[0] for rid in [*alice, bob]}
+        orders[fair] = sorted(placed, key=placed.get).index(bob) + 1  # bob's place in the start order
+    assert orders[True] <= 2, orders  # in the first pair placed, beside alice's first run (same cycle)
+    assert orders[False] == 5, orders  # submit order: behind all of alice's
