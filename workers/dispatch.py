@@ -25,6 +25,7 @@ from prefect_launch.workers.cluster_placement import as_candidate, members_text,
 from prefect_launch.workers.gang import member_names
 from prefect_launch.workers.ledger import Allocation, Ledger
 from prefect_launch.workers.placement import Candidate, Decision, FairShare, Quotas, plan
+from prefect_launch.workers.fair_share import held_by_owner
 from prefect_launch.workers.preemption import Holder, choose_victims
 from prefect_launch.workers.queue_spec import QueueSpec
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
@@ -254,14 +255,7 @@ async def dispatch_cycle(
 
 
 def _held_by_owner(ledger: Ledger, queue: Optional[str] = None) -> dict[str, Resources]:
-    held: dict[str, Resources] = {}
-    for a in ledger.allocations():
-        if queue is not None and a.queue != queue:
-            continue
-        h = held.get(a.owner or "", Resources())
-        held[a.owner or ""] = Resources(cpu=h.cpu + a.resources.cpu, memory=h.memory + a.resources.memory,
-                                        gpu=h.gpu + a.resources.gpu)
-    return held
+    return held_by_owner((a.owner, a.resources) for a in ledger.allocations() if queue is None or a.queue == queue)
 
 
 def _fair_share(spec: QueueSpec, ledger: Ledger) -> Optional[FairShare]:
@@ -270,14 +264,7 @@ def _fair_share(spec: QueueSpec, ledger: Ledger) -> Optional[FairShare]:
 
 def held_elsewhere(placed: list[tuple[str, Allocation]], me: str, queue: str) -> dict[str, Resources]:
     """What each owner holds of ``queue`` on agents other than ``me``, from their runs' allocations."""
-    held: dict[str, Resources] = {}
-    for agent, a in placed:
-        if agent == me or a.queue != queue:
-            continue
-        h = held.get(a.owner or "", Resources())
-        held[a.owner or ""] = Resources(cpu=round(h.cpu + a.resources.cpu, 6), memory=h.memory + a.resources.memory,
-                                        gpu=h.gpu + a.resources.gpu)
-    return held
+    return held_by_owner((a.owner, a.resources) for agent, a in placed if agent != me and a.queue == queue)
 
 
 def _quotas(spec: QueueSpec, ledger: Ledger, queue: str,
@@ -286,10 +273,7 @@ def _quotas(spec: QueueSpec, ledger: Ledger, queue: str,
     agents (``elsewhere``, from their runs' labels), so a quota holds however many agents serve the queue."""
     if spec.owner_quota is None and not spec.owner_quotas:
         return None
-    held = _held_by_owner(ledger, queue)
-    for owner, r in (elsewhere or {}).items():
-        h = held.get(owner, Resources())
-        held[owner] = Resources(cpu=round(h.cpu + r.cpu, 6), memory=h.memory + r.memory, gpu=h.gpu + r.gpu)
+    held = held_by_owner([*_held_by_owner(ledger, queue).items(), *(elsewhere or {}).items()])
     return Quotas(caps={o: q.resources() for o, q in spec.owner_quotas.items()},
                   default=spec.owner_quota.resources() if spec.owner_quota else None, held=held)
 

@@ -33,6 +33,16 @@ def _add(a: Resources, b: Resources) -> Resources:
     return Resources(cpu=round(a.cpu + b.cpu, 6), memory=a.memory + b.memory, gpu=a.gpu + b.gpu)
 
 
+def held_by_owner(items) -> dict[str, Resources]:
+    """Sum ``(owner, resources)`` pairs per owner (no owner: ``""``): the one tally that quotas, fair
+    share and `queue ls` all count with."""
+    held: dict[str, Resources] = {}
+    for owner, r in items:
+        o = owner or ""
+        held[o] = _add(held.get(o, Resources()), r)
+    return held
+
+
 def dominant_share(held: Resources, capacity: Resources) -> float:
     """The largest fraction of any one resource of ``capacity`` that ``held`` takes."""
     shares = [held.cpu / capacity.cpu if capacity.cpu else 0.0,
@@ -104,12 +114,10 @@ def owner_usage(held_runs: list[tuple[Optional[str], Resources]], capacity: Reso
     """Per owner: runs and resources held now (``held_runs``: (owner, resources) of each live run),
     their dominant share of ``capacity``, and whether ``quota_of(owner)`` -> (Quota, text) is reached.
     Largest share first."""
-    held: dict[str, Resources] = defaultdict(Resources)
+    held = held_by_owner(held_runs)
     count: dict[str, int] = defaultdict(int)
-    for owner, r in held_runs:
-        o = owner or ""
-        held[o] = _add(held[o], r)
-        count[o] += 1
+    for owner, _ in held_runs:
+        count[owner or ""] += 1
     out = []
     for o, h in held.items():
         q, text = quota_of(o) or (None, None)
