@@ -39,7 +39,7 @@ bench: venv
 
 # The queue monitor alone, against the server in PREFECT_API_URL.
 dashboard: venv
-	$(BIN)/streamlit run dashboard/app.py --server.address 127.0.0.1 --server.port 8501 --server.headless true
+	$(BIN)/python -m prefect_launch.dashboard.serve --server.address 127.0.0.1 --server.port 8501 --server.headless true
 
 clean:
 	rm -rf $(VENV) .launch

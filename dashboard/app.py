@@ -15,95 +15,29 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import streamlit as st
-from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import charts
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import metrics_source as M
+from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
 from prefect_launch.dashboard import view as V
-
-CACHE_TTL_S = 30
 
 st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
 st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer menu for the people who read the page
 
 
-@st.cache_data(ttl=60, show_spinner=False)
-def _options() -> dict:
-    return V.options()
-
-
-@st.cache_data(ttl=CACHE_TTL_S, show_spinner="Reading queues…", max_entries=32)
-def _view(spec: S.ViewSpec) -> V.View:
-    return V.load_view(spec)
-
-
-@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
-def _costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFrame:
-    """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`)."""
-    from prefect_launch.dashboard import cost as C
-
-    store = M.metrics_store()
-    if store is None:
-        raise RuntimeError("no metrics store")
-    try:
-        deployments = A.fetch_deployments(A.get_api())  # job names for records that hold only the id
-    except Exception:
-        deployments = {}
-    return C.run_costs(store, since, until, queues, deployments=deployments)
-
-
-@st.cache_data(ttl=10, show_spinner=False, max_entries=16)
-def _waiting(queues: tuple) -> list:
-    """Waiting runs of ``queues`` with queue position and predicted start
-    (:func:`prefect_launch.deployments.wait_order.waiting_runs`, the same as `queue ls` / `runs ls`)."""
-    from prefect import get_client
-
-    from prefect_launch.deployments.wait_order import waiting_runs
-
-    with get_client(sync_client=True) as client:
-        return [w.model_dump() for w in waiting_runs(client, list(queues))]
-
-
-_PREFETCH = ThreadPoolExecutor(max_workers=2, thread_name_prefix="monitor-prefetch")
-
-
-def _prefetch(spec: S.ViewSpec, opts: dict) -> None:
-    """Start the range's cost rows and the waiting runs in the background while the view is read:
-    both wait on SQLite or the API much of their time. The panels take them from the caches later
-    (a call under way for the same arguments is waited for, not repeated); a failure here is
-    raised again, and shown, where the panel asks for it."""
-    ctx = get_script_run_ctx()
-
-    def call(fn, *args):
-        add_script_run_ctx(threading.current_thread(), ctx)
-        try:
-            fn(*args)
-        except Exception:
-            pass
-
-    _PREFETCH.submit(call, _costs, spec.since, spec.until, tuple(spec.queues))
-    _PREFETCH.submit(call, _waiting, tuple(sorted(spec.queues or opts["queues"])))
-
-
-def panel_waiting(v: V.View) -> None:
+def panel_waiting(p: P.PageData) -> None:
     """Who waits and why, with queue position and predicted start (inside the summary panel)."""
-    from prefect_launch.deployments.wait_order import WaitingRun
-
-    queues = tuple(v.spec.queues) or (tuple(v.pools["queue"]) if not v.pools.empty else ())
-    try:
-        waits = [WaitingRun(**w) for w in _waiting(tuple(sorted(queues)))]
-    except Exception as exc:  # the rest of the page stands without it
-        st.caption(f"Waiting runs: unavailable ({html.escape(str(exc).splitlines()[0][:200]) if str(exc) else type(exc).__name__})")
+    if p.waiting_error is not None:  # the rest of the page stands without it
+        st.caption(f"Waiting runs: unavailable ({html.escape(p.waiting_error)})")
         return
+    waits = p.waiting
     if not waits:
         st.caption("Who waits and why: no run is waiting.")
         return
@@ -117,15 +51,14 @@ def panel_waiting(v: V.View) -> None:
                                 "eta_in_s": st.column_config.NumberColumn("starts in s", format="%.0f")})
 
 
-def _view_costs(v: V.View):
+def _view_costs(p: P.PageData):
     """(cost rows filtered like the page, error text or None)."""
     from prefect_launch.dashboard import cost as C
 
-    try:
-        runs = _costs(v.spec.since, v.spec.until, tuple(v.spec.queues))
-    except Exception as exc:
-        return None, str(exc).splitlines()[0][:200]
-    return C.filter_runs(runs, v.spec.owners, v.spec.jobs, v.spec.presets), None
+    if p.costs is None:
+        return None, p.costs_error or "not read"
+    spec = p.view.spec
+    return C.filter_runs(p.costs, spec.owners, spec.jobs, spec.presets), None
 
 
 def _links_block():
@@ -138,7 +71,7 @@ def sidebar(opts: dict) -> S.ViewSpec:
     sb = st.sidebar
     sb.header("Queue monitor")
     queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
-    choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=2, key="range")
+    choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=list(S.RANGES).index(S.DEFAULT_RANGE), key="range")
     now = S.page_now()  # up to the next step of the page's clock: visits and reruns within it hit the caches
     custom = None
     if choice == "Custom":
@@ -146,25 +79,24 @@ def sidebar(opts: dict) -> S.ViewSpec:
         picked = sb.date_input("From / to (UTC)", (today - dt.timedelta(days=3), today), key="custom_range")
         custom = tuple(picked) if isinstance(picked, (tuple, list)) and len(picked) == 2 else (picked[0], picked[0]) if isinstance(picked, (tuple, list)) else (picked, picked)
     since, until = S.time_window(choice, now, custom)
-    grouping = sb.selectbox("Grouping", S.GROUPINGS, index=1, key="grouping")
+    grouping = sb.selectbox("Grouping", S.GROUPINGS, index=S.GROUPINGS.index(S.DEFAULT_GROUPING), key="grouping")
     sb.subheader("Filters")
     jobs = sb.multiselect("Job", opts["jobs"], key="f_jobs")
     owners = sb.multiselect("Owner", opts["owners"], key="f_owners")
     statuses = sb.multiselect("Status", list(S.STATUSES), key="f_statuses")
     presets = sb.multiselect("Preset", opts["presets"], key="f_presets")
     with sb.expander("Advanced"):
-        limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, 1000, step=100, key="detail_limit")
+        limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, S.DEFAULT_DETAIL_LIMIT, step=100,
+                                key="detail_limit")
         if st.button("Refresh now", key="refresh"):
-            _view.clear()
-            _options.clear()
-            _costs.clear()
-            _waiting.clear()
-            M.METRICS_CACHE.clear()  # runs and history refresh incrementally; metrics rows are kept 30 s
+            P.clear()  # runs and history refresh incrementally; metrics rows are read again
     return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
-                      jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit))
+                      jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit),
+                      live=choice in S.RANGES)
 
 
-def panel_summary(v: V.View) -> None:
+def panel_summary(p: P.PageData) -> None:
+    v = p.view
     with st.container(key="panel-summary", border=True):
         st.subheader("Queue summary")
         summary = v.summary
@@ -176,7 +108,7 @@ def panel_summary(v: V.View) -> None:
         c2.metric("Queued now", head["queued"])
         c3.metric("Running now", head["running"])
         c4.metric("Runs in range", f"{v.totals['runs']:,}")
-        used = _capacity_used(v)
+        used = _capacity_used(p)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
                     "(n/a without agents)")
         figures = [("GPU capacity held", share.get("gpu"), "GPU-seconds runs held", "GPUs"),
@@ -194,7 +126,7 @@ def panel_summary(v: V.View) -> None:
         shown = summary if "sharing" in summary and summary["sharing"].astype(bool).any() else summary.drop(
             columns=["sharing"], errors="ignore")  # the column only where a queue shares by owner
         st.dataframe(shown, hide_index=True, width="stretch", key="summary_table")
-        panel_waiting(v)
+        panel_waiting(p)
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
             st.dataframe(v.agents, hide_index=True, width="stretch")
@@ -223,18 +155,20 @@ def panel_summary(v: V.View) -> None:
                 st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")
 
 
-def _capacity_used(v: V.View) -> dict:
+def _capacity_used(p: P.PageData) -> dict:
     """Share (%) of the agents' GPU- and CPU-seconds over the range that runs used (measured)."""
-    runs, _ = _view_costs(v)
+    v = p.view
+    runs, _ = _view_costs(p)
     return SM.capacity_used(runs, v.occupancy.capacity, (min(v.spec.until, v.now) - v.spec.since).total_seconds())
 
 
-def panel_cost(v: V.View) -> None:
+def panel_cost(p: P.PageData) -> None:
     from prefect_launch.dashboard import cost as C
 
+    v = p.view
     with st.container(key="panel-cost", border=True):
         st.subheader("Cost and waste")
-        runs, error = _view_costs(v)
+        runs, error = _view_costs(p)
         if runs is None:
             st.info(f"Metrics store not readable: {error}")
             return
@@ -452,18 +386,20 @@ def _links_unlocked() -> bool:
     return False
 
 
-def panel_links(v: V.View, opts: dict) -> None:
+def panel_links(p: P.PageData, opts: dict) -> None:
     QueueLinks = _links_block()
+    v = p.view
     with st.container(key="panel-links", border=True):
         st.subheader("External Links")
         queues = list(v.spec.queues) or opts["queues"]
         shown = 0
         for q in queues:
-            blk = QueueLinks.for_queue(q)
-            if blk.links:
+            if p.links.get(q):  # anchors built (and escaped) by QueueLinks.html
                 shown += 1
-                st.markdown(f"**{html.escape(q)}**: {blk.html()}", unsafe_allow_html=True)
-        if not shown:
+                st.markdown(f"**{html.escape(q)}**: {p.links[q]}", unsafe_allow_html=True)
+        if p.links_error is not None:
+            st.caption(f"Links: unavailable ({html.escape(p.links_error)})")
+        elif not shown:
             st.caption("No links yet: add Grafana, Datadog, a cloud console… with Manage Links.")
         # the form is drawn only when asked for (its widgets cost every visit a share of the drawing)
         if not st.toggle("Manage Links", key="links_open"):
@@ -487,6 +423,7 @@ def panel_links(v: V.View, opts: dict) -> None:
             try:
                 blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
                 blk.store()
+                P.links_changed(q, blk.html() if blk.links else "")
                 st.success(f"Saved link {label.strip()!r} for {q}.")
             except ValueError as exc:
                 msg = str(exc).splitlines()
@@ -496,6 +433,7 @@ def panel_links(v: V.View, opts: dict) -> None:
                 st.error("Pick the link to remove.")
             elif blk.remove(target):
                 blk.store()
+                P.links_changed(q, blk.html() if blk.links else "")
                 st.success(f"Removed link {target!r} from {q}.")
 
 
@@ -516,17 +454,21 @@ def _source_note(v: V.View) -> str:
 def main() -> None:
     st.title("Queue monitor")
     try:
-        opts = _options()
+        opts = P.options()
     except Exception as exc:  # server down or misconfigured: say so plainly
         st.error(f"Cannot reach the Prefect API: {exc}")
         st.stop()
     spec = sidebar(opts)
-    _prefetch(spec, opts)
-    v = _view(spec)
+    if P.ready(spec):  # read ahead (dashboard/serve.py keeps the views visited lately ready) or by a rerun
+        p = P.get(spec)
+    else:
+        with st.spinner("Reading queues…"):
+            p = P.get(spec)
+    v = p.view
     st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
                f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"
                + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
-    panel_summary(v)
+    panel_summary(p)
     c1, c2 = st.columns(2)
     with c1:
         panel_status(v)
@@ -537,11 +479,12 @@ def main() -> None:
     names = list(SECTIONS)
     section = st.segmented_control("Section", names, default=names[0], required=True, key="section",
                                    label_visibility="collapsed") or names[0]
-    SECTIONS[section](v)
-    panel_links(v, opts)
+    SECTIONS[section](p)
+    panel_links(p, opts)
 
 
-SECTIONS = {"Job runs": panel_runs, "Resource use": panel_metrics, "Cost and waste": panel_cost, "Errors": panel_errors}
+SECTIONS = {"Job runs": lambda p: panel_runs(p.view), "Resource use": lambda p: panel_metrics(p.view),
+            "Cost and waste": panel_cost, "Errors": lambda p: panel_errors(p.view)}
 
 
 main()

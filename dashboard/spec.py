@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 UTC = dt.timezone.utc
@@ -53,6 +53,9 @@ STATUS_COLORS = {
 }
 PAGE_STEP_S = 10  # the page's clock moves in these steps (see page_now): figures stay at most 10 s old
 RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(days=1), "Last 7 days": dt.timedelta(days=7)}
+DEFAULT_RANGE = "Last 7 days"  # what the sidebar shows first
+DEFAULT_GROUPING = "job"
+DEFAULT_DETAIL_LIMIT = 1000
 NICE_INTERVALS = (60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
 
 
@@ -70,6 +73,12 @@ class ViewSpec:
     presets: tuple[str, ...] = ()
     interval_s: Optional[int] = None
     detail_limit: int = 1000
+    live: bool = False  # a range that ends at the page's clock ("last 7 days") and moves with it
+
+    def next_step(self) -> "ViewSpec":
+        """The same live view one step of the page's clock later (see :func:`page_now`)."""
+        step = dt.timedelta(seconds=PAGE_STEP_S)
+        return replace(self, since=self.since + step, until=self.until + step)
 
     @property
     def interval(self) -> int:
@@ -103,6 +112,13 @@ def page_now(now: Optional[dt.datetime] = None) -> dt.datetime:
     per step (and kept 30 s), not once per visit."""
     now = (now or dt.datetime.now(UTC)).replace(microsecond=0)
     return now + dt.timedelta(seconds=PAGE_STEP_S - int(now.timestamp()) % PAGE_STEP_S)
+
+
+def default_spec(now: Optional[dt.datetime] = None) -> "ViewSpec":
+    """The view a visit opens on (the sidebar's defaults) at the page's clock ``page_now(now)``."""
+    until = page_now(now)
+    return ViewSpec(since=until - RANGES[DEFAULT_RANGE], until=until, grouping=DEFAULT_GROUPING,
+                    detail_limit=DEFAULT_DETAIL_LIMIT, live=True)
 
 
 def time_window(choice: str, now: Optional[dt.datetime] = None, custom: Optional[tuple] = None) -> tuple[dt.datetime, dt.datetime]:

@@ -89,7 +89,7 @@ for i in $(seq 1 60); do
 done
 
 echo "==> queue monitor on 127.0.0.1:$DASH_PORT"
-start dashboard "$BIN/streamlit" run dashboard/app.py --server.address 127.0.0.1 --server.port "$DASH_PORT" \
+start dashboard "$BIN/python" -m prefect_launch.dashboard.serve --server.address 127.0.0.1 --server.port "$DASH_PORT" \
   --server.headless true --browser.gatherUsageStats false
 
 echo "==> submitting a mix of jobs"

@@ -141,14 +141,16 @@ def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:
 def fresh_app(timeout: float = 120):
     """The monitor page under AppTest with Streamlit's caches emptied first.
 
-    ``st.cache_data`` lives for the whole test process, so a page another test opened up to
+    ``st.cache_data`` and the page's reads (:mod:`prefect_launch.dashboard.page_data`) live for the whole test process, so a page another test opened up to
     a minute ago would hide the queues this test just created (a real user waits the TTL out).
     """
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
     from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import page_data as P
 
     st.cache_data.clear()
+    P.clear()
     D.STORE_CACHE.clear()
     return AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=timeout)

@@ -61,7 +61,8 @@ def dashboard(prefect_server, tmp_path_factory):
     X.build(X.RunIndex(D.metrics_store()), D.get_api(), days=8)  # the page shows the last 7 days
     port = free_port()
     env = dict(os.environ, PREFECT_API_URL=prefect_server)
-    args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
+    # as `make dashboard` starts it: the default view read before it takes visits, kept ready after
+    args = [sys.executable, "-m", "prefect_launch.dashboard.serve", "--server.port", str(port),
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,153 @@
+"""Everything one visit of the monitor's main page reads, computed together and kept ready.
+
+The page (``dashboard/app.py``) only lays a :class:`PageData` out. Its reads (the view, the
+range's cost rows, the waiting runs, the queues' links) run in parallel, once per sidebar state
+and step of the page's clock, in :data:`PAGE` (:class:`.keep_warm.KeepWarm`): while the monitor
+is served by :mod:`.serve`, the views asked for in the last five minutes are computed for the next
+step before it begins, so a visit finds them ready rather than waiting seconds for them at 100k runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pandas as pd
+
+from prefect_launch.dashboard import metrics_source as M
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import view as V
+from prefect_launch.dashboard.keep_warm import KeepWarm
+
+CACHE_TTL_S = 30.0  # a fixed range's page is read again after this long
+KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_S", "300"))  # views kept ready this long after their last visit
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="monitor-page")
+
+
+@dataclass
+class PageData:
+    """What the page draws for one sidebar state; read-only once made (the page never changes it)."""
+
+    view: V.View
+    costs: Optional[pd.DataFrame] = None  # per-run cost rows of the range, all owners/jobs (cost.run_costs)
+    costs_error: Optional[str] = None
+    waiting: list = field(default_factory=list)  # deployments.wait_order.WaitingRun, the queues' waiting runs
+    waiting_error: Optional[str] = None
+    links: dict[str, str] = field(default_factory=dict)  # queue -> its links as escaped HTML anchors
+    links_error: Optional[str] = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return text
+
+
+def read_costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFrame:
+    """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`)."""
+    from prefect_launch.dashboard import api as A
+    from prefect_launch.dashboard import cost as C
+
+    store = M.metrics_store()
+    if store is None:
+        raise RuntimeError("no metrics store")
+    try:
+        deployments = A.fetch_deployments(A.get_api())  # job names for records that hold only the id
+    except Exception:
+        deployments = {}
+    return C.run_costs(store, since, until, queues, deployments=deployments)
+
+
+def read_waiting(queues: tuple) -> list:
+    """Waiting runs of ``queues`` with queue position and predicted start
+    (:func:`prefect_launch.deployments.wait_order.waiting_runs`, the same as `queue ls` / `runs ls`)."""
+    from prefect import get_client
+
+    from prefect_launch.deployments.wait_order import waiting_runs
+
+    with get_client(sync_client=True) as client:
+        return waiting_runs(client, list(queues))
+
+
+def read_links(queues: tuple) -> dict[str, str]:
+    """Each queue's saved links (Launch Queue Links blocks) as escaped anchors; queues without links left out."""
+    from prefect_launch.blocks.queue_links import QueueLinks
+
+    blocks = list(_POOL.map(QueueLinks.for_queue, queues)) if queues else []
+    return {q: b.html() for q, b in zip(queues, blocks) if b.links}
+
+
+def compute(spec: S.ViewSpec) -> PageData:
+    """Read everything for ``spec``: the view, and beside it the cost rows, waiting runs and links
+    (each of those may fail alone: its panel says why, the rest of the page stands)."""
+    queues = tuple(sorted(spec.queues)) or tuple(options()["queues"])
+    f_costs = _POOL.submit(read_costs, spec.since, spec.until, tuple(spec.queues))
+    f_wait = _POOL.submit(read_waiting, queues)
+    f_links = _POOL.submit(read_links, queues)
+    view = V.load_view(spec)
+    out = PageData(view=view)
+    for fut, name in ((f_costs, "costs"), (f_wait, "waiting"), (f_links, "links")):
+        try:
+            setattr(out, name, fut.result())
+        except Exception as exc:
+            setattr(out, f"{name}_error", _first_line(exc))
+    return out
+
+
+def advance(spec: S.ViewSpec) -> Optional[tuple[S.ViewSpec, float]]:
+    """A live view's key in the next step of the page's clock and when that step begins."""
+    if not spec.live:
+        return None
+    return spec.next_step(), spec.until.timestamp()
+
+
+PAGE: KeepWarm[S.ViewSpec, PageData] = KeepWarm(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S)
+_OPTIONS: KeepWarm[str, dict] = KeepWarm(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
+
+
+def options() -> dict[str, list[str]]:
+    """The sidebar's choices (queues, jobs, owners, presets), read at most once a minute."""
+    return _OPTIONS.get("options")
+
+
+def get(spec: S.ViewSpec) -> PageData:
+    return PAGE.get(spec)
+
+
+def ready(spec: S.ViewSpec) -> bool:
+    """Whether ``spec``'s page is read already (the page shows a spinner otherwise)."""
+    return PAGE.peek(spec)
+
+
+def clear() -> None:
+    """Read everything afresh on the next visit (Refresh now, a saved link, tests)."""
+    PAGE.clear()
+    _OPTIONS.clear()
+    M.METRICS_CACHE.clear()
+
+
+def prepare(now: Optional[dt.datetime] = None) -> PageData:
+    """Read the default view (what a visit opens on) now, so the first visit finds it ready."""
+    options()
+    return PAGE.get(S.default_spec(now))
+
+
+def keep_warm() -> None:
+    """Keep the views people look at ready ahead of the page's clock (see the module doc)."""
+    PAGE.start()
+
+
+def status() -> dict[str, Any]:
+    """Counters for the page's footer: how often a visit found its page ready."""
+    return dict(hits=PAGE.hits, misses=PAGE.misses, ahead=PAGE.ahead, keeping=PAGE.running)
+
+
+def links_changed(queue: str, anchors: str) -> None:
+    """A queue's links were saved or removed: the pages read already show the new ones at once."""
+    for page in PAGE.values():
+        if anchors:
+            page.links[queue] = anchors
+        else:
+            page.links.pop(queue, None)

@@ -1,0 +1,155 @@
+"""The monitor's keep-warm cache (dashboard/keep_warm.py): when a value is computed, reused and
+read ahead of the page's clock. Pure: a fake clock and compute function, no server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard.keep_warm import KeepWarm
+from prefect_launch.dashboard.page_data import advance
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _live(step: int):
+    """Keys are step numbers; step k's view is asked during [10k - 10, 10k) and step k+1 begins at 10k."""
+    return lambda k: (k + 1, 10.0 * k)
+
+
+def test_each_key_is_computed_once_and_served_until_its_ttl():
+    clock, calls = Clock(), []
+    kw = KeepWarm(lambda k: calls.append(k) or f"v{k}", lambda k: None, ttl_s=30, clock=clock)
+    assert kw.get(1) == "v1" and kw.get(1) == "v1"
+    assert calls == [1] and (kw.hits, kw.misses) == (1, 1)
+    clock.t += 31
+    assert kw.get(1) == "v1" and calls == [1, 1]  # expired: read again
+
+
+def test_concurrent_requests_wait_for_one_computation():
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow(k):
+        calls.append(k)
+        started.set()
+        release.wait(5)
+        return k * 2
+
+    kw = KeepWarm(slow, lambda k: None)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(kw.get(21))) for _ in range(3)]
+    threads[0].start()
+    started.wait(5)
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.05)
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert out == [42, 42, 42] and calls == [21]
+
+
+def test_a_failure_reaches_every_waiter_and_is_not_kept():
+    n = {"calls": 0}
+
+    def flaky(k):
+        n["calls"] += 1
+        if n["calls"] == 1:
+            raise RuntimeError("server down")
+        return "ok"
+
+    kw = KeepWarm(flaky, lambda k: None)
+    with pytest.raises(RuntimeError, match="server down"):
+        kw.get("a")
+    assert not kw.peek("a")
+    assert kw.get("a") == "ok" and n["calls"] == 2
+
+
+def test_the_next_step_is_read_ahead_of_the_clock_for_a_key_asked_lately():
+    clock = Clock(95.0)  # step 10 is shown during [90, 100); step 11 begins at 100
+    calls = []
+    kw = KeepWarm(lambda k: calls.append(k) or k, _live(10), keep_s=300, lead_s=2, clock=clock)
+    kw.get(10)
+    assert kw.keep_ahead() == 0  # 5 s before the step: too early
+    clock.t = 98.5
+    assert kw.keep_ahead() == 1 and calls == [10, 11]
+    assert kw.keep_ahead() == 0  # once
+    clock.t = 100.5
+    assert kw.peek(11) and kw.get(11) == 11 and calls == [10, 11]  # the visit in the new step: no wait
+    # nobody asks any more: kept ahead for keep_s after the last request, then left alone
+    for t in range(100, 420, 1):
+        clock.t = t + 0.9
+        kw.keep_ahead()
+    read_ahead = [k for k in calls[2:]]
+    assert read_ahead == list(range(12, 12 + len(read_ahead)))
+    assert 12 + len(read_ahead) - 1 <= 41  # up to ~300 s after the last request (at 100.5): step 40 ends at 400
+    assert len(read_ahead) >= 28
+
+
+def test_a_slow_view_is_read_ahead_earlier():
+    clock = Clock(90.0)
+
+    def compute(k):
+        clock.t += 4.0  # takes 4 s of the clock
+        return k
+
+    kw = KeepWarm(compute, _live(10), lead_s=2, clock=clock)
+    kw.get(10)  # finished at 94; took 4 s by the fake clock? took_s is wall time: tiny
+    kw._entries[10].took_s = 4.0  # what a 100k-run view costs here
+    clock.t = 93.5  # 6.5 s before the step: 1.5 x 4 s = 6 s lead, too early
+    assert kw.keep_ahead() == 0
+    clock.t = 94.5
+    assert kw.keep_ahead() == 1
+
+
+def test_fixed_keys_are_not_read_ahead_and_entries_are_bounded():
+    clock = Clock()
+    kw = KeepWarm(lambda k: k, lambda k: None, max_entries=3, clock=clock)
+    for k in range(5):
+        clock.t += 1
+        kw.get(k)
+    assert kw.keep_ahead() == 0
+    assert sorted(k for k in range(5) if kw.peek(k)) == [2, 3, 4]
+
+
+def test_clear_forgets_values_and_values_lists_them():
+    kw = KeepWarm(lambda k: {"k": k}, lambda k: None)
+    kw.get(1), kw.get(2)
+    assert sorted(v["k"] for v in kw.values()) == [1, 2]
+    kw.clear()
+    assert kw.values() == [] and not kw.peek(1)
+
+
+def test_the_keeper_thread_reads_ahead_on_its_own():
+    kw = KeepWarm(lambda k: k, lambda k: (k + 1, 0.0), keep_s=60)  # next step "begins" at once
+    kw.get(1)
+    kw.start(period_s=0.05)
+    try:
+        deadline = time.time() + 5
+        while not kw.peek(3) and time.time() < deadline:
+            time.sleep(0.02)
+        assert kw.peek(2) and kw.peek(3) and kw.ahead >= 2
+    finally:
+        kw.stop()
+
+
+def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
+    now = dt.datetime(2026, 12, 1, 10, 0, 3, tzinfo=S.UTC)
+    spec = S.default_spec(now)
+    assert spec.until == dt.datetime(2026, 12, 1, 10, 0, 10, tzinfo=S.UTC) and spec.live
+    nxt, starts = advance(spec)
+    # the key a visit makes in the next step is exactly the one read ahead
+    assert nxt == S.default_spec(now + dt.timedelta(seconds=S.PAGE_STEP_S))
+    assert starts == spec.until.timestamp()
+    fixed = S.ViewSpec(since=spec.since, until=spec.until)
+    assert advance(fixed) is None
