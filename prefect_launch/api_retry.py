@@ -18,13 +18,39 @@ cluster members and the CLI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import os
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 QUICK_DELAYS_S = (0.05, 0.1, 0.2, 0.4)
+_SINGLE_TRY: contextvars.ContextVar[bool] = contextvars.ContextVar("launch_api_single_try", default=False)
+
+
+class ServerBusy(Exception):
+    """A request sent under `single_try` met a busy server (503): it was not repeated."""
+
+
+@contextlib.contextmanager
+def single_try() -> Iterator[None]:
+    """Requests made inside are sent once: a 503 raises `ServerBusy` at once, with neither the quick retries
+    nor Prefect's 2-4-8 s back-off. For writes the caller makes again anyway (a waiting run's label is
+    decided again next cycle): on a SQLite server a label PATCH reads, then writes in a deferred
+    transaction, and fails whenever another write commits in between; measured with bench/scale.py (b),
+    3 agents, 60 runs: 69% of the agents' label PATCHes answered 503, each retried up to 5 times at once
+    and again after 2, 4, 8 s, while the dispatch cycle that waited on it held the agent's plan lock."""
+    token = _SINGLE_TRY.set(True)
+    try:
+        yield
+    finally:
+        _SINGLE_TRY.reset(token)
+
+
+def _busy(request: Any) -> ServerBusy:
+    return ServerBusy(f"{request.method} {request.url.path}: 503 (server busy; not repeated)")
 
 
 def quick_delays() -> tuple[float, ...]:
@@ -42,6 +68,12 @@ def _is_cloud(client: Any) -> bool:
 
 def _async_quick(send: Callable[..., Any]) -> Callable[..., Any]:
     async def send_quick(request: Any, *args: Any, **kwargs: Any) -> Any:
+        if _SINGLE_TRY.get():
+            response = await send(request, *args, **kwargs)
+            if response.status_code == 503:
+                await response.aclose()
+                raise _busy(request)
+            return response
         for delay in quick_delays():
             response = await send(request, *args, **kwargs)
             if response.status_code != 503:
@@ -55,6 +87,12 @@ def _async_quick(send: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sync_quick(send: Callable[..., Any]) -> Callable[..., Any]:
     def send_quick(request: Any, *args: Any, **kwargs: Any) -> Any:
+        if _SINGLE_TRY.get():
+            response = send(request, *args, **kwargs)
+            if response.status_code == 503:
+                response.close()
+                raise _busy(request)
+            return response
         for delay in quick_delays():
             response = send(request, *args, **kwargs)
             if response.status_code != 503:

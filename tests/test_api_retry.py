@@ -95,3 +95,30 @@ def test_quick_delays_follow_the_setting(monkeypatch):
     assert api_retry.quick_delays() == ()
     monkeypatch.setenv("LAUNCH_API_QUICK_RETRIES", "6")
     assert api_retry.quick_delays() == (0.05, 0.1, 0.2, 0.4, 0.4, 0.4)
+
+
+def test_single_try_sends_once_and_raises_server_busy(busy_server):
+    """Writes the caller makes again anyway (waiting labels, the agent's published state) are sent once."""
+    from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
+
+    url, handler = busy_server
+    api_retry.install()
+    handler.busy = 1
+    with PrefectHttpxSyncClient(base_url=url) as client:
+        with api_retry.single_try(), pytest.raises(api_retry.ServerBusy):
+            client.post("/labels", json={"a": 1})
+        assert len(handler.seen) == 1  # neither a quick retry nor Prefect's back-off
+        assert client.get("/after").status_code == 200  # outside the block: as before
+
+    handler.seen, handler.busy = [], 1
+
+    async def go():
+        async with PrefectHttpxAsyncClient(base_url=url) as client:
+            with api_retry.single_try():
+                with pytest.raises(api_retry.ServerBusy):
+                    await client.get("/y")
+                assert (await client.get("/y")).status_code == 200  # a 200 is returned as usual
+            return len(handler.seen)
+
+    t0 = time.monotonic()
+    assert asyncio.run(go()) == 2 and time.monotonic() - t0 < 1.5

@@ -89,7 +89,7 @@ def test_cycle_waits_when_another_queue_took_the_room_and_releases_on_failed_sta
 
 
 def test_wait_notes_write_a_reason_only_when_it_changes():
-    notes = WaitNotes()
+    notes = WaitNotes(hold_s=0)  # "waiting: x" was not written by this agent: no hold (see test_placement_units)
     fr = SimpleNamespace(id=1, labels={WAIT_LABEL: "waiting: x"})
     assert not notes.changed(fr, "waiting: x")  # already on the run
     assert notes.changed(fr, "waiting: y") and not notes.changed(fr, "waiting: y")

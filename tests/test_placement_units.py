@@ -112,6 +112,87 @@ def test_a_waiting_label_is_written_only_when_no_agent_wrote_it_yet():
     assert notes.changed(SimpleNamespace(id="r1", labels={WAIT_LABEL: "waiting: x"}), "waiting: z") is True
 
 
+def test_agents_of_one_queue_do_not_overwrite_each_others_waiting_labels_every_cycle():
+    """Three agents explain the same waiting run each from its own side ("agent wN has 1 free"): a label
+    another agent wrote stands for hold_s before this agent writes its own words; its own earlier words it
+    replaces at once (one agent's label follows its decisions as before)."""
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.dispatch import WaitNotes
+    from prefect_launch.workers.run_tags import WAIT_LABEL
+
+    now = [100.0]
+    notes = WaitNotes(hold_s=10, clock=lambda: now[0])
+    by_w2 = SimpleNamespace(id="r1", labels={WAIT_LABEL: "waiting: needs gpu=2, agent w2 has 1 free"})
+    mine = "waiting: needs gpu=2, agent w1 has 0 free"
+    assert notes.changed(by_w2, mine) is False  # w2's words are fresh
+    now[0] += 9
+    assert notes.changed(by_w2, mine) is False
+    now[0] += 1.5
+    assert notes.changed(by_w2, mine) is True  # stood 10.5 s: w1 writes its own
+    ours = SimpleNamespace(id="r1", labels={WAIT_LABEL: mine})
+    assert notes.changed(ours, mine) is False
+    assert notes.changed(ours, "waiting: queued behind r0 (FIFO)") is True  # its own words: changed at once
+    # w3 overwrites: the hold starts again from when w1 first reads w3's words
+    by_w3 = SimpleNamespace(id="r1", labels={WAIT_LABEL: "waiting: needs gpu=2, agent w3 has 1 free"})
+    now[0] += 30
+    assert notes.changed(by_w3, mine) is False
+    now[0] += 10
+    assert notes.changed(by_w3, mine) is True
+    # a label cleared (the run was placed and came back) is written at once
+    assert notes.changed(SimpleNamespace(id="r2", labels={WAIT_LABEL: ""}), "waiting: x") is True
+
+
+def test_an_agents_own_waiting_label_moves_at_once_in_kind_and_once_per_hold_in_details():
+    """A new FIFO head or a new free amount does not re-label the run every cycle (one agent, runs starting
+    every second); FIFO -> short of capacity -> quota is written at once."""
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.dispatch import WaitNotes, reason_kind
+    from prefect_launch.workers.run_tags import WAIT_LABEL
+
+    assert reason_kind("waiting: queued behind r1 (FIFO)") == reason_kind("waiting: queued behind earlier runs (FIFO)")
+    assert reason_kind("waiting: needs gpu=1, agent w1 has 0 free") == reason_kind("waiting: needs cpu=1, agent w1 has 0.5 free")
+    now = [0.0]
+    notes = WaitNotes(hold_s=10, clock=lambda: now[0])
+
+    def run(label):
+        return SimpleNamespace(id="r", labels={WAIT_LABEL: label} if label else {})
+
+    assert notes.changed(run(None), "waiting: queued behind r1 (FIFO)")
+    now[0] += 2
+    assert not notes.changed(run("waiting: queued behind r1 (FIFO)"), "waiting: queued behind r2 (FIFO)")
+    assert notes.changed(run("waiting: queued behind r1 (FIFO)"), "waiting: needs gpu=1, agent w1 has 0 free")
+    now[0] += 2
+    assert not notes.changed(run("waiting: needs gpu=1, agent w1 has 0 free"), "waiting: needs gpu=1, agent w1 has 0.5 free")
+    assert notes.changed(run("waiting: needs gpu=1, agent w1 has 0 free"), "waiting: owner alice is at its quota")
+    now[0] += 2
+    assert notes.changed(run("waiting: owner alice is at its quota"), "waiting: needs gpu=1, agent w1 has 0 free")
+    now[0] += 10.5
+    assert notes.changed(run("waiting: needs gpu=1, agent w1 has 0 free"), "waiting: needs gpu=1, agent w1 has 1 free")
+
+
+def test_waiting_label_writes_per_cycle_are_budgeted_front_first():
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.dispatch import WaitNotes
+
+    notes = WaitNotes(budget=3)
+    runs = [SimpleNamespace(id=f"r{i}", labels={}) for i in range(5)]
+    notes.new_cycle([r.id for r in runs])
+    assert [notes.changed(r, "waiting: queued behind earlier runs (FIFO)") for r in runs] == [True] * 3 + [False] * 2
+    notes.new_cycle([r.id for r in runs])  # the next cycle writes the rest (the first three read as written)
+    written = [SimpleNamespace(id=r.id, labels={"launch.waiting": "waiting: queued behind earlier runs (FIFO)"})
+               for r in runs[:3]] + runs[3:]
+    assert [notes.changed(r, "waiting: queued behind earlier runs (FIFO)") for r in written] == [False] * 3 + [True] * 2
+    # runs no longer planned are forgotten
+    notes.new_cycle(["r4"])
+    assert set(notes._written) == {"r4"} and set(notes._seen) == {"r4"}
+    # without cycles (the Kubernetes agent's pod reasons) there is no budget
+    free = WaitNotes(budget=0)
+    assert free.changed(SimpleNamespace(id="x", labels={}), "waiting: y") is True
+
+
 def test_backfill_lets_smaller_runs_pass():
     free = Resources(cpu=4, memory=8 * GI, gpu=1)
     d = {x.run_id: x.action for x in plan([_cand(1, 2), _cand(2, 1), _cand(3, 1)], free, TOTAL, "w1", backfill=True)}

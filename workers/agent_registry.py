@@ -50,8 +50,12 @@ async def publish(client: Any, state: AgentState) -> None:
     name = variable_name(state.name)
     value = state.model_dump(mode="json")
     value["runs"] = value["runs"][:20]  # Variables are capped at 5000 characters
+    from prefect_launch.api_retry import ServerBusy
+
     try:
         await client.update_variable(VariableUpdate(name=name, value=value, tags=[TAG]))
+    except ServerBusy:  # under api_retry.single_try: the caller publishes again later
+        raise
     except Exception:  # 404 when the agent publishes for the first time
         try:
             await client.create_variable(VariableCreate(name=name, value=value, tags=[TAG]))

@@ -63,6 +63,7 @@ from prefect_launch.workers.run_journal import JournalEntry, alloc_label
 from prefect_launch.workers.scheduled_runs import read_due_runs
 from prefect_launch.workers.run_tags import ALLOC_LABEL, IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 from prefect_launch.api_retry import install as install_quick_503_retries
+from prefect_launch.api_retry import single_try
 from prefect_launch.workers.secret_env import resolve_secret_env
 
 if TYPE_CHECKING:
@@ -354,6 +355,7 @@ class LaunchWorkerCore:
             placed_elsewhere=self._placed_elsewhere,
         )
         foreign = [c for q, cs in self.agent.unplaced.items() if q != self._work_pool_name for c in cs]
+        self._wait_notes.new_cycle([fr.id for fr in runs])
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
                                       self._priorities, hooks, foreign=foreign)
         self.agent.unplaced[self._work_pool_name] = result.unplaced
@@ -375,12 +377,15 @@ class LaunchWorkerCore:
         self._runs_task_group.start_soon(self._submit_run, flow_run)
 
     async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
-        """Put the one-line reason on the Prefect run, only when it changes."""
+        """Put the one-line reason on the Prefect run, only when it changes (dispatch.WaitNotes: not over
+        another agent's fresh words, at most LAUNCH_WAIT_LABEL_BUDGET writes a cycle)."""
         if not self._wait_notes.changed(flow_run, reason):
             return
         try:
-            await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
+            with single_try():  # a busy server's 503 is not repeated: the next cycle decides again
+                await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
         except Exception as exc:
+            self._wait_notes.forget(flow_run.id)  # not written: the next cycle decides again
             self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
 
     async def _propose_pending_state(self, flow_run: "FlowRun") -> bool:
@@ -982,9 +987,11 @@ class LaunchWorkerCore:
             heartbeat=datetime.now(timezone.utc),
         )
         try:
-            await publish(self.client, state)
+            with single_try():  # a busy server's 503: published again after the debounce, not retried at once
+                await publish(self.client, state)
         except Exception as exc:
             self._logger.debug("could not publish agent state: %s", exc)
+            self._publish_soon()
 
 
 class PidHook:
