@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import (agent, apply_queue, cli_json, deploy_probe, records, wait_agent_free,
+from launch_helpers import (agent, apply_queue, cli_json, deploy_probe, read_runs, records, wait_agent_free,
                             wait_final, wait_running)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -115,8 +115,20 @@ def test_two_agents_one_queue_run_each_run_once(tmp_path: Path, unique_name: str
         pinned = cli_json("submit", job, "--queue", q, "--agent", f"a2-{unique_name}", "--count", "3",
                           "--param", f"record_dir={rec}", "--param", "seconds=0.2")["run_ids"]
         runs = wait_final(ids + pinned, timeout=300)
+        got = records(rec)
+        # Prefect's worker labels are written with the placement labels, in one write once the run's
+        # process is up (lifecycle._label_placement), a second after it starts: these runs last 0.2 s
+        deadline = time.time() + 30
+        while True:
+            labels = {str(r.id): r.labels or {} for r in read_runs(ids + pinned)}
+            if all("launch.placement" in x and "prefect.worker.name" in x for x in labels.values()) or time.time() > deadline:
+                break
+            time.sleep(1)
+    for rid, x in labels.items():
+        by = got[rid]["launch_agent"]
+        assert x.get("prefect.worker.name") == by and x.get("prefect.work-pool.name") == q, (rid, x)
+        assert x.get("launch.placement", "").startswith(f"agent {by}:") and x.get("launch.waiting", "") == "", (rid, x)
     assert all(r.state.is_completed() for r in runs)
-    got = records(rec)
     assert sorted(got) == sorted(ids + pinned), "every run recorded exactly once"
     assert {got[p]["launch_agent"] for p in pinned} == {f"a2-{unique_name}"}
     assert all(r.run_count == 1 for r in runs)

@@ -32,6 +32,7 @@ import asyncio
 import contextvars
 import json
 import os
+import random
 import signal
 import socket
 import tempfile
@@ -117,6 +118,7 @@ class LaunchWorkerCore:
         self._kill_reasons: dict[UUID, str] = {}
         self._end_states: dict[UUID, State] = {}  # why the agent ended a run (timeout, cancel on exit)
         self._ended: set[UUID] = set()  # runs whose end state the agent recorded itself
+        self._unlabelled: set[UUID] = set()  # claimed runs without Prefect's worker labels yet
         self._requests: dict[UUID, ResolvedRequest] = {}  # resolved once by dispatch, read by run()
         self._handles: dict[UUID, RunHandle] = {}
         self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
@@ -531,7 +533,9 @@ class LaunchWorkerCore:
             self._samplers[flow_run.id] = sampler
             self._arm_idle_checks(flow_run, alloc, sampler, started_at)
         if self._runs_task_group is not None:  # off the start path: the run is already running
-            self._runs_task_group.start_soon(self._label_placement, flow_run, alloc)
+            worker_labels = flow_run.id in self._unlabelled
+            self._unlabelled.discard(flow_run.id)
+            self._runs_task_group.start_soon(self._label_placement, flow_run, alloc, worker_labels)
 
     def _placement_text(self, alloc: Allocation) -> str:
         text = (f"agent {self.name}: {alloc.resources.describe()}; gpus "
@@ -542,7 +546,7 @@ class LaunchWorkerCore:
             text += f"; members {members_text(alloc)}"
         return text
 
-    async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+    async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation, worker_labels: bool = False) -> None:
         """Show on the Prefect run where it runs, and clear its old waiting reason.
 
         Deferred a moment: on a SQLite server a write that collides with the engine's own
@@ -551,11 +555,36 @@ class LaunchWorkerCore:
         await asyncio.sleep(PUBLISH_DEBOUNCE_S)
         entry = self.journal.get(str(flow_run.id))
         machine = alloc_label(alloc, self.name, entry.pid if entry else None, entry.pid_started if entry else None)
-        try:
-            await self.client.update_flow_run_labels(flow_run.id, {PLACED_LABEL: self._placement_text(alloc),
-                                                                   WAIT_LABEL: "", ALLOC_LABEL: machine})
-        except Exception as exc:
-            self._logger.debug("could not label run %s: %s", flow_run.id, exc)
+        labels = {PLACED_LABEL: self._placement_text(alloc), WAIT_LABEL: "", ALLOC_LABEL: machine}
+        if worker_labels:  # Prefect's worker labels ride along (see _give_worker_labels_to_flow_run)
+            labels.update(self._worker_labels())
+        await self._write_labels(flow_run.id, labels)
+
+    def _worker_labels(self) -> dict[str, str]:
+        """The labels Prefect's BaseWorker gives each run it submits (worker, work pool)."""
+        labels = {"prefect.worker.name": self.name, "prefect.worker.type": self.type}
+        if self._work_pool:
+            labels.update({"prefect.work-pool.name": self._work_pool.name, "prefect.work-pool.id": str(self._work_pool.id)})
+        return labels
+
+    async def _write_labels(self, flow_run_id: UUID, labels: dict[str, str], quick: int = 3) -> bool:
+        """Labels written with a few short retries of our own first, each sent once, then once more with the
+        client's own retries (its 2, 4, 8 s back-off): on a SQLite server Prefect's label endpoint fails (503)
+        whenever another write commits between its read and its write. Off the run's start path."""
+        for attempt in range(quick + 1):
+            try:
+                if attempt < quick:
+                    with single_try():
+                        await self.client.update_flow_run_labels(flow_run_id, labels)
+                else:
+                    await self.client.update_flow_run_labels(flow_run_id, labels)
+                return True
+            except Exception as exc:
+                if attempt == quick:
+                    self._logger.warning("could not label run %s: %s", flow_run_id, exc)
+                    return False
+                await asyncio.sleep(0.25 * 2 ** attempt + random.uniform(0, 0.25))
+        return False
 
     async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
         """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
@@ -578,17 +607,12 @@ class LaunchWorkerCore:
             self._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
-        """Prefect's worker labels, retried: a busy SQLite server's 503 on this write must not crash the run
-        (the labels help recovery, but the journal already records the claim)."""
-        for attempt in range(4):
-            try:
-                return await super()._give_worker_labels_to_flow_run(flow_run_id)
-            except Exception as exc:
-                if attempt == 3:
-                    self._logger.warning("could not label run %s with its worker (%s); it runs anyway",
-                                         flow_run_id, exc)
-                    return
-                await asyncio.sleep(0.5 * 2 ** attempt)
+        """Prefect's worker labels are not written here, on the run's start path, but with the placement
+        labels once its process is up (`_label_placement`): one label write per run instead of two. On a
+        SQLite server most label writes of many agents failed (503) and were retried with back-off, the
+        start waiting on them (bench/scale.py (b)). Until then the journal holds the claim (recovery reads
+        it first); a run that ends before it started gets them when it ends (`_release_limit_slot`)."""
+        self._unlabelled.add(flow_run_id)
 
     async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
         reason = self._kill_reasons.pop(flow_run.id, None)
@@ -600,6 +624,9 @@ class LaunchWorkerCore:
     def _release_limit_slot(self, flow_run_id: UUID) -> None:
         super()._release_limit_slot(flow_run_id)
         self._release_allocation(flow_run_id)
+        if flow_run_id in self._unlabelled and self._runs_task_group is not None:  # never started: labelled now
+            self._unlabelled.discard(flow_run_id)
+            self._runs_task_group.start_soon(self._write_labels, flow_run_id, self._worker_labels())
 
     def _release_allocation(self, flow_run_id: UUID) -> None:
         self._handles.pop(flow_run_id, None)
