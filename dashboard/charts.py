@@ -10,6 +10,10 @@ from prefect_launch.dashboard.spec import STATUS_COLORS, STATUSES
 
 alt.data_transformers.disable_max_rows()
 HEIGHT = 260
+# charts of many marks are drawn on a canvas: as SVG each mark is a DOM node with its own accessible
+# label (the job-status and queued-time charts are 1,000 bars over 7 days), which the browser lays
+# out on every visit; the hour x weekday heatmap (168 cells) stays SVG, its cells readable
+CANVAS = {"embedOptions": {"renderer": "canvas"}}
 
 
 def _status_scale() -> alt.Scale:
@@ -79,7 +83,7 @@ def occupancy_status_chart(status: pd.DataFrame) -> alt.Chart:
                      alt.Tooltip("count:Q", title="runs (at any moment / finished)"),
                      alt.Tooltip("avg:Q", title="time-weighted average", format=".2f")],
         )
-        .properties(height=HEIGHT)
+        .properties(height=HEIGHT, usermeta=CANVAS)
     )
 
 
@@ -97,7 +101,7 @@ def occupancy_queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
                      alt.Tooltip("runs:Q", title="runs waiting"), alt.Tooltip("mean_s:Q", title="mean wait (s)", format=",.1f"),
                      alt.Tooltip("queued_s:Q", title="seconds queued", format=",.0f")],
         )
-        .properties(height=HEIGHT)
+        .properties(height=HEIGHT, usermeta=CANVAS)
     )
 
 
@@ -114,8 +118,8 @@ def occupancy_load_chart(load: pd.DataFrame, gpu_capacity: float | None) -> alt.
     )
     if gpu_capacity:
         rule = alt.Chart(pd.DataFrame({"capacity": [gpu_capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
-        return (base + rule).properties(height=160)
-    return base.properties(height=160)
+        return (base + rule).properties(height=160, usermeta=CANVAS)
+    return base.properties(height=160, usermeta=CANVAS)
 
 
 def occupancy_heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
@@ -161,7 +165,7 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
                      alt.Tooltip("end:T", format="%Y-%m-%d %H:%M:%S")],
         )
         .add_params(brush)
-        .properties(height=min(max(18 * n, 160), 640))
+        .properties(height=min(max(18 * n, 160), 640), usermeta=CANVAS)
     )
 
 
