@@ -32,7 +32,6 @@ import asyncio
 import contextvars
 import json
 import os
-import random
 import signal
 import socket
 import tempfile
@@ -567,24 +566,16 @@ class LaunchWorkerCore:
             labels.update({"prefect.work-pool.name": self._work_pool.name, "prefect.work-pool.id": str(self._work_pool.id)})
         return labels
 
-    async def _write_labels(self, flow_run_id: UUID, labels: dict[str, str], quick: int = 3) -> bool:
-        """Labels written with a few short retries of our own first, each sent once, then once more with the
-        client's own retries (its 2, 4, 8 s back-off): on a SQLite server Prefect's label endpoint fails (503)
-        whenever another write commits between its read and its write. Off the run's start path."""
-        for attempt in range(quick + 1):
-            try:
-                if attempt < quick:
-                    with single_try():
-                        await self.client.update_flow_run_labels(flow_run_id, labels)
-                else:
-                    await self.client.update_flow_run_labels(flow_run_id, labels)
-                return True
-            except Exception as exc:
-                if attempt == quick:
-                    self._logger.warning("could not label run %s: %s", flow_run_id, exc)
-                    return False
-                await asyncio.sleep(0.25 * 2 ** attempt + random.uniform(0, 0.25))
-        return False
+    async def _write_labels(self, flow_run_id: UUID, labels: dict[str, str]) -> bool:
+        """Labels written off the run's start path with the client's retries (api_retry's quick 503 retries,
+        then Prefect's back-off): on a SQLite server Prefect's label endpoint fails (503) whenever another
+        write commits between its read and its write."""
+        try:
+            await self.client.update_flow_run_labels(flow_run_id, labels)
+            return True
+        except Exception as exc:
+            self._logger.warning("could not label run %s: %s", flow_run_id, exc)
+            return False
 
     async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
         """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
