@@ -167,9 +167,14 @@ def part_a(db: str, work: Path, n: int, clients: int, stock: bool) -> dict[str, 
 
 
 # ------------------------------------------------------------------------------------- (b) throughput
-def create_runs(deployment: str, n: int, seconds: float, rec: Path, presets: Optional[list[str]]) -> list[str]:
-    """n runs of the probe, created in order (4 threads); job variables pick the mixed presets."""
+def create_runs(deployment: str, n: int, seconds: float, rec: Path, presets: Optional[list[str]],
+                launch_queue: Optional[str] = None) -> list[str]:
+    """n runs of the probe, created in order (4 threads), with the mixed presets if given: through
+    prefect-launch's ``submit`` (what `prefect-launch submit` does: the run waits as Queued) when
+    ``launch_queue`` is given, else with Prefect's client (job variables pick the presets)."""
     from prefect import get_client
+
+    from prefect_launch.deployments.submit import SubmitRequest, submit
 
     ids: dict[int, str] = {}
     batch = uuid.uuid4().hex[:8]
@@ -179,11 +184,17 @@ def create_runs(deployment: str, n: int, seconds: float, rec: Path, presets: Opt
             dep = client.read_deployment_by_name(deployment)
             for i in range(k, n, 4):
                 jv = {"preset": presets[i % len(presets)]} if presets else {}
+                params = {"record_dir": str(rec), "seconds": seconds, "tag": str(i)}
+                key = f"scale-{batch}-{i}"
                 for attempt in range(10):  # a busy SQLite server answers 503; the key makes a retry safe
                     try:
+                        if launch_queue:
+                            ids[i] = submit(client, SubmitRequest(
+                                job=deployment, queue=launch_queue, name=f"run-{i}", params=params,
+                                preset=presets[i % len(presets)] if presets else None, idempotency_key=key)).run_ids[0]
+                            break
                         ids[i] = str(client.create_flow_run_from_deployment(
-                            dep.id, parameters={"record_dir": str(rec), "seconds": seconds, "tag": str(i)},
-                            job_variables=jv, name=f"run-{i}", idempotency_key=f"scale-{batch}-{i}").id)
+                            dep.id, parameters=params, job_variables=jv, name=f"run-{i}", idempotency_key=key).id)
                         break
                     except Exception:
                         if attempt == 9:
@@ -244,7 +255,7 @@ def part_b_ours(db: str, work: Path, n: int, agents: int, capacity: str, seconds
     job = deploy_probe(q, f"scale-{db}")
     rec = work / f"records-{db}"
     say(f"(b) {db}: creating {n} runs with mixed presets")
-    ids = create_runs(job, n, seconds, rec, MIX)
+    ids = create_runs(job, n, seconds, rec, MIX, launch_queue=q)
     names = [f"scale-{db}-{k}" for k in range(agents)]
     say(f"(b) {db}: {agents} launch agents ({capacity} each) start")
     t0 = time.time()
@@ -311,7 +322,7 @@ def part_c(work: Path, hold: float, more: int) -> dict[str, Any]:
     try:
         _wait_online(name)
         say(f"(c) two {hold:g}-s GPU runs on {name} ({capacity})")
-        long_ids = create_runs(job, 2, hold, rec, None)
+        long_ids = create_runs(job, 2, hold, rec, None, launch_queue=q)
         _wait_running(long_ids, 120)
         say("(c) SIGKILL the agent (its runs keep going in their own sessions); start it again, same capacity")
         os.kill(first.pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pandas as pd
 
 from prefect_launch.deployments.sessions import NAME_RE, SessionRequest
+from prefect_launch.workers.queued_state import WAITING_NAMES
 
 STEPS = ("Type and name", "Environment and resources", "Data and storage", "Network", "Review and launch")
 REVIEW = len(STEPS) - 1
@@ -47,7 +48,7 @@ TEXT_FIELDS = ("type", "name", "startup_command", "starts_at", "timeout", "queue
                "preemptible", "mounts", "ports")
 PHASES = ("schedule", "check_precondition", "start", "check_timeout", "idle_check", "terminate")
 RESULTS = ("SUCCESS", "NEED_RETRY", "SKIPPED", "GIVE_UP", "EXPIRED", "FAILURE")
-LIVE_STATUSES = ("Scheduled", "Late", "Pending", "Running", "Cancelling", "Paused", "AwaitingRetry")
+LIVE_STATUSES = (*WAITING_NAMES, "Pending", "Running", "Cancelling", "Paused")
 
 # The back end's messages (deployments/sessions.check, start_session, deployments/submit, workers/resolve),
 # matched to the field they are about; first match wins, anything else is "general".

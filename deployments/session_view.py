@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from prefect_launch.deployments.sessions import SESSION_TAG
 from prefect_launch.deployments.wait_order import by_run, positions, waiting_runs  # noqa: F401  (positions: moved there)
+from prefect_launch.workers.queued_state import WAITING_NAMES
 from prefect_launch.workers.run_tags import IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 
 
@@ -109,7 +110,7 @@ def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:
     hits = [r for r in rows if r.id == text or (len(text) >= 8 and r.id.startswith(text))]
     if not hits:
         hits = [r for r in rows if r.name == text]
-        live = [r for r in hits if r.status in ("Scheduled", "Pending", "Running", "Cancelling", "Late")]
+        live = [r for r in hits if r.status in (*WAITING_NAMES, "Pending", "Running", "Cancelling")]
         hits = live or hits[:1]
     if not hits:
         whose = f" of {owner}" if owner else ""

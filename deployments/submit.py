@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from prefect_launch.deployments.submit_retry import create_runs
 from prefect_launch.workers.cluster_spec import check_fits_one_agent
 from prefect_launch.workers.queue_spec import queue_spec_of
+from prefect_launch.workers.queued_state import queued
 from prefect_launch.workers.agent_registry import read_agents_sync
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.resources import LaunchValidationError
@@ -250,10 +251,7 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
                           + resolved.resources.describe(), "launch.preset": resolved.preset,
                           **({"launch.cluster": resolved.cluster.describe()} if resolved.cluster.is_cluster else {}),
                           **req.extra_labels})
-        if req.scheduled_time is not None:
-            from prefect.states import Scheduled
-
-            kw["state"] = Scheduled(scheduled_time=req.scheduled_time)
+        kw["state"] = queued(req.scheduled_time)  # named Queued: Prefect's late-runs service leaves it alone
         return kw
 
     # idempotency keys make retries on a busy server safe; all or none (see submit_retry)

@@ -103,7 +103,7 @@ def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
             state = _agent_state(cluster_env["agent"])  # published within ~1 s of a change
             seen = (reason, runs[second].state_name, state["free"]["gpu"], [r["run_id"] for r in state["runs"]])
             ok = ("nothing is held while it waits" in reason and "room for 1 member(s)" in reason
-                  and seen[1:] == ("Scheduled", 1, [first]))  # the spare GPU is not held by the waiting gang
+                  and seen[1:] == ("Queued", 1, [first]))  # the spare GPU is not held by the waiting gang
         time.sleep(0.5)
     assert ok, f"the second cluster run never waited holding nothing (reason, state, free GPUs, runs): {seen}"
     runs = {str(r.id): r for r in wait_final([first, second], timeout=150)}

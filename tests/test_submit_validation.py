@@ -158,3 +158,34 @@ def test_pool_template_is_a_valid_prefect_form_that_enforces_presets_and_bounds(
                 client.create_deployment(flow_id=flow_id, name=f"bad-{len(str(bad))}", work_pool_name=setup["queue"],
                                          entrypoint="probe.py:probe", job_variables=bad)
             assert err.value.response.status_code == 422
+
+
+def test_a_waiting_launch_run_stays_queued_where_prefect_marks_a_stock_run_late(setup):
+    """Prefect's late-runs service marks overdue runs named Scheduled Late every few seconds; a launch
+    run waits for hardware by design and stays "Queued" (type SCHEDULED, what every query reads)."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from prefect import get_client
+    from prefect.states import Scheduled
+
+    from prefect_launch.deployments.submit import SubmitRequest, submit
+
+    due = datetime.now(timezone.utc) - timedelta(minutes=10)  # overdue at once (Late after 15 s)
+    with get_client(sync_client=True) as client:
+        ours = submit(client, SubmitRequest(job=setup["job"], queue=setup["queue"], scheduled_time=due,
+                                            params={"record_dir": str(setup["tmp"])})).run_ids[0]
+        dep = client.read_deployment_by_name(setup["job"])
+        stock = client.create_flow_run_from_deployment(dep.id, state=Scheduled(scheduled_time=due),
+                                                       parameters={"record_dir": str(setup["tmp"])}).id
+        try:
+            deadline = time.time() + 60
+            while client.read_flow_run(stock).state_name != "Late" and time.time() < deadline:
+                time.sleep(1)
+            assert client.read_flow_run(stock).state_name == "Late", "Prefect's late-runs service did not run"
+            run = client.read_flow_run(ours)
+            assert (run.state_type.value, run.state_name) == ("SCHEDULED", "Queued")
+            assert abs((run.next_scheduled_start_time - due).total_seconds()) < 1
+        finally:
+            for rid in (ours, stock):
+                client.delete_flow_run(rid)

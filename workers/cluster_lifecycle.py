@@ -16,7 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from prefect.states import Failed, Scheduled, StateType
+from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster_env import free_port, member_env
 from prefect_launch.workers.cluster_process import (ClusterProcesses, adopt_members, describe_exit, find_members,
@@ -24,6 +24,7 @@ from prefect_launch.workers.cluster_process import (ClusterProcesses, adopt_memb
 from prefect_launch.workers.gang_follow import GangFollowerMixin
 from prefect_launch.workers.gang_protocol import GangPlan, ack_key, answers
 from prefect_launch.workers.ledger import Allocation
+from prefect_launch.workers.queued_state import queued
 from prefect_launch.workers.run_tags import GANG_LABEL, WAIT_LABEL
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class ClusterRunMixin(GangFollowerMixin):
                    to_state="SCHEDULED", message=reason)
         try:
             await self.client.set_flow_run_state(
-                flow_run.id, Scheduled(scheduled_time=flow_run.expected_start_time, message=reason), force=True)
+                flow_run.id, queued(flow_run.expected_start_time, reason), force=True)
             await self.client.update_flow_run_labels(flow_run.id, {GANG_LABEL: "", WAIT_LABEL: reason})
         except Exception as exc:
             self._logger.warning("could not put cluster run %s back in its queue: %s", flow_run.id, exc)

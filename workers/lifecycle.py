@@ -45,7 +45,7 @@ from uuid import UUID
 import anyio
 import anyio.to_thread
 
-from prefect.states import Cancelled, Crashed, Failed, Scheduled, State
+from prefect.states import Cancelled, Crashed, Failed, State
 from prefect.utilities.engine import propose_state
 
 from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRecord, SubStep
@@ -57,6 +57,7 @@ from prefect_launch.workers.idle_checks import IdleChecker, Verdict, app_activit
 from prefect_launch.workers.ledger import Allocation
 from prefect_launch.workers.limits import run_environment
 from prefect_launch.workers.queue_spec import Preset, QueueSpec, queue_spec_of
+from prefect_launch.workers.queued_state import QUEUED, queued
 from prefect_launch.workers.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.run_journal import JournalEntry, alloc_label
@@ -85,6 +86,8 @@ IDLE_PUBLISH_S = float(os.environ.get("LAUNCH_IDLE_PUBLISH_SECONDS", "30"))  # m
 DEFAULT_SPEC = QueueSpec(
     name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
 )
+
+WAKE_EVENTS = tuple(f"prefect.flow-run.{name}" for name in (QUEUED, "Scheduled", "Pending", "Cancelled"))
 
 
 @dataclass
@@ -252,10 +255,10 @@ class LaunchWorkerCore:
             try:
                 async with get_events_subscriber(filter=event_filter, reconnect_on_clean_close=True) as sub:
                     async for event in sub:
-                        # not Late: Prefect marks every waiting run Late 15 s after its due time, which
-                        # changes nothing to plan (it is still Scheduled) and woke every agent per run
-                        if event.event in ("prefect.flow-run.Scheduled", "prefect.flow-run.Pending",
-                                           "prefect.flow-run.Cancelled"):
+                        # a run queued (submitted or requeued: "Queued", see queued_state; "Scheduled" from
+                        # Prefect's own schedules), claimed or cancelled. Not Late: Prefect marks runs named
+                        # Scheduled Late 15 s after their due time, which changes nothing to plan
+                        if event.event in WAKE_EVENTS:
                             self._wake_up()
             except Exception as exc:
                 self._logger.debug("event subscription dropped (%s); retrying", exc)
@@ -719,7 +722,7 @@ class LaunchWorkerCore:
             self.agent.preempting.add(run_id)
             self._note(victim.id, "terminate", "SUCCESS", error_code="preempted", from_state="RUNNING",
                        to_state="SCHEDULED", message=message)
-            state = Scheduled(scheduled_time=victim.expected_start_time, message=message)
+            state = queued(victim.expected_start_time, message)
             try:
                 preempt_deadline_file(run_id).write_text(f"{time.time() + grace:.3f}\n")
             except OSError:

@@ -177,7 +177,9 @@ async def gather(client: Any, agent: str, pools: list[str], journal: RunJournal)
 
 async def apply_end(client: Any, store: Any, rec: Recovery) -> None:
     """Record a crash or a requeue on the Prefect run and close its metrics record."""
-    from prefect.states import Crashed, Scheduled
+    from prefect.states import Crashed
+
+    from prefect_launch.workers.queued_state import queued
 
     if rec.action == "crash":
         await client.set_flow_run_state(rec.run_id, Crashed(message=rec.reason), force=True)
@@ -191,4 +193,4 @@ async def apply_end(client: Any, store: Any, rec: Recovery) -> None:
                 logger.warning("could not close the metrics record of run %s: %s", rec.run_id, exc)
     elif rec.action == "requeue":
         await client.set_flow_run_state(
-            rec.run_id, Scheduled(scheduled_time=datetime.now(timezone.utc), message=rec.reason), force=True)
+            rec.run_id, queued(message=rec.reason), force=True)
