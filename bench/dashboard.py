@@ -46,7 +46,9 @@ the first visit after the monitor started (`python -m prefect_launch.dashboard.s
 the demo start it: it reads the default view before it takes visits, timed as page_prepare_s, from the process's
 start to its health check answering; the run index already built);
 warm: a new visit (new session) right after (null where Chromium or Playwright is missing, or
-with --no-page; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+with --no-page); page_floor_s: the same timing for a Streamlit page holding only a title and one empty
+panel, in the same browser, its first visit left out (what Streamlit itself costs on the machine, below which
+no page of it draws: compare with page_warm_s; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
 figure is an upper bound). Progress lines carry the elapsed time and the load average.
 """
 
@@ -356,6 +358,60 @@ DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
 
 
 PREPARE_S: list[float] = []  # each monitor's start until it answered its health check (page_prepare_s)
+FLOOR_APP = """import streamlit as st
+st.set_page_config(page_title="floor", layout="wide")
+st.title("Queue monitor")
+with st.container(key="panel-links", border=True):
+    st.subheader("External Links")
+"""
+FLOOR_JS = """() => !!document.querySelector('.st-key-panel-links')
+    && !document.querySelector('[data-testid="stStatusWidget"]')"""
+
+
+def visit(browser, url: str, drawn_js: str) -> float:
+    """Seconds from navigating a new page to ``url`` until ``drawn_js`` holds (polled every 50 ms)."""
+    page = browser.new_page(viewport={"width": 1600, "height": 7000})
+    try:
+        t = time.perf_counter()
+        page.goto(url, wait_until="commit")
+        page.wait_for_function(drawn_js, timeout=PAGE_TIMEOUT_S * 1000, polling=50)
+        return time.perf_counter() - t
+    finally:
+        page.close()
+
+
+def page_floor(home: Path, visits: int = 5) -> list[float]:
+    """Seconds from navigation to a drawn page for a Streamlit app with a title and one empty panel,
+    timed like the monitor (same browser flags, new page per visit; the first visit left out): what
+    Streamlit itself costs on this machine before the monitor draws anything ([] without Chromium)."""
+    if not Path(CHROMIUM).exists():
+        return []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return []
+    app = home / "floor_app.py"
+    app.write_text(FLOOR_APP)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
+            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    log = home / "streamlit-floor.log"
+    out: list[float] = []  # the first visit left out (the browser's caches filled)
+    with background_process(args, log, cwd=ROOT) as proc:
+        wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                out = [visit(browser, url, FLOOR_JS) for _ in range(visits + 1)][1:]
+            finally:
+                browser.close()
+    return out
+
+
+def floor_line(floor: list[float]) -> str:
+    return (f"Streamlit floor (title + one empty panel, same browser): median {statistics.median(floor):.3f} s "
+            f"({', '.join(f'{x:.3f}' for x in floor)})" if floor else "Streamlit floor: not timed")
 
 
 def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
@@ -385,17 +441,11 @@ def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
                     for out in (colds, warms):
-                        page = browser.new_page(viewport={"width": 1600, "height": 7000})
-                        t = time.perf_counter()
-                        page.goto(url, wait_until="commit")
                         try:
-                            page.wait_for_function(DRAWN_JS, timeout=PAGE_TIMEOUT_S * 1000, polling=50)
+                            out.append(visit(browser, url, DRAWN_JS))
                         except Exception as exc:  # not drawn in time: said so, the other figures still printed
                             print(f"page not drawn within {PAGE_TIMEOUT_S} s ({type(exc).__name__})")
-                            page.close()
                             return colds, warms
-                        out.append(time.perf_counter() - t)
-                        page.close()
                 finally:
                     browser.close()
     return colds, warms
@@ -482,7 +532,9 @@ def main() -> None:
 
         if args.page_only:
             page_cold, page_warm = page_times(home, args.page_repeat)
+            floor = page_floor(home) if page_cold else []
             stage("page timed" if page_cold else "page not timed")
+            print(floor_line(floor))
             page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
             page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
             if page_cold:
@@ -491,10 +543,11 @@ def main() -> None:
                       f"{', '.join(f'{x:.1f}' for x in PREPARE_S)} s after its start")
             keys = ["runs", "cold_s", "filter_s", "naive_s", "speedup_cold", "speedup_filter", *(f"{k}_s" for k in changes),
                     "refresh_s", "index_build_s", "api_cold_s", "api_filter_s", "naive_extrapolated", "occupancy_s",
-                    "page_cold_s", "page_warm_s", "page_prepare_s", "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
+                    "page_cold_s", "page_warm_s", "page_prepare_s", "page_floor_s", "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
             out = dict.fromkeys(keys)
             out.update(runs=args.runs, index_build_s=round(t_build, 1), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
-                       page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None, loadavg_start=load_start, loadavg_end=loadavg())
+                       page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None,
+                       page_floor_s=round(statistics.median(floor), 3) if floor else None, loadavg_start=load_start, loadavg_end=loadavg())
             print(json.dumps(out))
             return
 
@@ -572,7 +625,9 @@ def main() -> None:
         print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x"
               + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
         page_cold, page_warm = page_times(home, args.page_repeat) if not args.no_page else ([], [])
+        floor = page_floor(home) if page_cold else []
         stage("page timed" if page_cold else "page not timed")
+        print(floor_line(floor))
         if args.keep or args.home:
             print(f"kept {home} (its server stops now)")
         page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
@@ -591,6 +646,7 @@ def main() -> None:
                      api_filter_s=round(api["filt"], 3) if api else None, naive_extrapolated=extrapolated,
                      occupancy_s=round(occupancy_s, 3), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
                      page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None,
+                     page_floor_s=round(statistics.median(floor), 3) if floor else None,
                      cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
                      filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
                      loadavg_start=load_start, loadavg_end=loadavg())

@@ -89,7 +89,7 @@ def sidebar(opts: dict) -> S.ViewSpec:
         limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, S.DEFAULT_DETAIL_LIMIT, step=100,
                                 key="detail_limit")
         if st.button("Refresh now", key="refresh"):
-            P.clear()  # runs and history refresh incrementally; metrics rows are read again
+            P.refresh()  # runs and history refresh incrementally; metrics rows are read again
     return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit),
                       live=choice in S.RANGES)
@@ -451,6 +451,23 @@ def _source_note(v: V.View) -> str:
     return "from Prefect's API"
 
 
+def _unreadable(spec: S.ViewSpec, exc: Exception) -> P.PageData:
+    """The page when its reads fail: the reason and what to do, then the newest page read for this
+    sidebar state with its age (or nothing more, when there is none)."""
+    reason = html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+    last = P.last_good(spec)
+    fix = ("Check that the Prefect server at PREFECT_API_URL is up; the page reads again on the next visit "
+           "or with Refresh now.")
+    if last is None:
+        st.error(f"Cannot read the queues from Prefect's API: {reason}. {fix}")
+        st.stop()
+    page, when = last
+    age = (dt.datetime.now(S.UTC) - when).total_seconds()
+    st.warning(f"Cannot read the queues from Prefect's API: {reason}. Showing the figures read at "
+               f"{when:%H:%M:%S} UTC ({age:,.0f} s ago). {fix}")
+    return page
+
+
 def main() -> None:
     st.title("Queue monitor")
     try:
@@ -459,11 +476,14 @@ def main() -> None:
         st.error(f"Cannot reach the Prefect API: {exc}")
         st.stop()
     spec = sidebar(opts)
-    if P.ready(spec):  # read ahead (dashboard/serve.py keeps the views visited lately ready) or by a rerun
-        p = P.get(spec)
-    else:
-        with st.spinner("Reading queues…"):
+    try:
+        if P.ready(spec):  # read ahead (dashboard/serve.py keeps the views visited lately ready) or by a rerun
             p = P.get(spec)
+        else:
+            with st.spinner("Reading queues…"):
+                p = P.get(spec)
+    except Exception as exc:  # Prefect's API (or the run index) cannot be read now: say so, show the last good page
+        p = _unreadable(spec, exc)
     v = p.view
     st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
                f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"

@@ -107,13 +107,47 @@ PAGE: KeepWarm[S.ViewSpec, PageData] = KeepWarm(compute, advance, ttl_s=CACHE_TT
 _OPTIONS: KeepWarm[str, dict] = KeepWarm(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
 
 
+_LAST_OPTIONS: list[dict] = []
+
+
 def options() -> dict[str, list[str]]:
-    """The sidebar's choices (queues, jobs, owners, presets), read at most once a minute."""
-    return _OPTIONS.get("options")
+    """The sidebar's choices (queues, jobs, owners, presets), read at most once a minute; while they
+    cannot be read, the last ones read (the page then says why its figures are old)."""
+    try:
+        opts = _OPTIONS.get("options")
+    except Exception:
+        if not _LAST_OPTIONS:
+            raise
+        return _LAST_OPTIONS[0]
+    _LAST_OPTIONS[:] = [opts]
+    return opts
+
+
+_LAST_GOOD: dict[tuple, PageData] = {}  # sidebar state (times aside) -> its newest page
+_LAST_GOOD_MAX = 32
+
+
+def _state_key(spec: S.ViewSpec) -> tuple:
+    """A sidebar state without its clock: a live range keeps its key as the clock moves."""
+    return (spec.until - spec.since, spec.live, spec.grouping, spec.interval_s, spec.filter_key(),
+            None if spec.live else (spec.since, spec.until))
 
 
 def get(spec: S.ViewSpec) -> PageData:
-    return PAGE.get(spec)
+    """``spec``'s page (ready, or read now); the newest good page of each sidebar state is remembered
+    for :func:`last_good`."""
+    page = PAGE.get(spec)
+    _LAST_GOOD[_state_key(spec)] = page
+    while len(_LAST_GOOD) > _LAST_GOOD_MAX:
+        _LAST_GOOD.pop(next(iter(_LAST_GOOD)))
+    return page
+
+
+def last_good(spec: S.ViewSpec) -> Optional[tuple[PageData, dt.datetime]]:
+    """The newest page this process read for ``spec``'s sidebar state and when it was read, for
+    showing while Prefect's API cannot be read (the page says how old it is); None if there is none."""
+    page = _LAST_GOOD.get(_state_key(spec))
+    return (page, page.view.now) if page is not None else None
 
 
 def ready(spec: S.ViewSpec) -> bool:
@@ -121,11 +155,18 @@ def ready(spec: S.ViewSpec) -> bool:
     return PAGE.peek(spec)
 
 
-def clear() -> None:
-    """Read everything afresh on the next visit (Refresh now, a saved link, tests)."""
+def refresh() -> None:
+    """Read everything afresh on the next visit (Refresh now); the last good pages stay for an outage."""
     PAGE.clear()
     _OPTIONS.clear()
     M.METRICS_CACHE.clear()
+
+
+def clear() -> None:
+    """Forget everything read, the last good pages too (tests)."""
+    refresh()
+    _LAST_GOOD.clear()
+    _LAST_OPTIONS.clear()
 
 
 def prepare(now: Optional[dt.datetime] = None) -> PageData:
