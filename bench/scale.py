@@ -428,11 +428,16 @@ def main() -> None:
             cur = cur[p]
         return cur
 
-    over = sum(sum(get(k, "oversubscriptions", default={}).values()) for k in ("b_sqlite", "b_postgres"))
+    def total(parts: tuple[str, ...], *path: str) -> Optional[int]:
+        """Summed over the parts that ran; None (null) when none of them ran."""
+        ran = [get(k, *path) for k in parts if k in res]
+        return sum(sum(x.values()) if isinstance(x, dict) else x or 0 for x in ran) if ran else None
+
+    over = total(("b_sqlite", "b_postgres"), "oversubscriptions")  # each part's kinds summed
     figures = {
-        "burst_lost": sum(get(k, "ours", "lost", default=0) for k in ("a_sqlite", "a_postgres")),
-        "burst_duplicated": sum(get(k, "ours", "duplicated", default=0) for k in ("a_sqlite", "a_postgres")),
-        "burst_refused_clean": sum(get(k, "ours", "refused_clean", default=0) for k in ("a_sqlite", "a_postgres")),
+        "burst_lost": total(("a_sqlite", "a_postgres"), "ours", "lost"),
+        "burst_duplicated": total(("a_sqlite", "a_postgres"), "ours", "duplicated"),
+        "burst_refused_clean": total(("a_sqlite", "a_postgres"), "ours", "refused_clean"),
         "oversubscriptions": over,
         "restart_gpu_overlaps": get("c", "gpu_overlaps"),
         "runs_per_min_sqlite": get("b_sqlite", "runs_per_min"),
