@@ -541,9 +541,11 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
     async def _watch(self, api: KubeApi, flow_run: "FlowRun", namespace: str, job: str,
                      timeout_s: Optional[float], running_since: Optional[float] = None, size: int = 1) -> Observation:
         """Follow the run's Job until it ends or the worker ends it; label why it waits and where it runs
-        (``size`` > 1: a cluster run's indexed Job, read member by member)."""
+        (``size`` > 1: a cluster run's indexed Job, read member by member). The run stays in
+        ``_watching`` (drain, cancel_running, re-attach) until :meth:`_record_end` has recorded its end."""
         run_id = flow_run.id
         self._watching[run_id] = (namespace, job)
+        ended = False
         selector = f"{RUN_ID_LABEL}={run_id}"
         seen_pods: list[str] = []
         placed = None
@@ -554,7 +556,9 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                 if stop is None:
                     stop = await self._stop_requested(flow_run, running_since, timeout_s)
                 if stop is not None:
-                    return await self._end_job(api, flow_run, namespace, job, stop)
+                    obs = await self._end_job(api, flow_run, namespace, job, stop)
+                    ended = True
+                    return obs
                 try:
                     body = await api.read_job(namespace, job)
                     pods = await api.list_pods(namespace, selector) if body is not None else []
@@ -580,8 +584,11 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                 obs = observe_cluster(body, pods, events, size) if size > 1 else observe(body, pods, events)
                 if obs.kind == "ended":
                     if body is None and self._stop.get(run_id) is not None:  # deleted by our own cancel
-                        return await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
+                        obs = await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
+                        ended = True
+                        return obs
                     self.get_flow_run_logger(flow_run).info(f"Kubernetes job {namespace}/{job} ended: {obs.message}")
+                    ended = True
                     return obs
                 if obs.kind == "running" and running_since is None:
                     running_since = time.time()  # the timeout counts from here, as on every back end
@@ -592,7 +599,8 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                     await self._note_placed(flow_run, obs.message)
                 await anyio.sleep(self.watch_seconds)
         finally:
-            self._watching.pop(run_id, None)
+            if not ended:  # the worker stops (it re-attaches later) or the watch failed: nothing to record
+                self._watching.pop(run_id, None)
 
     async def _stop_requested(self, flow_run: "FlowRun", running_since: Optional[float],
                               timeout_s: Optional[float]) -> Optional[State]:
@@ -620,7 +628,15 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
         return Observation("ended", state.message or "", "failed" if state.is_failed() else "crashed")
 
     async def _record_end(self, flow_run: "FlowRun", end: Observation) -> int:
-        """The run's end state where Kubernetes knows better than the engine; the status code for Prefect."""
+        """The run's end state where Kubernetes knows better than the engine; the status code for Prefect.
+        The run leaves ``_watching`` only after this: whoever waits for it (a drain, a cancel on exit, the
+        tests) sees its end recorded."""
+        try:
+            return await self._record_end_state(flow_run, end)
+        finally:
+            self._watching.pop(flow_run.id, None)
+
+    async def _record_end_state(self, flow_run: "FlowRun", end: Observation) -> int:
         stop = self._stop.pop(flow_run.id, None)
         self._wait_notes.forget(flow_run.id)
         with anyio.CancelScope(shield=True):
