@@ -112,7 +112,9 @@ def test_owner_quota_holds_across_the_queues_agents(prefect_server, tmp_path, un
     job = deploy_probe(q, f"qx-{unique_name}")
     rec = tmp_path / "rec"
     with agent([q], f"qx1-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
-        a1 = _submit(job, "--owner", "alice", seconds=10, tmp=rec)
+        # long enough to still hold its GPU when `queue ls` is read below, after the second agent started
+        # and a2's label was written (each takes seconds on a loaded 2-core CI box)
+        a1 = _submit(job, "--owner", "alice", seconds=30, tmp=rec)
         wait_running(a1)
         time.sleep(1.5)  # a1's placement label is on the run (written a moment after its start)
         with agent([q], f"qx2-{unique_name}", "cpu=2,memory=4Gi,gpu=2", tmp_path):
