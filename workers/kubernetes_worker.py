@@ -651,8 +651,10 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                         "the job's container exited with code 0 but the run never reported a final state")))
                 return 0
             state = await self._state_of(flow_run)
-            if end.end == "failed" and state is not None and state.is_final() and not state.is_completed():
-                self._ended.add(flow_run.id)  # the engine recorded the failure (the flow's own error): keep it
+            if end.end == "failed" and state is not None and state.is_failed():
+                # the engine recorded the failure (the flow's own error): keep it. Not its Crashed: that is the
+                # engine stopped with the Job, and the Job's reason (e.g. which member failed) says why
+                self._ended.add(flow_run.id)
             elif end.end == "failed":
                 await self._mark(flow_run, Failed(message=end.message))
             else:
