@@ -455,13 +455,13 @@ def _unreadable(spec: S.ViewSpec, exc: Exception) -> P.PageData:
     """The page when its reads fail: the reason and what to do, then the newest page read for this
     sidebar state with its age (or nothing more, when there is none)."""
     reason = html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
-    last = P.last_good(spec)
+    page = P.last_good(spec)
     fix = ("Check that the Prefect server at PREFECT_API_URL is up; the page reads again on the next visit "
            "or with Refresh now.")
-    if last is None:
+    if page is None:
         st.error(f"Cannot read the queues from Prefect's API: {reason}. {fix}")
         st.stop()
-    page, when = last
+    when = page.view.now
     age = (dt.datetime.now(S.UTC) - when).total_seconds()
     st.warning(f"Cannot read the queues from Prefect's API: {reason}. Showing the figures read at "
                f"{when:%H:%M:%S} UTC ({age:,.0f} s ago). {fix}")

@@ -143,11 +143,10 @@ def get(spec: S.ViewSpec) -> PageData:
     return page
 
 
-def last_good(spec: S.ViewSpec) -> Optional[tuple[PageData, dt.datetime]]:
-    """The newest page this process read for ``spec``'s sidebar state and when it was read, for
-    showing while Prefect's API cannot be read (the page says how old it is); None if there is none."""
-    page = _LAST_GOOD.get(_state_key(spec))
-    return (page, page.view.now) if page is not None else None
+def last_good(spec: S.ViewSpec) -> Optional[PageData]:
+    """The newest page this process read for ``spec``'s sidebar state (read at its ``view.now``), for
+    showing while Prefect's API cannot be read; None if there is none."""
+    return _LAST_GOOD.get(_state_key(spec))
 
 
 def ready(spec: S.ViewSpec) -> bool:
