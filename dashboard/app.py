@@ -486,7 +486,7 @@ def main() -> None:
         p = _unreadable(spec, exc)
     v = p.view
     st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
-               f"grouping {spec.grouping} · read in {v.timings.get('total', 0):.2f} s"
+               f"grouping {spec.grouping} · read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
                + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
     panel_summary(p)
     c1, c2 = st.columns(2)

@@ -237,7 +237,6 @@ def test_heatmap_cells_match_occupancy(dashboard):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 7000})
-            t_visit = time.time()
             page.goto(url, wait_until="domcontentloaded")
             cells = page.locator('.st-key-panel-summary .vega-embed svg path[aria-label*="hour"]')
             page.wait_for_function("""() => document.querySelectorAll(
@@ -257,15 +256,20 @@ def test_heatmap_cells_match_occupancy(dashboard):
     since, until = D.time_window("Last 7 days", now)
     assert caption.startswith(f"{since:%Y-%m-%d %H:%M} – ") or caption.startswith(
         f"{since - dt.timedelta(minutes=1):%Y-%m-%d %H:%M} – "), caption
-    # runs still going count up to when a view was read: the page's was read at most a clock step and the
-    # keeper's lead (a few seconds here) before the visit, this one now
-    age_s = time.time() - t_visit + S.PAGE_STEP_S + 5
-    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"))
+    # runs still going count up to when the page's view was read: its caption gives the second; the same
+    # figures read as of that second (the page's read lies inside it)
+    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
+    assert hms, caption
+    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]),
+                                                    microsecond=500_000)
+    if read > dt.datetime.now(dt.timezone.utc):  # read before midnight, checked after it
+        read -= dt.timedelta(days=1)
+    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"), now=read)
     want = {(r.weekday, int(r.hour)): float(r.busy) for r in v.occupancy.heatmap.itertuples()}
     assert set(shown) == set(want) and len(shown) == 168
     assert any(val > 0 for val in want.values())
-    current = (["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][now.weekday()], now.hour)
+    current = (["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][read.weekday()], read.hour)
     for cell, val in want.items():
-        # the hour now moves on while runs hold slots: each adds the seconds between the two reads
-        tol = age_s / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
+        # the hour of the read moves on while runs hold slots: within its second, each adds at most 0.5 s
+        tol = 0.5 / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
         assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)

@@ -88,9 +88,10 @@ class Scene:
 
     async def final(self, fr):
         async def done():
+            if fr.id in self.worker._watching:  # before the read: a run leaves it once its end is recorded
+                return None
             state = (await self.client.read_flow_run(fr.id)).state
-            return state if state is not None and state.is_final() and fr.id not in self.worker._watching \
-                else None
+            return state if state is not None and state.is_final() else None
         return await self.until(done)
 
 
