@@ -16,6 +16,13 @@ HEIGHT = 260
 CANVAS = {"embedOptions": {"renderer": "canvas"}}
 
 
+def _on_canvas(chart, **props):
+    """``chart`` drawn on a canvas, without per-mark ARIA descriptions: a canvas has no element per mark
+    to carry them, yet Vega would build one string per mark (timeFormat included) through Streamlit's
+    expression interpreter on every visit - most of a 7-day page's drawing before this."""
+    return chart.properties(usermeta=CANVAS, **props).configure(aria=False)
+
+
 def _status_scale() -> alt.Scale:
     return alt.Scale(domain=list(STATUSES), range=[STATUS_COLORS[s] for s in STATUSES])
 
@@ -71,7 +78,7 @@ def metric_chart(m: pd.DataFrame, y: str, title: str, grouping_col: str) -> alt.
 def occupancy_status_chart(status: pd.DataFrame) -> alt.Chart:
     """Stacked bars per interval: runs queued / pending / running at any moment of it and
     runs that finished in it (by end state); the tooltip adds the time-weighted average."""
-    return (
+    chart = (
         alt.Chart(status)
         .mark_bar()
         .encode(
@@ -83,14 +90,14 @@ def occupancy_status_chart(status: pd.DataFrame) -> alt.Chart:
                      alt.Tooltip("count:Q", title="runs (at any moment / finished)"),
                      alt.Tooltip("avg:Q", title="time-weighted average", format=".2f")],
         )
-        .properties(height=HEIGHT, usermeta=CANVAS)
     )
+    return _on_canvas(chart, height=HEIGHT)
 
 
 def occupancy_queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
     """Stacked bars: seconds of waiting inside each interval, coloured by the grouping;
     the tooltip shows how many runs waited and their mean wait in it."""
-    return (
+    chart = (
         alt.Chart(qt)
         .mark_bar()
         .encode(
@@ -101,8 +108,8 @@ def occupancy_queued_chart(qt: pd.DataFrame, grouping: str) -> alt.Chart:
                      alt.Tooltip("runs:Q", title="runs waiting"), alt.Tooltip("mean_s:Q", title="mean wait (s)", format=",.1f"),
                      alt.Tooltip("queued_s:Q", title="seconds queued", format=",.0f")],
         )
-        .properties(height=HEIGHT, usermeta=CANVAS)
     )
+    return _on_canvas(chart, height=HEIGHT)
 
 
 def occupancy_load_chart(load: pd.DataFrame, gpu_capacity: float | None) -> alt.Chart:
@@ -118,8 +125,8 @@ def occupancy_load_chart(load: pd.DataFrame, gpu_capacity: float | None) -> alt.
     )
     if gpu_capacity:
         rule = alt.Chart(pd.DataFrame({"capacity": [gpu_capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
-        return (base + rule).properties(height=160, usermeta=CANVAS)
-    return base.properties(height=160, usermeta=CANVAS)
+        return _on_canvas(base + rule, height=160)
+    return _on_canvas(base, height=160)
 
 
 def occupancy_heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
@@ -151,7 +158,7 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
     # gets plain strings
     seg = seg[[c for c in ("lane", "start", "end", "group", "runs", "name") if c in seg]]
     seg = seg.astype({c: object for c in ("lane", "group") if isinstance(seg[c].dtype, pd.CategoricalDtype)})
-    return (
+    chart = (
         alt.Chart(seg)
         .mark_bar(height={"band": 0.8})
         .encode(
@@ -165,8 +172,8 @@ def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:
                      alt.Tooltip("end:T", format="%Y-%m-%d %H:%M:%S")],
         )
         .add_params(brush)
-        .properties(height=min(max(18 * n, 160), 640), usermeta=CANVAS)
     )
+    return _on_canvas(chart, height=min(max(18 * n, 160), 640))
 
 
 # ------------------------------------------------------------------------ cost
