@@ -10,7 +10,10 @@ sync only decides *which* runs to read again:
     the last sync (``POST /events/filter``; read ``EVENTS_OVERLAP_S`` back again,
     because the server persists events in batches),
   - runs the index holds as not finished (their state can change at any moment; this
-    keeps "now" exact even before the events are persisted),
+    keeps "now" exact even before the events are persisted, and catches what no event
+    tells: labels, deletions); the service does this at most every ``OPEN_REREAD_S``
+    (a step of the page's clock: no figure promises less) and between those relies on
+    the events,
   - runs expected from the last sync minus ``NEW_RUN_SLACK_S`` to as far ahead of now
     (new submissions, seen at once rather than when their events are persisted).
   After a longer gap than ``EVENTS_MAX_GAP_S`` it re-reads every run expected since
@@ -37,7 +40,7 @@ from pydantic import BaseModel
 from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms, to_us
 from prefect_launch.dashboard import index_view as IV
 from prefect_launch.dashboard.api import PAGE, fetch_runs_by_id
-from prefect_launch.dashboard.spec import iso, us
+from prefect_launch.dashboard.spec import PAGE_STEP_S, iso, us
 
 log = logging.getLogger("prefect_launch.dashboard.index")
 UTC = dt.timezone.utc
@@ -46,6 +49,7 @@ EVENTS_MAX_GAP_S = 3600.0
 EVENTS_MAX_PAGES = 40  # 50 events a page; past this, re-reading the runs themselves is cheaper
 NEW_RUN_SLACK_S = 300.0
 MIN_SYNC_S = 2.0
+OPEN_REREAD_S = float(PAGE_STEP_S)
 READ_OVERLAP_MS = 5000
 BUILD_SLICES = 4
 _IO = ThreadPoolExecutor(max_workers=BUILD_SLICES + 2, thread_name_prefix="index-io")
@@ -63,6 +67,7 @@ class SyncResult(BaseModel):
     events: int = 0
     mode: str = "events"  # events | catch-up | build
     took_s: float = 0.0
+    deleted: list[str] = []  # runs gone from the server, dropped from the index
 
 
 # ------------------------------------------------------------------ API reads
@@ -194,8 +199,10 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
                       mode="build", took_s=time.perf_counter() - t0)
 
 
-def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncResult:
-    """Bring a built index up to date (see the module docstring for what is read)."""
+def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs: bool = True) -> SyncResult:
+    """Bring a built index up to date (see the module docstring for what is read). Without
+    ``open_runs`` the runs not yet finished are read again only where an event names them
+    (always when the events cannot be read)."""
     t0 = time.perf_counter()
     now = now or dt.datetime.now(UTC)
     meta = index.meta(api.api_url)
@@ -204,19 +211,21 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
     cursor = dt.datetime.fromtimestamp((meta.events_cursor_ms or meta.last_sync_ms or 0) / 1000, UTC)
     last = dt.datetime.fromtimestamp((meta.last_sync_ms or 0) / 1000, UTC)
     gap = (now - cursor).total_seconds()
-    f_open = _IO.submit(index.open_ids)
+    f_open = _IO.submit(index.open_ids) if open_runs else None
     events = None
     entries = StateEntries()
     if gap <= EVENTS_MAX_GAP_S:
         events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60), entries)
     mode = "events" if events is not None else "catch-up"
+    if f_open is None and events is None:  # no events to rely on: the open runs are read after all
+        f_open = _IO.submit(index.open_ids)
     slack = dt.timedelta(seconds=NEW_RUN_SLACK_S)
     # new runs due about now (events reveal runs scheduled further ahead, e.g. by deployment
     # schedules, without reading all of those on every sync); after a gap, everything since
     new_since, new_until = (last - slack, now + slack) if events is not None else (cursor - slack, None)
     fresh = [r for page in read_runs_expected(api, new_since, new_until) for r in page]
     have = {r["id"] for r in fresh}
-    open_ids = set(f_open.result())
+    open_ids = set(f_open.result()) if f_open is not None else set()
     ids = (set(events[0]) if events else set()) | open_ids
     fresh += fetch_runs_by_id(api, sorted(ids - have))
     written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh], entries))
@@ -231,7 +240,7 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None) -> SyncRe
         update["covered_since_ms"] = stamp - keep_ms
     index.set_meta(meta.model_copy(update=update))
     return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
-                      took_s=time.perf_counter() - t0)
+                      took_s=time.perf_counter() - t0, deleted=sorted(gone))
 
 
 def changed_rows(index: RunIndex, rows: list[IndexRow], entries: Optional[StateEntries] = None) -> list[IndexRow]:
@@ -273,6 +282,7 @@ class IndexService:
         self._loaded_since_us: Optional[int] = None
         self._read_at_ms = 0
         self._synced_at = 0.0
+        self._open_read_at = float("-inf")
         self.last_sync: Optional[SyncResult] = None
 
     # -------------------------------------------------------------- coverage
@@ -311,9 +321,15 @@ class IndexService:
     def frame(self, since: dt.datetime, deployments: dict[str, dict], now: Optional[dt.datetime] = None) -> tuple[pd.DataFrame, bool]:
         """(prepared rows expected since ``since`` at least, read incrementally?) after a sync."""
         with self._lock:
-            if time.monotonic() - self._synced_at >= MIN_SYNC_S:
-                self.last_sync = sync(self.index, self.api, now)
-                self._synced_at = time.monotonic()
+            t = time.monotonic()
+            if t - self._synced_at >= MIN_SYNC_S:
+                reread = t - self._open_read_at >= OPEN_REREAD_S
+                self.last_sync = sync(self.index, self.api, now, open_runs=reread)
+                self._synced_at = t
+                if reread:
+                    self._open_read_at = t
+                if self.last_sync.deleted and self._prepared is not None:  # no row read later says so
+                    self._prepared = self._prepared[~self._prepared["id"].isin(self.last_sync.deleted)]
             want_us = us(since)
             incremental = self._prepared is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
             read_at = now_ms()

@@ -251,3 +251,41 @@ def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path,
     v = D.load_view(spec, store=store, use_cache=False)
     want = D.load_view(spec, store=None, source="api", use_cache=False)
     assert v.source == "api" and v.totals["runs"] == want.totals["runs"] > 0
+
+
+def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded, tmp_path, monkeypatch):
+    """Between two re-reads of the open runs (one step of the page's clock) a sync relies on
+    Prefect's events: a state change still arrives; what no event tells (a deleted run) waits
+    for the next re-read, which drops it."""
+    store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'open.db'}")
+    api = D.get_api()
+    index = RunIndex(store)
+    with get_client(sync_client=True) as client:
+        dep = client.read_flow_run(uuid.UUID(seeded.run_ids[0])).deployment_id
+        moving = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
+        doomed = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
+    X.build(index, api, days=1)
+    rows = index.frame().set_index("id")
+    assert rows.loc[str(moving.id), "state_type"] == rows.loc[str(doomed.id), "state_type"] == "SCHEDULED"
+    monkeypatch.setattr(X, "MIN_SYNC_S", 0.0)
+    svc = X.IndexService(index, api)
+    svc.frame(seeded.since, {})  # the first sync re-reads the open runs
+    monkeypatch.setattr(X, "OPEN_REREAD_S", 3600.0)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(moving.id, Running(), force=True)
+        client.delete_flow_run(doomed.id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the event is persisted in a batch of the server's
+        frame, _ = svc.frame(seeded.since, {})
+        if frame.set_index("id").loc[str(moving.id), "state_type"] == "RUNNING":
+            break
+        time.sleep(1)
+    assert svc.last_sync.mode == "events"
+    frame = frame.set_index("id")
+    assert frame.loc[str(moving.id), "state_type"] == "RUNNING"
+    assert str(doomed.id) in frame.index  # no event says a run was deleted
+    monkeypatch.setattr(X, "OPEN_REREAD_S", 0.0)  # a step later: the open runs are read again
+    frame, _ = svc.frame(seeded.since, {})
+    assert svc.last_sync.deleted == [str(doomed.id)]
+    assert str(doomed.id) not in index.frame().set_index("id").index
+    assert str(doomed.id) not in set(frame["id"]) and str(moving.id) in set(frame["id"])  # what the page draws
