@@ -289,3 +289,12 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
     assert svc.last_sync.deleted == [str(doomed.id)]
     assert str(doomed.id) not in index.frame().set_index("id").index
     assert str(doomed.id) not in set(frame["id"]) and str(moving.id) in set(frame["id"])  # what the page draws
+    # without events to rely on (a gap past EVENTS_MAX_GAP_S: catch-up) a sync reads the open runs all the same
+    with get_client(sync_client=True) as client:
+        lost = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
+    X.sync(index, api, open_runs=False)  # indexed as a new run due now
+    with get_client(sync_client=True) as client:
+        client.delete_flow_run(lost.id)
+    monkeypatch.setattr(X, "EVENTS_MAX_GAP_S", -1.0)
+    res = X.sync(index, api, open_runs=False)
+    assert res.mode == "catch-up" and res.deleted == [str(lost.id)]

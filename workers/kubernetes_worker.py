@@ -545,7 +545,6 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
         ``_watching`` (drain, cancel_running, re-attach) until :meth:`_record_end` has recorded its end."""
         run_id = flow_run.id
         self._watching[run_id] = (namespace, job)
-        ended = False
         selector = f"{RUN_ID_LABEL}={run_id}"
         seen_pods: list[str] = []
         placed = None
@@ -556,9 +555,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                 if stop is None:
                     stop = await self._stop_requested(flow_run, running_since, timeout_s)
                 if stop is not None:
-                    obs = await self._end_job(api, flow_run, namespace, job, stop)
-                    ended = True
-                    return obs
+                    return await self._end_job(api, flow_run, namespace, job, stop)
                 try:
                     body = await api.read_job(namespace, job)
                     pods = await api.list_pods(namespace, selector) if body is not None else []
@@ -584,11 +581,8 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                 obs = observe_cluster(body, pods, events, size) if size > 1 else observe(body, pods, events)
                 if obs.kind == "ended":
                     if body is None and self._stop.get(run_id) is not None:  # deleted by our own cancel
-                        obs = await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
-                        ended = True
-                        return obs
+                        return await self._end_job(api, flow_run, namespace, job, self._stop[run_id])
                     self.get_flow_run_logger(flow_run).info(f"Kubernetes job {namespace}/{job} ended: {obs.message}")
-                    ended = True
                     return obs
                 if obs.kind == "running" and running_since is None:
                     running_since = time.time()  # the timeout counts from here, as on every back end
@@ -598,9 +592,9 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                     placed = obs.message
                     await self._note_placed(flow_run, obs.message)
                 await anyio.sleep(self.watch_seconds)
-        finally:
-            if not ended:  # the worker stops (it re-attaches later) or the watch failed: nothing to record
-                self._watching.pop(run_id, None)
+        except BaseException:  # the worker stops (it re-attaches later) or the watch failed: nothing to record
+            self._watching.pop(run_id, None)
+            raise
 
     async def _stop_requested(self, flow_run: "FlowRun", running_since: Optional[float],
                               timeout_s: Optional[float]) -> Optional[State]:
