@@ -15,13 +15,24 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 
+def _wait(seconds: float, release_file: str) -> None:
+    """``seconds``; with ``release_file``, until that file exists, ``seconds`` at most: a test that needs the run
+    alive through a fault creates the file once it has checked what needed it, instead of guessing a length."""
+    if not release_file:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(release_file) and time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
 @flow(name="probe")
-def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "") -> dict:
+def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "", release_file: str = "") -> dict:
     start = time.time()
     hog = bytearray(alloc_mb * 1024 * 1024) if alloc_mb else b""
     for i in range(0, len(hog), 4096):  # touch every page so it is resident
         hog[i] = 1
-    time.sleep(seconds)
+    _wait(seconds, release_file)
     record = {
         "run_id": str(flow_run.id),
         "tag": tag,

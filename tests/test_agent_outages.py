@@ -29,6 +29,7 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, 
 
     q, name = f"out-{unique_name}", f"out-{unique_name}"
     rec = tmp_path / "records"
+    release = tmp_path / "release"
     with restartable_server():
         apply_queue(tmp_path, {"name": q, "presets": {"g": {"cpu": 1, "memory": "512Mi", "gpu": 1}},
                                "default_preset": "g"})
@@ -38,8 +39,10 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, 
             from launch_helpers import wait_agent_online
 
             wait_agent_online(name, [q])
+            # runs through the outage until released once the server is back (300 s at most)
             running = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
-                               "--param", "seconds=25", "--param", "tag=running")["run_ids"][0]
+                               "--param", "seconds=300", "--param", f"release_file={release}",
+                               "--param", "tag=running")["run_ids"][0]
             waiting = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
                                "--param", "seconds=1", "--param", "tag=waiting")["run_ids"][0]
             wait_running(running)
@@ -47,6 +50,7 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, 
         time.sleep(8)
         assert proc.poll() is None, "the agent survived the outage"
         with restartable_server():
+            release.touch()  # the running run outlived the outage; it ends now, with the server back
             runs = {str(r.id): r for r in wait_final([running, waiting], timeout=180)}
             assert runs[running].state.is_completed(), runs[running].state
             assert runs[waiting].state.is_completed(), runs[waiting].state

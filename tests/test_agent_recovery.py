@@ -54,12 +54,15 @@ def test_sigkilled_agent_readopts_live_runs_and_crashes_vanished_ones(tmp_path: 
     name = f"rs-{unique_name}"
     cap = "cpu=2,memory=4Gi,gpu=2"
     args = [*CLI, "agent", "--name", name, "--capacity", cap, "--queue", q]
+    release = tmp_path / "release"
     with background_process(args, tmp_path / "agent-first.log") as first:
         from launch_helpers import wait_agent_online
 
         wait_agent_online(name, [q])
-        a = _submit(job, q, rec, "--preset", "g1", seconds=40, tag="old-a")
-        b = _submit(job, q, rec, "--preset", "g1", seconds=40, tag="old-b")
+        # a and b live until released below (once the next agent has re-adopted them and held the new runs
+        # back), 300 s at most
+        a = _submit(job, q, rec, "--preset", "g1", seconds=300, release_file=release, tag="old-a")
+        b = _submit(job, q, rec, "--preset", "g1", seconds=300, release_file=release, tag="old-b")
         c = _submit(job, q, rec, "--preset", "c1", seconds=120, tag="old-c")
         pids = {rid: wait_running(rid) for rid in (a, b, c)}
         deadline = time.time() + 15  # the machine-readable placement label follows the start by ~1 s
@@ -74,6 +77,14 @@ def test_sigkilled_agent_readopts_live_runs_and_crashes_vanished_ones(tmp_path: 
     with agent([q], name, cap, tmp_path, log_name="agent-second.log"):
         # new GPU runs, submitted after the restart, must wait for the GPUs the old runs still hold
         new = [_submit(job, q, rec, "--preset", "g1", seconds=1, tag=f"new-{i}") for i in range(2)]
+        # the old runs end only once the agent has re-adopted them and looked at the new ones (its waiting
+        # labels on them): what it then did with the GPUs is checked from the records below
+        log_path = tmp_path / "agent-second.log"
+        deadline = time.time() + 120
+        while time.time() < deadline and not ("recovered" in log_path.read_text()
+                                              and all(_label(n, "launch.waiting") for n in new)):
+            time.sleep(0.3)
+        release.touch()
         runs = {str(r.id): r for r in wait_final([a, b, c, *new], timeout=120)}
         wait_agent_free(name, gpu=2)
     log = (tmp_path / "agent-second.log").read_text()
@@ -239,7 +250,7 @@ def test_run_whose_engine_and_agent_both_die_is_crashed_by_zombie_automation(tmp
     deadline = killed + 150
     run = read_runs([rid])[0]
     while not run.state.is_final() and time.time() < deadline:
-        time.sleep(2)
+        time.sleep(0.5)
         run = read_runs([rid])[0]
     assert run.state.is_crashed(), run.state
     assert "no heartbeat for 40 s" in run.state.message

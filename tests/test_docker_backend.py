@@ -183,10 +183,13 @@ def test_killed_agent_readopts_its_live_container(tmp_path: Path, unique_name: s
     out = tmp_path / "out"
     job = deploy_container_probe(q, f"re-{unique_name}", image, out)
     name = f"dkr-{unique_name}"
+    release = out / "release"  # in the mounted folder: the job inside its container sees it appear
     args = [*CLI, "agent", "--name", name, "--capacity", "cpu=2,memory=2Gi,gpu=0", "--queue", q]
     with background_process(args, tmp_path / "agent-1.log") as first:
         wait_agent_online(name, [q], timeout=240)
-        rid = submit(job, q, "--preset", "tiny", "--param", f"record_dir={out}", "--param", "seconds=90")
+        # alive until released below (once the new agent has re-adopted it), 300 s at most
+        rid = submit(job, q, "--preset", "tiny", "--param", f"record_dir={out}", "--param", "seconds=300",
+                     "--param", f"release_file={release}")
         deadline = time.time() + 120
         while not (out / f"{rid}.json").exists() and time.time() < deadline:
             time.sleep(0.3)
@@ -201,6 +204,7 @@ def test_killed_agent_readopts_its_live_container(tmp_path: Path, unique_name: s
         while "recovered" not in log_path.read_text() and time.time() < deadline:
             time.sleep(0.5)
         assert "recovered 1 live run(s), 0 ended while it was away" in log_path.read_text(), log_path.read_text()[-3000:]
+        release.touch()  # re-adopted while alive: now let it end, and the new agent must read that end
         (run,) = wait_final([rid], timeout=240)
         assert run.state_name == "Completed", run.state.message
         wait_agent_free(name, 0, timeout=120)

@@ -42,6 +42,7 @@ def test_warm_container_takes_the_runs_limits_and_env_and_survives_an_agent_kill
     job = deploy_container_probe(q, f"warm-{unique_name}", image, out, keep_container=True)
     args = [*CLI, "agent", "--name", name, "--capacity", "cpu=2,memory=2Gi,gpu=0", "--queue", q]
     log1 = tmp_path / "agent-1.log"
+    release = out / "release"  # in the mounted folder: the job inside its container sees it appear
     with background_process(args, log1) as first:
         wait_agent_online(name, [q], timeout=240)
         cold = submit(job, q, "--param", f"record_dir={out}")
@@ -53,7 +54,9 @@ def test_warm_container_takes_the_runs_limits_and_env_and_survives_an_agent_kill
         (w,) = warm
         assert w.attrs["HostConfig"]["NanoCpus"] == 0 and w.attrs["HostConfig"]["Memory"] == 0  # no run's limits yet
 
-        rid = submit(job, q, "--param", f"record_dir={out}", "--param", "seconds=45", "--env", "WARM_PROBE=yes")
+        # alive until released below (once the next agent life has re-adopted it), 300 s at most
+        rid = submit(job, q, "--param", f"record_dir={out}", "--param", "seconds=300", "--param",
+                     f"release_file={release}", "--env", "WARM_PROBE=yes")
         wait_for(lambda: (out / f"{rid}.json").exists(), 120, "the warm-started run never ran: "
                  + log1.read_text()[-3000:])
         c = docker_client.containers.get(run_container_name(rid))
@@ -80,6 +83,7 @@ def test_warm_container_takes_the_runs_limits_and_env_and_survives_an_agent_kill
         log2 = tmp_path / "agent-2.log"
         wait_for(lambda: "recovered" in log2.read_text(), 240, log2.read_text()[-3000:])
         assert "recovered 1 live run(s)" in log2.read_text(), log2.read_text()[-3000:]
+        release.touch()  # re-adopted while alive: now let it end, and this life must read that end
         wait_for(lambda: "removed 1 unused warm container(s)" in log2.read_text(), 60, log2.read_text()[-3000:])
         assert not any(x.id == left[0].id for x in docker_client.containers.list(all=True))
         (run,) = wait_final([rid], timeout=240)

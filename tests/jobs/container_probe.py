@@ -26,8 +26,20 @@ def _read(*paths: str):
     return None
 
 
+def _wait(seconds: float, release_file: str) -> None:
+    """``seconds``; with ``release_file`` (in a mounted folder), until that file exists, ``seconds`` at most: a test
+    that needs the run alive through a fault creates the file once it has checked what needed it."""
+    if not release_file:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(release_file) and time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
 @flow(name="container-probe")
-def container_probe(record_dir: str, seconds: float = 0.0, alloc_mb: int = 0, exit_code: int = 0) -> dict:
+def container_probe(record_dir: str, seconds: float = 0.0, alloc_mb: int = 0, exit_code: int = 0,
+                    release_file: str = "") -> dict:
     start = time.time()
     shm = os.statvfs("/dev/shm")
     record = {
@@ -49,7 +61,7 @@ def container_probe(record_dir: str, seconds: float = 0.0, alloc_mb: int = 0, ex
     hog = bytearray(alloc_mb * 1024 * 1024) if alloc_mb else b""
     for i in range(0, len(hog), 4096):  # touch every page so it is resident
         hog[i] = 1
-    time.sleep(seconds)
+    _wait(seconds, release_file)
     if exit_code:
         os._exit(exit_code)  # the container's main process ends with this code, no final state reported
     return record
