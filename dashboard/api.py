@@ -15,7 +15,7 @@ import datetime as dt
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import httpx
 import pandas as pd
@@ -26,6 +26,25 @@ from prefect_launch.workers.run_tags import LAUNCH_TAG, OWNER, PRESET, tag
 
 PAGE = 200  # the API's maximum page size for flow runs
 IO_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dash-io")
+# Requests fanned out by a task that itself runs on IO_POOL go to a pool of their own: a task that
+# waits on the pool it runs in deadlocks once every worker waits (seen as a page that never drew,
+# when a view read on the API path overlapped another view's read)
+FAN_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dash-fan")
+_IN_FAN = threading.local()
+
+
+def fan_out(fn: Callable[[Any], Any], items: Iterable[Any]) -> list:
+    """``fn`` over ``items`` in parallel on :data:`FAN_POOL`, results in order. Called from a
+    FAN_POOL thread it runs in line (that thread must not wait on its own pool either)."""
+    items = list(items)
+    if len(items) <= 1 or getattr(_IN_FAN, "on", False):
+        return [fn(x) for x in items]
+
+    def run(x: Any) -> Any:
+        _IN_FAN.on = True
+        return fn(x)
+
+    return list(FAN_POOL.map(run, items))
 # history requests are whole-range scans on the server: more than two at once only make
 # them contend there (measured: 7 in parallel cost 1.5x the server CPU of 7 in a row)
 HISTORY_SLOTS = threading.BoundedSemaphore(int(os.environ.get("LAUNCH_DASHBOARD_HISTORY_SLOTS", "2")))
@@ -193,10 +212,10 @@ def fetch_runs(api: Api, spec: ViewSpec, since: Optional[dt.datetime] = None, li
     limit = limit or spec.detail_limit
     bodies = [dict(filter_body(spec, tags, since=since, until=until), sort="EXPECTED_START_TIME_DESC") for tags in tag_combos(spec)]
     # the first page of each filter set alone: most narrow filters match less than one page
-    first = list(IO_POOL.map(lambda b: api.post("/flow_runs/filter", dict(b, limit=min(PAGE, limit), offset=0)), bodies))
+    first = fan_out(lambda b: api.post("/flow_runs/filter", dict(b, limit=min(PAGE, limit), offset=0)), bodies)
     rest = [dict(b, limit=min(PAGE, limit - off), offset=off)
             for b, p in zip(bodies, first) if len(p) == min(PAGE, limit) for off in range(PAGE, limit, PAGE)]
-    pages = first + list(IO_POOL.map(lambda b: api.post("/flow_runs/filter", b), rest))
+    pages = first + fan_out(lambda b: api.post("/flow_runs/filter", b), rest)
     seen: set = set()
     uniq = []
     for p in pages:
@@ -210,7 +229,7 @@ def fetch_runs(api: Api, spec: ViewSpec, since: Optional[dt.datetime] = None, li
 
 def fetch_runs_by_id(api: Api, ids: Sequence[str]) -> list[dict]:
     chunks = [list(ids[i : i + PAGE]) for i in range(0, len(ids), PAGE)]
-    pages = IO_POOL.map(lambda c: api.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": c}}, "limit": PAGE}), chunks)
+    pages = fan_out(lambda c: api.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": c}}, "limit": PAGE}), chunks)
     return [r for p in pages for r in p]
 
 
@@ -248,7 +267,7 @@ def fetch_now_counts(api: Api, spec: ViewSpec, pools: Sequence[str], now: dt.dat
                 body = filter_body(spec, tags, time_field="", pools=[pool], state_types=types)
                 body["flow_runs"].update(extra)
                 jobs.append((pool, status, body))
-    counts = list(IO_POOL.map(lambda j: int(api.post("/flow_runs/count", j[2])), jobs))
+    counts = fan_out(lambda j: int(api.post("/flow_runs/count", j[2])), jobs)
     return pd.DataFrame([(p, s, n) for (p, s, _), n in zip(jobs, counts)], columns=["queue", "status", "count"])
 
 
@@ -260,7 +279,7 @@ def fetch_workers(api: Api, pools: Sequence[str]) -> list[dict]:
         except httpx.HTTPError:
             return []
 
-    return [w for ws in IO_POOL.map(one, pools) for w in ws]
+    return [w for ws in fan_out(one, pools) for w in ws]
 
 
 def fetch_agents(api: Api) -> list[dict]:

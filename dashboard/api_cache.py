@@ -21,7 +21,7 @@ import pandas as pd
 
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard.api import (
-    IO_POOL, Api, fetch_deployments, fetch_history, fetch_runs, fetch_runs_by_id, history_from_api, parse_time, run_matches,
+    Api, fan_out, fetch_deployments, fetch_history, fetch_runs, fetch_runs_by_id, history_from_api, parse_time, run_matches,
     tag_combos,
 )
 from prefect_launch.dashboard.spec import (
@@ -247,7 +247,7 @@ def grouped_history(api: Api, spec: ViewSpec, interval_s: int, pools: list[str],
 
     group_tasks = [(n, nw, c) for n, nw in tasks for c in combos]
     all_tasks = ([] if partition else [("all", {}, c) for c in combos]) + group_tasks
-    frames = list(IO_POOL.map(one, all_tasks))
+    frames = fan_out(one, all_tasks)
     if partition:
         parts = pd.concat(frames, ignore_index=True) if frames else F.empty_history()
         return parts.assign(group="all"), parts

@@ -28,6 +28,7 @@ bucket its end falls in, by its end state.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -369,11 +370,15 @@ def heatmap(rows: pd.DataFrame, ph: Phases, since: dt.datetime, until: dt.dateti
 # ---------------------------------------------------------------------- gantt
 
 
-def _parse(label: Optional[str]) -> tuple[Optional[str], float, float, list[str]]:
-    """One placement label -> (agent, gpus held, cpus held, slots: "gpu k" each, else "core k" each)."""
+@functools.lru_cache(maxsize=1 << 16)
+def _parse(label: Optional[str]) -> tuple[Optional[str], float, float, tuple[str, ...]]:
+    """One placement label -> (agent, gpus held, cpus held, slots: "gpu k" each, else "core k" each).
+
+    Cached: a 100k-run week holds ~8k distinct labels and every view (each filter change)
+    parses the ones it shows; a label's meaning never changes."""
     m = re.match(PLACEMENT_RE, label or "")
     if not m:
-        return None, math.nan, math.nan, []
+        return None, math.nan, math.nan, ()
     res = dict(kv.split("=", 1) for kv in m["res"].split(",") if "=" in kv)
     split = lambda v: [] if v.strip() in ("", "none") else [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
     gpus, cores = split(m["gpus"]), split(m["cores"])
@@ -384,7 +389,7 @@ def _parse(label: Optional[str]) -> tuple[Optional[str], float, float, list[str]
         except (KeyError, ValueError):
             return math.nan
 
-    return m["agent"], num("gpu"), num("cpu"), [f"gpu {g}" for g in gpus] if gpus else [f"core {c}" for c in cores]
+    return m["agent"], num("gpu"), num("cpu"), tuple(f"gpu {g}" for g in gpus) if gpus else tuple(f"core {c}" for c in cores)
 
 
 def placements(label: pd.Series) -> tuple[np.ndarray, list[tuple]]:

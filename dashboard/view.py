@@ -131,14 +131,16 @@ def index_inputs(svc: index_sync.IndexService, api: Api, spec: ViewSpec, deps: d
     rows, incremental = svc.frame(spec.since - OCCUPANCY_LOOKBACK, deps, now)
     any_time = IV.select(rows, spec, time=False)
     in_range = IV.select(any_time, spec)
-    hist_total, hist = IV.history(in_range, spec, interval_s, now)
     failed = IV.errors_rows(any_time, spec, PAGE)
     listed = IV.newest(in_range, spec.detail_limit)
+    # the listed runs' other columns and the errors' logs are read while the history is counted
     f_logs = IO_POOL.submit(fetch_error_logs, api, failed["id"].tolist())
-    details = svc.details(list(listed["id"]) + list(failed["id"]))
+    f_details = IO_POOL.submit(svc.details, list(listed["id"]) + list(failed["id"]))
+    hist_total, hist = IV.history(in_range, spec, interval_s, now)
     # "now" counts are by state already: the status filter does not narrow them (as on the API path)
     counts = IV.now_counts(IV.select(rows, replace(spec, statuses=()), time=False), pool_names, now)
-    return RunInputs(hist_total=hist_total, hist=hist, listed=listed, failed=failed, details=details, error_logs=f_logs.result(),
+    return RunInputs(hist_total=hist_total, hist=hist, listed=listed, failed=failed, details=f_details.result(),
+                     error_logs=f_logs.result(),
                      counts=counts, occupancy_rows=any_time, occupancy_complete=True, runs_total=len(in_range),
                      incremental=incremental)
 
