@@ -41,6 +41,10 @@ Version 5 adds ``launch_scheduling_history``: one row per decision an agent made
 (phase, result, from/to state, error code, message, attempts, created/updated, sub-steps as
 JSON); repeats merge into the run's latest row (see ``blocks.scheduling_history``). Keyed by
 the Prefect run id, not ``launch_runs.id``: a run that never started has history but no run row.
+
+Version 6 indexes ``launch_runs`` by a run's start as readers order it (started, else submitted,
+else created; alone and after the queue): the monitor reads the newest runs of its range on every
+view, and without the index that sorted every row of the range (0.33 s at 100k runs, 0.05 s with it).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = sa.MetaData()
 
@@ -94,6 +98,11 @@ runs = sa.Table(
 )
 sa.Index("ix_launch_runs_queue_started", runs.c.queue, runs.c.started_ms)
 ix_runs_started = sa.Index("ix_launch_runs_started", runs.c.started_ms)
+# v6: a run's start as readers order "newest first" by (started, else submitted, else created); the
+# monitor reads the newest runs of a range on every view, which without these sorted every row
+RUN_START = sa.func.coalesce(runs.c.started_ms, runs.c.submitted_ms, runs.c.created_ms)
+ix_runs_newest = sa.Index("ix_launch_runs_newest", RUN_START)
+ix_runs_queue_newest = sa.Index("ix_launch_runs_queue_newest", runs.c.queue, RUN_START)
 
 samples = sa.Table(
     "launch_samples",
@@ -290,8 +299,13 @@ def _migrate_5(conn: Connection) -> None:
     scheduling_history.create(conn, checkfirst=True)
 
 
+def _migrate_6(conn: Connection) -> None:
+    for ix in (ix_runs_newest, ix_runs_queue_newest):  # IF NOT EXISTS: SQLite does not reflect expression indexes
+        conn.execute(sa.schema.CreateIndex(ix, if_not_exists=True))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5,
+    1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6,
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

@@ -647,7 +647,7 @@ class RunMetricsStore(Block):
 
     def _window(self, since: datetime | None, until: datetime | None) -> list[Any]:
         r = S.runs.c
-        start = sa.func.coalesce(r.started_ms, r.submitted_ms, r.created_ms)
+        start = S.RUN_START  # what ix_launch_runs_newest indexes
         where = []
         if until is not None:
             where.append(start < to_ms(until))
@@ -696,7 +696,7 @@ class RunMetricsStore(Block):
                 w = list(where)
                 if chunk is not None:
                     w.append(r.flow_run_id.in_(chunk))
-                q = stmt.where(*w).order_by(sa.func.coalesce(r.started_ms, r.submitted_ms, r.created_ms).desc())
+                q = stmt.where(*w).order_by(S.RUN_START.desc())  # newest first through ix_launch_runs_newest
                 if limit:
                     q = q.limit(limit)
                 for row in conn.execute(q):

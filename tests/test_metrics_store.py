@@ -196,7 +196,7 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         engine.dispose()
 
         store = RunMetricsStore(url=url)
-        assert store.schema_version() == S.SCHEMA_VERSION == 5
+        assert store.schema_version() == S.SCHEMA_VERSION == 6
         with store._read() as conn:  # v3: the monitor's run index tables exist on the upgraded database
             assert sa.inspect(conn).has_table("launch_run_index") and sa.inspect(conn).has_table("launch_index_meta")
         rec = store.get_run("old-run")
@@ -270,3 +270,43 @@ def test_waste_reasons_stored_as_json(tmp_path):
     with store.engine.connect() as conn:
         raw = conn.execute(sa.select(S.summaries.c.waste_reasons)).scalar()
     assert json.loads(raw) == ["a: b", "c: d"]
+
+
+def test_newest_runs_are_read_through_the_start_index(store):
+    """summaries() lists runs newest start first (started, else submitted, else created); v6 indexes
+    that expression, alone and after the queue, so the database walks an index instead of sorting
+    every run of the range (the monitor asks on every view). The plan is checked on SQLite."""
+    import sqlalchemy as sa
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    for i in range(30):
+        store.upsert_run(RunRecord(flow_run_id=f"ix-{i}", queue=f"q{i % 3}", started_at=now - timedelta(minutes=i)))
+    store.upsert_run(RunRecord(flow_run_id="ix-waiting", queue="q0", submitted_at=now + timedelta(minutes=1)))
+    assert [r["flow_run_id"] for r in store.summaries(since=now - timedelta(hours=1), limit=3)] == ["ix-waiting", "ix-0", "ix-1"]
+    assert [r["flow_run_id"] for r in store.summaries(queue="q1", limit=2)] == ["ix-1", "ix-4"]
+    seen: list[tuple] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "launch_summaries" in statement and "ORDER BY" in statement:
+            seen.append((statement, parameters))
+
+    with store._read() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        names = set(conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='launch_runs'" if sqlite else
+            "SELECT indexname FROM pg_indexes WHERE tablename='launch_runs'").scalars())
+        assert {"ix_launch_runs_newest", "ix_launch_runs_queue_newest"} <= names
+        engine = conn.engine
+    if engine.dialect.name != "sqlite":
+        return
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        store.summaries(since=now - timedelta(hours=1), limit=3)
+        store.summaries(queue="q1", since=now - timedelta(hours=1), limit=2)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    assert len(seen) == 2
+    with store._read() as conn:
+        for (statement, params), index in zip(seen, ("ix_launch_runs_newest", "ix_launch_runs_queue_newest")):
+            plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params))
+            assert index in plan and "TEMP B-TREE FOR ORDER BY" not in plan, plan
