@@ -318,18 +318,28 @@ class IndexService:
 
     # ------------------------------------------------------------------ read
 
+    def sync_if_due(self, now: Optional[dt.datetime] = None) -> None:
+        """Sync with the server unless that was done in the last ``MIN_SYNC_S`` (a view starts this
+        while it reads the queues and jobs it needs before :meth:`frame`)."""
+        with self._lock:
+            self._sync_if_due(now)
+
+    def _sync_if_due(self, now: Optional[dt.datetime]) -> None:
+        t = time.monotonic()
+        if t - self._synced_at < MIN_SYNC_S:
+            return
+        reread = t - self._open_read_at >= OPEN_REREAD_S
+        self.last_sync = sync(self.index, self.api, now, open_runs=reread)
+        self._synced_at = t
+        if reread:
+            self._open_read_at = t
+        if self.last_sync.deleted and self._prepared is not None:  # no row read later says so
+            self._prepared = self._prepared[~self._prepared["id"].isin(self.last_sync.deleted)]
+
     def frame(self, since: dt.datetime, deployments: dict[str, dict], now: Optional[dt.datetime] = None) -> tuple[pd.DataFrame, bool]:
         """(prepared rows expected since ``since`` at least, read incrementally?) after a sync."""
         with self._lock:
-            t = time.monotonic()
-            if t - self._synced_at >= MIN_SYNC_S:
-                reread = t - self._open_read_at >= OPEN_REREAD_S
-                self.last_sync = sync(self.index, self.api, now, open_runs=reread)
-                self._synced_at = t
-                if reread:
-                    self._open_read_at = t
-                if self.last_sync.deleted and self._prepared is not None:  # no row read later says so
-                    self._prepared = self._prepared[~self._prepared["id"].isin(self.last_sync.deleted)]
+            self._sync_if_due(now)
             want_us = us(since)
             incremental = self._prepared is not None and self._loaded_since_us is not None and self._loaded_since_us <= want_us
             read_at = now_ms()
