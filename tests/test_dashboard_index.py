@@ -253,10 +253,30 @@ def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path,
     assert v.source == "api" and v.totals["runs"] == want.totals["runs"] > 0
 
 
+def _set_state_without_event(run_id: str, state_type: str, name: str) -> None:
+    """Give a run a new state the way Prefect's orchestration stores one (a state row, the run pointing
+    at it) but with no event: what the server holds after an event was lost. Written to the session
+    server's SQLite database (under PREFECT_HOME) while it runs."""
+    import json
+    import os
+    import sqlite3
+    from pathlib import Path
+
+    db = Path(os.environ["PREFECT_HOME"]) / "prefect.db"
+    assert db.exists(), db
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    sid = str(uuid.uuid4())
+    with sqlite3.connect(db, timeout=30) as conn:
+        conn.execute("INSERT INTO flow_run_state (id, created, updated, type, timestamp, name, state_details, flow_run_id) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (sid, now, now, state_type, now, name, json.dumps({"flow_run_id": run_id}), run_id))
+        conn.execute("UPDATE flow_run SET state_id = ?, state_type = ?, state_name = ?, state_timestamp = ?, end_time = ?, updated = ? "
+                     "WHERE id = ?", (sid, state_type, name, now, now, now, run_id))
+
+
 def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded, tmp_path, monkeypatch):
     """Between two re-reads of the open runs (one step of the page's clock) a sync relies on
-    Prefect's events: a state change still arrives; what no event tells (a deleted run) waits
-    for the next re-read, which drops it."""
+    Prefect's events: a state change still arrives; what no event tells (a deleted run, a state
+    change whose event was lost) waits for the next re-read, which shows it."""
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'open.db'}")
     api = D.get_api()
     index = RunIndex(store)
@@ -289,6 +309,16 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
     assert svc.last_sync.deleted == [str(doomed.id)]
     assert str(doomed.id) not in index.frame().set_index("id").index
     assert str(doomed.id) not in set(frame["id"]) and str(moving.id) in set(frame["id"])  # what the page draws
+    # a state change whose event never reached the server's events (lost with a crash): between re-reads
+    # nothing says so; the next re-read of the open runs shows it
+    monkeypatch.setattr(X, "OPEN_REREAD_S", 3600.0)
+    monkeypatch.setattr(X, "NEW_RUN_SLACK_S", 0.0)  # the run is not read again as one due about now either
+    _set_state_without_event(str(moving.id), "COMPLETED", "Completed")
+    frame, _ = svc.frame(seeded.since, {})
+    assert svc.last_sync.mode == "events" and frame.set_index("id").loc[str(moving.id), "state_type"] == "RUNNING"
+    monkeypatch.setattr(X, "OPEN_REREAD_S", 0.0)
+    frame, _ = svc.frame(seeded.since, {})
+    assert frame.set_index("id").loc[str(moving.id), "state_type"] == "COMPLETED"
     # without events to rely on (a gap past EVENTS_MAX_GAP_S: catch-up) a sync reads the open runs all the same
     with get_client(sync_client=True) as client:
         lost = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
