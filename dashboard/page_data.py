@@ -74,8 +74,9 @@ def read_waiting(queues: tuple) -> list:
 def read_links(queues: tuple) -> dict[str, str]:
     """Each queue's saved links (Launch Queue Links blocks) as escaped anchors; queues without links left out."""
     from prefect_launch.blocks.queue_links import QueueLinks
+    from prefect_launch.dashboard.api import fan_out
 
-    blocks = list(_POOL.map(QueueLinks.for_queue, queues)) if queues else []
+    blocks = fan_out(QueueLinks.for_queue, queues)  # not on _POOL: this runs on it (see api.fan_out)
     return {q: b.html() for q, b in zip(queues, blocks) if b.links}
 
 

@@ -217,8 +217,8 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     f_agents = IO_POOL.submit(fetch_agents, api)
     f_metrics = IO_POOL.submit(fetch_metrics_cached, metrics_cache, store_obj, spec)
     svc = index_service(api, store_obj, spec, source, use_cache)
-    # the index syncs while the queues and jobs are read (its frame needs the jobs' names); a failure
-    # here is met again, and handled, when index_inputs syncs
+    # the index syncs while the queues and jobs are read (its frame needs the jobs' names); a failed
+    # sync is handled below as one in index_inputs would be
     f_sync = IO_POOL.submit(svc.sync_if_due, now) if svc is not None else None
     pools = F.pools_frame(f_pools.result())
     pool_names = list(spec.queues) or pools["queue"].tolist()
@@ -227,7 +227,7 @@ def load_view(spec: ViewSpec, api_url: Optional[str] = None, use_cache: bool = T
     inputs = None
     if svc is not None:
         try:
-            f_sync.exception()  # done (its error, if any, is raised again by the sync in frame())
+            f_sync.result()
             inputs = index_inputs(svc, api, spec, deps, interval_s, pool_names, now)
         except Exception:
             if source == "index":

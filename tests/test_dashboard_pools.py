@@ -24,10 +24,13 @@ def test_tasks_on_the_io_pool_that_fan_out_all_finish_when_the_pool_is_full():
 
 
 def test_a_fan_out_inside_a_fan_out_runs_in_line():
-    inner_threads: list[str] = []
+    """A fan-out from a FAN_POOL thread runs on that thread: waiting on its own pool could deadlock."""
+    pairs: list[tuple[int, int]] = []  # (outer call's thread, inner call's thread)
 
     def outer(x: int) -> list[int]:
-        return A.fan_out(lambda y: (inner_threads.append(threading.current_thread().name), x + y)[1], range(3))
+        me = threading.get_ident()
+        return A.fan_out(lambda y: (pairs.append((me, threading.get_ident())), x + y)[1], range(3))
 
     assert A.fan_out(outer, range(3)) == [[0, 1, 2], [1, 2, 3], [2, 3, 4]]
-    assert inner_threads and all(n.startswith("dash-fan") for n in inner_threads)  # on the caller's fan thread
+    assert len(pairs) == 9 and all(o == i for o, i in pairs)
+    assert threading.get_ident() not in {o for o, _ in pairs}  # the outer calls did run on the pool
