@@ -348,11 +348,14 @@ CHROMIUM = "/usr/bin/chromium"
 PAGE_TIMEOUT_S = 600
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# the first page: the summary (load chart, hour x weekday heatmap), job status, queued time and the
-# first section (job runs: the Gantt); the other sections are drawn when chosen
-FIRST_PAGE_CHARTS = 5
+# the first page: the summary (load chart; the hour x weekday heatmap, an HTML table), job status,
+# queued time and the first section (job runs: the Gantt); the other sections are drawn when chosen
+FIRST_PAGE_CHARTS = 4
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')
+    && document.querySelectorAll('table.lh-heat td.lh-cell').length > 0
+    && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')
+    && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(e => e.querySelector('canvas'))
     && document.querySelectorAll('.vega-embed').length >= %d
     && [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""" % FIRST_PAGE_CHARTS
 

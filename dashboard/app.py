@@ -22,6 +22,7 @@ import streamlit as st
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import charts
 from prefect_launch.dashboard import frames as F
+from prefect_launch.dashboard import heatmap_table as HT
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
@@ -152,7 +153,7 @@ def panel_summary(p: P.PageData) -> None:
             elif occ.heatmap.empty:
                 st.info("No runs in this range.")
             else:
-                st.altair_chart(charts.occupancy_heatmap_chart(occ.heatmap), width="stretch")
+                st.html(HT.heatmap_html(occ.heatmap))  # a table: as a Vega chart it was the page's dearest draw
 
 
 def _capacity_used(p: P.PageData) -> dict:

@@ -12,7 +12,7 @@ alt.data_transformers.disable_max_rows()
 HEIGHT = 260
 # charts of many marks are drawn on a canvas: as SVG each mark is a DOM node with its own accessible
 # label (the job-status and queued-time charts are 1,000 bars over 7 days), which the browser lays
-# out on every visit; the hour x weekday heatmap (168 cells) stays SVG, its cells readable
+# out on every visit (the hour x weekday heatmap is an HTML table: see heatmap_table.py)
 CANVAS = {"embedOptions": {"renderer": "canvas"}}
 
 
@@ -127,24 +127,6 @@ def occupancy_load_chart(load: pd.DataFrame, gpu_capacity: float | None) -> alt.
         rule = alt.Chart(pd.DataFrame({"capacity": [gpu_capacity]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="capacity:Q")
         return _on_canvas(base + rule, height=160)
     return _on_canvas(base, height=160)
-
-
-def occupancy_heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
-    days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
-    return (
-        alt.Chart(hm)
-        .mark_rect()
-        .encode(
-            x=alt.X("hour:O", title="hour of day (UTC)"),
-            y=alt.Y("weekday:O", sort=days, title=None),
-            color=alt.Color("busy:Q", title="avg runs holding a slot", scale=alt.Scale(scheme="blues")),
-            tooltip=["weekday:O", "hour:O", alt.Tooltip("busy:Q", title="avg runs holding a slot", format=".2f"),
-                     alt.Tooltip("gpus:Q", title="avg GPUs held", format=".2f"), alt.Tooltip("hours:Q", title="hours averaged")],
-        )
-        # SVG: 168 cells draw as fast either way, and each cell carries its values (aria-label) for
-        # screen readers and for the browser test
-        .properties(height=200, usermeta={"embedOptions": {"renderer": "svg"}})
-    )
 
 
 def lanes_chart(seg: pd.DataFrame, grouping: str) -> alt.Chart:

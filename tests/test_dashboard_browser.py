@@ -88,7 +88,7 @@ def test_every_panel_renders_with_data(dashboard):
             page.wait_for_selector(".st-key-panel-links", timeout=120_000)
             # wait until the script finished (no "running" indicator) and charts drew
             try:
-                page.wait_for_function("document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length >= 5",
+                page.wait_for_function("document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length >= 4",
                                        timeout=120_000)
             except Exception:
                 page.screenshot(path=str(out / "dashboard-failed.png"), full_page=True)
@@ -96,8 +96,9 @@ def test_every_panel_renders_with_data(dashboard):
                 raise AssertionError(f"charts did not draw ({n} vega-embed elements); see test-output/dashboard-failed.png")
             errors = page.locator('[data-testid="stException"]')
             assert errors.count() == 0, errors.first.inner_text()
-            heat = page.locator(".st-key-panel-summary .vega-embed")
-            assert heat.count() >= 2  # load chart and hour x weekday heatmap
+            assert page.locator(".st-key-panel-summary .vega-embed").count() >= 1  # the load chart
+            # the hour x weekday heatmap: a table of 7 x 24 shaded cells, each saying what it holds
+            assert page.locator(".st-key-panel-summary table.lh-heat td.lh-cell").count() == 168
             link = page.locator('.st-key-panel-links a[href="https://grafana.example.com/d/gpu"]')
             link.first.wait_for(timeout=60_000)  # drawn after the section above it: it streams in last
             assert link.count() == 1 and link.inner_text() == "Grafana GPU board"
@@ -241,17 +242,22 @@ def test_heatmap_cells_match_occupancy(dashboard):
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 7000})
             page.goto(url, wait_until="domcontentloaded")
-            cells = page.locator('.st-key-panel-summary .vega-embed svg path[aria-label*="hour"]')
+            cells = page.locator('.st-key-panel-summary table.lh-heat td.lh-cell')
             page.wait_for_function("""() => document.querySelectorAll(
-                '.st-key-panel-summary .vega-embed svg path[aria-label*="hour"]').length >= 168""", timeout=120_000)
-            labels = cells.evaluate_all("els => els.map(e => e.getAttribute('aria-label'))")
+                '.st-key-panel-summary table.lh-heat td.lh-cell').length >= 168""", timeout=120_000)
+            drawn = cells.evaluate_all("""els => els.map(e => [e.getAttribute('aria-label'), e.getAttribute('title'),
+                e.dataset.weekday, e.dataset.hour, e.dataset.busy, getComputedStyle(e).backgroundColor])""")
             caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
         finally:
             browser.close()
-    shown = {}
-    for text in labels:
-        f = dict(part.split(": ", 1) for part in text.split("; "))
-        shown[(f["weekday"], int(f["hour"]))] = float(f["avg runs holding a slot"])
+    shown, said, shade = {}, {}, {}
+    for label, title, day, hour, busy, bg in drawn:
+        assert label == title  # the tooltip and the screen reader read the same
+        f = dict(part.split(": ", 1) for part in label.split("; "))
+        assert (f["weekday"], f["hour"]) == (day, hour)
+        shown[(day, int(hour))] = float(busy)
+        said[(day, int(hour))] = float(f["avg runs holding a slot"])
+        shade[(day, int(hour))] = bg
     # the page's range: the last 7 days up to the step of its clock (its caption gives the minute)
     from prefect_launch.dashboard import spec as S
 
@@ -279,3 +285,14 @@ def test_heatmap_cells_match_occupancy(dashboard):
         # second leaves open, and the page's read of the same runs may differ by a fraction of a second more
         tol = 1.0 / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
         assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)
+        assert abs(said[cell] - val) <= tol + 0.005 + 1e-9, (cell, said[cell], val)  # the text, to 2 places
+    # the shading follows the figures: the busiest cell is the darkest, an idle one the lightest
+    from prefect_launch.dashboard import heatmap_table as HT
+
+    def rgb(css: str) -> str:
+        return "#" + "".join(f"{int(x):02x}" for x in re.findall(r"\d+", css)[:3])
+
+    top = max(shown.values())
+    for cell in shown:
+        assert rgb(shade[cell]) == HT.colour(shown[cell], top), (cell, shade[cell])
+    assert rgb(shade[max(shown, key=shown.get)]) == HT.BLUES[-1]
