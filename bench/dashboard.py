@@ -45,10 +45,12 @@ through Playwright - cold:
 the first visit after the monitor started (`python -m prefect_launch.dashboard.serve`, as `make dashboard` and
 the demo start it: it reads the default view before it takes visits, timed as page_prepare_s, from the process's
 start to its health check answering; the run index already built);
-warm: a new visit (new session) right after (null where Chromium or Playwright is missing, or
+warm: a new visit (new session) right after, in a new browser profile (Streamlit's scripts fetched and
+compiled again); page_return_s: a visit right after in the cold visit's profile (a returning visitor,
+the browser's caches warm) (null where Chromium or Playwright is missing, or
 with --no-page); page_floor_s: the same timing for a Streamlit page holding only a title and one empty
 panel, in the same browser, its first visit left out (what Streamlit itself costs on the machine, below which
-no page of it draws: compare with page_warm_s; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+no page of it draws: compare with page_warm_s; page_floor_return_s likewise in one profile: compare with page_return_s; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
 figure is an upper bound). Progress lines carry the elapsed time and the load average.
 """
 
@@ -371,9 +373,14 @@ FLOOR_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')"""
 
 
-def visit(browser, url: str, drawn_js: str) -> float:
-    """Seconds from navigating a new page to ``url`` until ``drawn_js`` holds (polled every 50 ms)."""
-    page = browser.new_page(viewport={"width": 1600, "height": 7000})
+VIEWPORT = {"width": 1600, "height": 7000}
+
+
+def visit(target, url: str, drawn_js: str) -> float:
+    """Seconds from navigating a new page to ``url`` until ``drawn_js`` holds (polled every 50 ms).
+    ``target``: a browser (the page gets a new profile: nothing cached, as Playwright's new_page) or
+    one of its contexts (a new tab of that profile: its HTTP and code caches, as a returning visitor)."""
+    page = target.new_page(viewport=VIEWPORT) if hasattr(target, "new_context") else target.new_page()
     try:
         t = time.perf_counter()
         page.goto(url, wait_until="commit")
@@ -383,16 +390,17 @@ def visit(browser, url: str, drawn_js: str) -> float:
         page.close()
 
 
-def page_floor(home: Path, visits: int = 5) -> list[float]:
+def page_floor(home: Path, visits: int = 5) -> tuple[list[float], list[float]]:
     """Seconds from navigation to a drawn page for a Streamlit app with a title and one empty panel,
-    timed like the monitor (same browser flags, new page per visit; the first visit left out): what
-    Streamlit itself costs on this machine before the monitor draws anything ([] without Chromium)."""
+    timed like the monitor (same browser flags; the first visit left out): what Streamlit itself
+    costs on this machine before the monitor draws anything. Two lists: a new browser profile per
+    visit, and every visit in one profile (a returning visitor); ([], []) without Chromium."""
     if not Path(CHROMIUM).exists():
-        return []
+        return [], []
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        return []
+        return [], []
     app = home / "floor_app.py"
     app.write_text(FLOOR_APP)
     port = free_port()
@@ -401,33 +409,41 @@ def page_floor(home: Path, visits: int = 5) -> list[float]:
             "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     log = home / "streamlit-floor.log"
     out: list[float] = []  # the first visit left out (the browser's caches filled)
+    back: list[float] = []
     with background_process(args, log, cwd=ROOT) as proc:
         wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
                 out = [visit(browser, url, FLOOR_JS) for _ in range(visits + 1)][1:]
+                ctx = browser.new_context(viewport=VIEWPORT)
+                back = [visit(ctx, url, FLOOR_JS) for _ in range(visits + 1)][1:]
             finally:
                 browser.close()
-    return out
+    return out, back
 
 
-def floor_line(floor: list[float]) -> str:
+def floor_line(floor: list[float], back: list[float]) -> str:
     return (f"Streamlit floor (title + one empty panel, same browser): median {statistics.median(floor):.3f} s "
-            f"({', '.join(f'{x:.3f}' for x in floor)})" if floor else "Streamlit floor: not timed")
+            f"({', '.join(f'{x:.3f}' for x in floor)}), returning visit median {statistics.median(back):.3f} s"
+            if floor and back else "Streamlit floor: not timed")
 
 
-def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
-    """(cold, warm) seconds from navigation to a fully drawn page in headless Chromium, one fresh
-    `streamlit run` per repeat; ([], []) without Chromium or Playwright."""
+def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float], list[float]]:
+    """(cold, warm, return) seconds from navigation to a fully drawn page in headless Chromium, one
+    fresh monitor per repeat: cold, its first visit in a new browser profile; warm, a visit right after
+    in another new profile (the monitor warm, the browser's caches empty); return, a visit right after
+    in the first profile (a returning visitor: Streamlit's scripts from its cache). ([], [], []) without
+    Chromium or Playwright."""
     if not Path(CHROMIUM).exists():
-        return [], []
+        return [], [], []
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        return [], []
+        return [], [], []
     colds: list[float] = []
     warms: list[float] = []
+    returns: list[float] = []
     for k in range(repeat):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -443,15 +459,33 @@ def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float]]:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
-                    for out in (colds, warms):
+                    first = browser.new_context(viewport=VIEWPORT)
+                    for out, target in ((colds, first), (warms, browser), (returns, first)):
                         try:
-                            out.append(visit(browser, url, DRAWN_JS))
+                            out.append(visit(target, url, DRAWN_JS))
                         except Exception as exc:  # not drawn in time: said so, the other figures still printed
                             print(f"page not drawn within {PAGE_TIMEOUT_S} s ({type(exc).__name__})")
-                            return colds, warms
+                            return colds, warms, returns
                 finally:
                     browser.close()
-    return colds, warms
+    return colds, warms, returns
+
+
+def page_figures(home: Path, repeat: int) -> dict:
+    """Time the page (:func:`page_times`) and the Streamlit floor, print them, and return their figures
+    for the JSON line (None where not timed)."""
+    cold, warm, back = page_times(home, repeat)
+    floor, floor_back = page_floor(home) if cold else ([], [])
+    print(floor_line(floor, floor_back))
+    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    if cold:
+        line = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+        print(f"page drawn in Chromium     cold median {med(cold):.3f} s ({line(cold)}), warm (new profile) median "
+              f"{med(warm):.3f} s ({line(warm)}), returning visit median {med(back) or float('nan'):.3f} s ({line(back)}); "
+              f"monitor ready {', '.join(f'{x:.1f}' for x in PREPARE_S)} s after its start")
+    return dict(page_cold_s=med(cold), page_warm_s=med(warm), page_return_s=med(back),
+                page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None, page_floor_s=med(floor),
+                page_floor_return_s=med(floor_back))
 
 
 def main() -> None:
@@ -534,23 +568,13 @@ def main() -> None:
         stage(f"run index built in {t_build:.1f} s ({built.runs_read} runs read, one-off; kept in step by syncs afterwards)")
 
         if args.page_only:
-            page_cold, page_warm = page_times(home, args.page_repeat)
-            floor = page_floor(home) if page_cold else []
-            stage("page timed" if page_cold else "page not timed")
-            print(floor_line(floor))
-            page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
-            page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
-            if page_cold:
-                print(f"page drawn in Chromium     cold median {page_cold_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_cold)}), "
-                      f"warm median {page_warm_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_warm)}); monitor ready "
-                      f"{', '.join(f'{x:.1f}' for x in PREPARE_S)} s after its start")
+            page = page_figures(home, args.page_repeat)
+            stage("page timed" if page["page_cold_s"] else "page not timed")
             keys = ["runs", "cold_s", "filter_s", "naive_s", "speedup_cold", "speedup_filter", *(f"{k}_s" for k in changes),
                     "refresh_s", "index_build_s", "api_cold_s", "api_filter_s", "naive_extrapolated", "occupancy_s",
-                    "page_cold_s", "page_warm_s", "page_prepare_s", "page_floor_s", "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
+                    *page, "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
             out = dict.fromkeys(keys)
-            out.update(runs=args.runs, index_build_s=round(t_build, 1), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
-                       page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None,
-                       page_floor_s=round(statistics.median(floor), 3) if floor else None, loadavg_start=load_start, loadavg_end=loadavg())
+            out.update(runs=args.runs, index_build_s=round(t_build, 1), **page, loadavg_start=load_start, loadavg_end=loadavg())
             print(json.dumps(out))
             return
 
@@ -627,18 +651,12 @@ def main() -> None:
               + (f"; extrapolated from {counted} runs)" if extrapolated else ")"))
         print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x"
               + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
-        page_cold, page_warm = page_times(home, args.page_repeat) if not args.no_page else ([], [])
-        floor = page_floor(home) if page_cold else []
-        stage("page timed" if page_cold else "page not timed")
-        print(floor_line(floor))
+        page = page_figures(home, args.page_repeat) if not args.no_page else dict.fromkeys(
+            ["page_cold_s", "page_warm_s", "page_return_s", "page_prepare_s", "page_floor_s", "page_floor_return_s"])
+        stage("page timed" if page["page_cold_s"] else "page not timed")
         if args.keep or args.home:
             print(f"kept {home} (its server stops now)")
-        page_cold_s = round(statistics.median(page_cold), 3) if page_cold else None
-        page_warm_s = round(statistics.median(page_warm), 3) if page_warm else None
-        if page_cold:
-            print(f"page drawn in Chromium     cold median {page_cold_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_cold)}), "
-                  f"warm median {page_warm_s:.3f} s ({', '.join(f'{x:.3f}' for x in page_warm)})")
-        else:
+        if not page["page_cold_s"]:
             print("page drawn in Chromium     not timed (" + ("--no-page" if args.no_page else f"{CHROMIUM} or Playwright missing") + ")")
         print(
             json.dumps(
@@ -647,9 +665,7 @@ def main() -> None:
                      **{f"{k}_s": round(v, 3) for k, v in ours["med"].items()}, refresh_s=round(ours["refresh"], 3),
                      index_build_s=round(t_build, 1), api_cold_s=round(api["cold"], 3) if api else None,
                      api_filter_s=round(api["filt"], 3) if api else None, naive_extrapolated=extrapolated,
-                     occupancy_s=round(occupancy_s, 3), page_cold_s=page_cold_s, page_warm_s=page_warm_s,
-                     page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None,
-                     page_floor_s=round(statistics.median(floor), 3) if floor else None,
+                     occupancy_s=round(occupancy_s, 3), **page,
                      cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
                      filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
                      loadavg_start=load_start, loadavg_end=loadavg())

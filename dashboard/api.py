@@ -25,7 +25,8 @@ from prefect_launch.dashboard.spec import UTC, ViewSpec, iso
 from prefect_launch.workers.run_tags import LAUNCH_TAG, OWNER, PRESET, tag
 
 PAGE = 200  # the API's maximum page size for flow runs
-IO_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dash-io")
+IO_WORKERS = 8  # IO_POOL's size (its tests fill it)
+IO_POOL = ThreadPoolExecutor(max_workers=IO_WORKERS, thread_name_prefix="dash-io")
 # Requests fanned out by a task that itself runs on IO_POOL go to a pool of their own: a task that
 # waits on the pool it runs in deadlocks once every worker waits (seen as a page that never drew,
 # when a view read on the API path overlapped another view's read)

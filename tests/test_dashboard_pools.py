@@ -12,15 +12,15 @@ from prefect_launch.dashboard import api as A
 def test_tasks_on_the_io_pool_that_fan_out_all_finish_when_the_pool_is_full():
     """More tasks than IO_POOL has workers, each waiting on its own fan-out (as fetch_workers,
     fetch_runs and fetch_now_counts do under a view's read): every one finishes."""
-    started = threading.Barrier(A.IO_POOL._max_workers, timeout=10)
+    started = threading.Barrier(A.IO_WORKERS, timeout=10)
 
     def task(k: int) -> list[int]:
-        if k < A.IO_POOL._max_workers:
+        if k < A.IO_WORKERS:
             started.wait()  # every worker is busy in a task before any fans out
         return A.fan_out(lambda x: (time.sleep(0.01), x * k)[1], range(4))
 
-    futures = [A.IO_POOL.submit(task, k) for k in range(2 * A.IO_POOL._max_workers)]
-    assert [f.result(timeout=30) for f in futures] == [[0, k, 2 * k, 3 * k] for k in range(2 * A.IO_POOL._max_workers)]
+    futures = [A.IO_POOL.submit(task, k) for k in range(2 * A.IO_WORKERS)]
+    assert [f.result(timeout=30) for f in futures] == [[0, k, 2 * k, 3 * k] for k in range(2 * A.IO_WORKERS)]
 
 
 def test_a_fan_out_inside_a_fan_out_runs_in_line():
