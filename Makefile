@@ -36,6 +36,7 @@ bench: venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/metrics_overhead.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/heatmap_draw.py
 
 # The queue monitor alone, against the server in PREFECT_API_URL.
 dashboard: venv
