@@ -14,7 +14,8 @@ import math
 
 import pandas as pd
 
-DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+from prefect_launch.dashboard.occupancy import DAYS  # the weekday names the heatmap frame carries
+
 # ColorBrewer "Blues" (9 classes), the scheme the Vega heatmap used: light = idle, dark = busy
 BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
 EMPTY = "#ffffff"  # an hour the range does not hold (a range shorter than a week)
