@@ -72,7 +72,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from prefect_launch.local_server import background_process, free_port, local_prefect_server, wait_healthy
+from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, background_process, free_port, local_prefect_server,
+                                         wait_healthy)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -346,10 +347,7 @@ def loadavg() -> str:
 print = functools.partial(print, flush=True)  # noqa: A001  (progress shows up when piped)
 
 
-CHROMIUM = "/usr/bin/chromium"
 PAGE_TIMEOUT_S = 600
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # the first page: the summary (load chart; the hour x weekday heatmap, an HTML table), job status,
 # queued time and the first section (job runs: the Gantt); the other sections are drawn when chosen
 FIRST_PAGE_CHARTS = 4

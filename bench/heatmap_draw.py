@@ -24,12 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefect_launch.local_server import background_process, free_port, wait_healthy
+from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING, background_process, free_port,
+                                         wait_healthy)
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 APP = '''
 import altair as alt
 import numpy as np
@@ -75,7 +73,7 @@ def main() -> None:
     ap.add_argument("--visits", type=int, default=12, help="visits of each kind counted (after one left out)")
     args = ap.parse_args()
     if not Path(CHROMIUM).exists():
-        sys.exit(f"{CHROMIUM} missing: install Debian's chromium (make system-deps)")
+        sys.exit(CHROMIUM_MISSING)
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="bench-heatmap-") as tmp:

@@ -3,7 +3,8 @@
 One place for what every test fixture and benchmark needs: a free port, a
 private PREFECT_HOME (SQLite, or PostgreSQL with ``db_url``), a health wait, and a
 clean stop; and a private PostgreSQL server (initdb/pg_ctl on a loopback port) for
-the Prefect server and the metrics store.
+the Prefect server and the metrics store; and the system Chromium that the
+browser tests and page benchmarks drive through Playwright.
 
 From a shell (scripts/demo.sh)::
 
@@ -24,6 +25,12 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import httpx
+
+# Debian's chromium (make system-deps): Playwright's own browser download is not reachable here
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_MISSING = f"{CHROMIUM} missing: install Debian's chromium (make system-deps)"
 
 
 def free_port() -> int:

@@ -17,12 +17,10 @@ import pytest
 
 from fixtures_dashboard import seed_runs
 
-from prefect_launch.local_server import background_process, free_port, wait_healthy
+from prefect_launch.local_server import CHROMIUM, CHROMIUM_MISSING, background_process, free_port, wait_healthy
+from prefect_launch.local_server import CHROMIUM_ARGS as ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHART_PANELS = ["panel-status", "panel-queued", "panel-runs", "panel-gpu_util_pct", "panel-cpu_pct",
                 "panel-gpu_mem_gib", "panel-rss_gib"]
 TABLE_PANELS = ["panel-summary", "panel-runs", "panel-waste", "panel-errors"]
@@ -43,7 +41,7 @@ def _show_section(page, key: str) -> None:
     page.wait_for_function("""() => [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""",
                            timeout=60_000)
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing: install Debian's chromium (make system-deps)")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=CHROMIUM_MISSING)
 
 
 @pytest.fixture(scope="module")

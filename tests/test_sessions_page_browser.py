@@ -21,15 +21,13 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import agent, apply_queue, read_runs, wait_final
-from prefect_launch.local_server import background_process, free_port, wait_healthy
+from prefect_launch.local_server import CHROMIUM, CHROMIUM_MISSING, background_process, free_port, wait_healthy
+from prefect_launch.local_server import CHROMIUM_ARGS as ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PRESETS = {"small": {"cpu": 1, "memory": "1Gi"}, "big": {"cpu": 2, "memory": "1Gi"}}
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing: install Debian's chromium (make system-deps)")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=CHROMIUM_MISSING)
 
 
 @pytest.fixture(scope="module")
