@@ -6,6 +6,8 @@ outage does not touch the session's server; the session's settings are restored 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -63,3 +65,6 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, 
                     claims = [s for s in client.read_flow_run_states(rid) if s.name == "Pending"]
                     assert len(claims) == 1, f"run {rid} claimed {len(claims)} times"
             assert all(r.run_count == 1 for r in read_runs([running, waiting]))
+            # stopped while its server is up: once the server is gone, its drain would wait out the 20-s kill
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(60)

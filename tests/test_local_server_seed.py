@@ -1,0 +1,49 @@
+"""A fresh SQLite home starts from a copy of a migrated database (local_server.seed_sqlite_database).
+
+The session's Prefect server (conftest) starts from such a copy, so every end-to-end test also
+shows that a server runs on it; here: the copy is at Prefect's newest migration, an existing
+database is never replaced, and the switch turns it off.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+from prefect_launch.local_server import seed_sqlite_database
+
+
+def _revision(db: Path) -> set[str]:
+    with closing(sqlite3.connect(db)) as con:
+        return {r[0] for r in con.execute("select version_num from alembic_version")}
+
+
+def test_a_fresh_home_gets_a_database_at_prefects_newest_migration(tmp_path: Path):
+    import prefect.server.database
+    from alembic.script import ScriptDirectory
+
+    home = tmp_path / "home"
+    home.mkdir()
+    assert seed_sqlite_database(home) is True
+    migrations = Path(prefect.server.database.__file__).parent / "_migrations"
+    heads = set(ScriptDirectory(str(migrations), version_locations=[str(migrations / "versions" / "sqlite")]).get_heads())
+    assert heads and _revision(home / "prefect.db") == heads
+    with closing(sqlite3.connect(home / "prefect.db")) as con:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        assert {"flow_run", "work_pool", "deployment"} <= tables
+        assert con.execute("select count(*) from flow_run").fetchone()[0] == 0  # a copy of an empty database
+
+
+def test_an_existing_database_is_never_replaced_and_the_switch_turns_it_off(tmp_path: Path, monkeypatch):
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "prefect.db").write_bytes(b"someone's runs")
+    assert seed_sqlite_database(kept) is False
+    assert (kept / "prefect.db").read_bytes() == b"someone's runs"
+
+    monkeypatch.setenv("LAUNCH_SERVER_DB_TEMPLATE", "0")
+    off = tmp_path / "off"
+    off.mkdir()
+    assert seed_sqlite_database(off) is False
+    assert not (off / "prefect.db").exists()
