@@ -185,6 +185,7 @@ def background_process(args: list[str], log_path: Path, env: Optional[dict] = No
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            log.write(f"\n[background_process] still running 20 s after SIGINT: killed ({' '.join(map(str, args))[:200]})\n")
         log.close()
 
 
