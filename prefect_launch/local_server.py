@@ -88,7 +88,7 @@ def seed_sqlite_database(home: Path) -> bool:
     """Give a new SQLite home a copy of an already migrated database; True when one was copied.
 
     Migrating an empty database is most of a fresh server's start (about 10 of 17 s here), and the
-    test suite, the benchmarks and the demo start many fresh servers. The template is migrated once
+    test suite and the benchmarks start many fresh servers. The template is migrated once
     per Prefect version (under a file lock, so concurrent test workers build it once), then copied;
     the server still checks its migrations on start, so a stale copy is upgraded, never trusted.
     ``LAUNCH_SERVER_DB_TEMPLATE=0`` turns this off.
@@ -105,17 +105,21 @@ def seed_sqlite_database(home: Path) -> bool:
             shutil.rmtree(build, ignore_errors=True)
             build.mkdir()
             env = server_env(build, "http://127.0.0.1:1/api")
-            done = subprocess.run([*PREFECT_CLI, "server", "database", "upgrade", "-y"], env=env,
-                                  capture_output=True, text=True, timeout=300)
+            try:
+                done = subprocess.run([*PREFECT_CLI, "server", "database", "upgrade", "-y"], env=env,
+                                      capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                return False
             if done.returncode != 0 or not (build / "prefect.db").exists():
-                return False  # the server migrates its own database as it always does
+                return False  # either way the server migrates its own database, as it always does
             import sqlite3
 
             with contextlib.closing(sqlite3.connect(build / "prefect.db")) as con:
                 con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all of it in the one file copied
             os.replace(build / "prefect.db", db)
             shutil.rmtree(build, ignore_errors=True)
-        shutil.copyfile(db, home / "prefect.db")
+        shutil.copyfile(db, home / "prefect.db.part")
+        os.replace(home / "prefect.db.part", home / "prefect.db")  # never a half-copied database
     return True
 
 
