@@ -65,6 +65,56 @@ def test_server_restart_mid_run_loses_nothing(tmp_path: Path, unique_name: str, 
                     claims = [s for s in client.read_flow_run_states(rid) if s.name == "Pending"]
                     assert len(claims) == 1, f"run {rid} claimed {len(claims)} times"
             assert all(r.run_count == 1 for r in read_runs([running, waiting]))
-            # stopped while its server is up: once the server is gone, its drain would wait out the 20-s kill
+            # stopped with its server up (an agent stopped during an outage: the next test)
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(60)
+
+
+
+def test_agent_stopped_during_an_outage_exits_and_says_why(tmp_path: Path, unique_name: str,
+                                                          restartable_server):
+    """Ctrl-C on an agent whose server went away just as a run ended: the run's end cannot be recorded
+    there, nor its events delivered. The agent used to wait on those API calls until killed; it now
+    exits by itself within seconds, says why, and loses nothing it can keep locally."""
+    from prefect import get_client
+
+    from prefect_launch.blocks.metrics_store import RunMetricsStore, default_store_url
+    from prefect_launch.blocks.scheduling_history import read_history
+
+    q, name = f"cc-{unique_name}", f"cc-{unique_name}"
+    rec = tmp_path / "records"
+    with restartable_server():
+        apply_queue(tmp_path, {"name": q, "presets": {"c": {"cpu": 1, "memory": "256Mi"}}, "default_preset": "c"})
+        job = deploy_probe(q, f"probe-{unique_name}")
+    log = tmp_path / "agent.log"
+    with agent([q], name, "cpu=2,memory=4Gi", tmp_path, wait_online=False, log_name=log.name) as proc:
+        with restartable_server():
+            from launch_helpers import wait_agent_online
+
+            wait_agent_online(name, [q])
+            done = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
+                            "--param", "seconds=1")["run_ids"][0]
+            assert wait_final([done], timeout=120)[0].state.is_completed()
+        # the server is gone the moment the run reported Completed: its process and the agent's record of its
+        # end are still talking to it
+        assert proc.poll() is None, "the agent survived the outage"
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # --on-exit cancel
+        proc.wait(60)
+        took = time.monotonic() - t0
+    text = log.read_text()
+    assert "[background_process]" not in text, text[-3000:]  # it exited by itself, not by the test's kill
+    assert proc.returncode == 0, text[-3000:]
+    assert took < 25, f"the agent took {took:.1f} s to stop:\n{text[-3000:]}"
+    assert f"the end of 1 run(s) ({done}) is not recorded" in text and "does not answer" in text, text[-3000:]
+    assert "not delivered to the Prefect server" in text, text[-3000:]
+    # kept locally: the run's end in the scheduling history (saying why its state is unread) and its summary
+    store = RunMetricsStore(url=default_store_url())
+    ends = read_history(store, done, phase="terminate")
+    assert len(ends) == 1 and "Prefect state was not read" in ends[0].message, ends
+    assert store.summaries(flow_run_ids=[done])[0]["has_summary"]
+    # nothing written over or run twice: back on the server the run is still Completed, recorded once
+    with restartable_server():
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(done).state.is_completed()
+        assert list(records(rec)) == [done]

@@ -6,14 +6,20 @@ kubernetes queues book nothing locally: the cluster places their pods.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import sys
+import time
 from typing import Optional
 
 import anyio
 
 from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.resources import detect_capacity
+
+ENDING_GRACE_S = float(os.environ.get("LAUNCH_ENDING_GRACE_SECONDS", "5"))
+DELIVER_S = 5.0  # at exit: how long Prefect's event and log workers get to deliver what they hold
 
 
 def worker_types() -> dict[str, type]:
@@ -52,7 +58,7 @@ def worker_for(queue: str, pool: object, backends: dict[str, type]) -> type:
 
 
 async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool,
-                 on_exit: str = "drain") -> None:
+                 on_exit: str = "drain", started: Optional[dict] = None) -> None:
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -67,6 +73,8 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 raise LookupError(f"unknown queue {q!r}; create it with `prefect-launch queue apply FILE`") from None
             kinds[q] = worker_for(q, pool, backends)
     agent = AgentContext.detect(capacity)
+    if started is not None:
+        started["agent"] = agent
     cluster = [q for q in queues if kinds[q].type == "launch-kubernetes"]
     print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}"
           + (f" (kubernetes queues {', '.join(cluster)}: placed by the cluster)" if cluster else ""), flush=True)
@@ -81,7 +89,7 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
             async for signum in signals:
                 received += 1
                 agent.draining = True
-                running = sum(w.running() for w in workers)
+                running = sum([await _live(w) for w in workers])
                 signame = signal.Signals(signum).name
                 if received == 1 and on_exit == "drain" and running:
                     print(f"agent {name!r}: {signame}: draining - claiming no new runs and waiting for {running} "
@@ -97,14 +105,44 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                             await w.cancel_running(reason)
                 else:
                     print(f"agent {name!r}: {signame}: no runs running; stopping", flush=True)
+                await settle_ends()
                 scope.cancel()
                 return
 
     async def stop_when_drained(scope: anyio.CancelScope) -> None:
-        while any(w.running() for w in workers) or agent.ledger.allocations():
+        while sum([await _live(w) for w in workers]) or not_started():
             await anyio.sleep(0.3)
         print(f"agent {name!r}: drained - every run it held has finished", flush=True)
+        await settle_ends()
         scope.cancel()
+
+    async def settle_ends() -> None:
+        """Runs that ended get a moment to have their end recorded on the server; a server that does not
+        answer (an outage) must not keep a stopping agent alive, so after the grace the agent says so and goes."""
+        deadline = time.monotonic() + ENDING_GRACE_S
+        answers = not held() or await _server_answers()
+        while answers and time.monotonic() < deadline and held():
+            await anyio.sleep(0.2)
+        pending = held()
+        if not pending:
+            return
+        if started is not None:
+            started["server_gone"] = True
+        within = f" within {ENDING_GRACE_S:g} s" if answers else ""
+        print(f"agent {name!r}: the end of {len(pending)} run(s) ({', '.join(pending)}) is not recorded: the "
+              f"Prefect server at {os.environ.get('PREFECT_API_URL')} does not answer{within}; stopping anyway "
+              "(their capacity is free and their metrics are kept; a run the server still shows running is marked "
+              "crashed by the next start of this agent)", flush=True)
+        for w in workers:
+            getattr(w, "cut_ending", lambda: None)()
+
+    def held() -> list[str]:
+        return [r for w in workers for r in getattr(w, "held", lambda: [])()]
+
+    def not_started() -> list[str]:
+        """Booked runs whose process is not up yet (a run that started and ended is in `held` until recorded)."""
+        up = set(held())
+        return [a.run_id for a in agent.ledger.allocations() if a.run_id not in up]
 
     async with anyio.create_task_group() as tg:
         scope_tg = tg
@@ -112,6 +150,24 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
         for w in workers:
             tg.start_soon(w.start)
     print(f"agent {name!r}: stopped", flush=True)
+
+
+async def _live(worker: object) -> int:
+    """Runs whose process is alive (launch workers), else what the worker counts as running (kubernetes)."""
+    live = getattr(worker, "live", None)
+    return await live() if live is not None else worker.running()  # type: ignore[attr-defined]
+
+
+async def _server_answers(timeout_s: float = 2.0) -> bool:
+    from prefect import get_client
+
+    try:
+        with anyio.fail_after(timeout_s):  # Prefect's client would retry a refused connection for a minute
+            async with get_client() as client:
+                await client.hello()
+        return True
+    except Exception:
+        return False
 
 
 async def _wait_for_server(get_client, retry_s: float = 3.0) -> None:
@@ -145,7 +201,39 @@ def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[
     detect_capacity(capacity)  # fail fast on a malformed --capacity
     if on_exit not in ("drain", "cancel"):
         raise LookupError(f"--on-exit must be 'drain' or 'cancel', got {on_exit!r}")
+    started: dict = {}
     try:
-        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups, on_exit)
+        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups, on_exit, started)
     except KeyboardInterrupt:
         pass
+    finally:
+        _deliver_and_exit(started.get("agent"), 1.0 if started.get("server_gone") else DELIVER_S)
+
+
+def _deliver_and_exit(agent: Optional[AgentContext], within_s: float = DELIVER_S) -> None:
+    """What the agent holds for its stores goes out before the process ends, each part bounded.
+
+    The scheduling history goes to the metrics store. Prefect's event and log workers would otherwise
+    drain at interpreter exit without a time limit, retrying a server that is gone: an agent stopped
+    during an outage then hung until killed. Undeliverable events and logs are dropped with a line
+    saying so, and the process ends at once.
+    """
+    history = getattr(agent, "history", None)
+    if history is not None:
+        history.close(DELIVER_S)  # a local store: the full bound even when the server is gone
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    undelivered = []
+    for service in (EventsWorker, APILogWorker):
+        try:
+            _, pending = service.drain_all(timeout=within_s)  # type: ignore[misc]
+        except Exception:  # pragma: no cover - a Prefect without these services: its own exit applies
+            continue
+        if pending:
+            undelivered.append("events" if service is EventsWorker else "logs")
+    if undelivered:
+        print(f"agent: {' and '.join(undelivered)} not delivered to the Prefect server at "
+              f"{os.environ.get('PREFECT_API_URL')} within {within_s:g} s (it does not answer); dropped", flush=True)
+        sys.stderr.flush()
+        os._exit(0)

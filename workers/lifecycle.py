@@ -78,6 +78,7 @@ WAKE_COALESCE_S = 0.05
 # Set in the agent's own wake loop: its frequent polls read the due runs instead of calling the
 # worker poll endpoint, which writes (see workers/scheduled_runs.py).
 _READ_ONLY_POLL: contextvars.ContextVar[bool] = contextvars.ContextVar("launch_read_only_poll", default=False)
+END_READ_S = 3.0  # how long a stopping agent waits for one read of a run's state before acting without it
 TIMEOUT_GRACE_S = float(os.environ.get("LAUNCH_TIMEOUT_GRACE_SECONDS", "10"))
 HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's minimum; the zombie automation waits 3x
 HISTORY_FLUSH_S = float(os.environ.get("LAUNCH_HISTORY_FLUSH_SECONDS", "1"))
@@ -137,6 +138,8 @@ class LaunchWorkerCore:
         self._stops: dict[UUID, list[SubStep]] = {}
         self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
         self._freed: set[UUID] = set()  # capacity given back before Prefect's slot release (_free_capacity)
+        self._ending: dict[UUID, anyio.CancelScope] = {}  # process gone, end being recorded (`cut_ending`)
+        self._cut_ends = False  # the agent stops without waiting for the server: ends are recorded locally only
 
     @property
     def history(self) -> Optional[HistoryWriter]:
@@ -467,16 +470,28 @@ class LaunchWorkerCore:
             self._note_peak(flow_run.id, limits)
         self._limits.pop(flow_run.id, None)
         self._requests.pop(flow_run.id, None)
-        with anyio.CancelScope(shield=True):
-            if reason:
-                self._kill_reasons[flow_run.id] = reason
-                await self._mark_stopped(flow_run, Crashed(message=reason))
-            elif flow_run.id in self._end_states:
-                await self._mark_stopped(flow_run, self._end_states[flow_run.id])
-            self._free_capacity(flow_run.id)  # its process is gone: the next run need not wait for the summary
-            await self._after_finish(flow_run, status_code)
-            if flow_run.id in self._handles:  # it ran: record its end (a failed start is recorded by the caller)
-                await self._note_end(flow_run, status_code, reason)
+        with anyio.CancelScope(shield=True) as scope:  # shielded from the agent's stop; `cut_ending` may end it
+            self._ending[flow_run.id] = scope
+            if self._cut_ends:
+                scope.cancel()
+            try:
+                try:
+                    if reason:
+                        self._kill_reasons[flow_run.id] = reason
+                        await self._mark_stopped(flow_run, Crashed(message=reason))
+                    elif flow_run.id in self._end_states:
+                        await self._mark_stopped(flow_run, self._end_states[flow_run.id])
+                    self._free_capacity(flow_run.id)  # its process is gone: the next run need not wait for the summary
+                    await self._after_finish(flow_run, status_code)  # cut short: still writes the summary locally
+                finally:
+                    self._free_capacity(flow_run.id)  # also when cut short: the hardware is free either way
+                    sampler = self._samplers.pop(flow_run.id, None)
+                    if sampler is not None:  # cut short before its summary: it still reaches the local store
+                        await self._stop_sampler(sampler, "UNKNOWN")
+                    if flow_run.id in self._handles:  # it ran: record its end (a failed start: the caller records it)
+                        await self._note_end(flow_run, status_code, reason)
+            finally:
+                self._ending.pop(flow_run.id, None)
 
     async def _note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str]) -> None:
         """``terminate``: how the run ended and that its capacity goes back (the release follows at once)."""
@@ -485,6 +500,13 @@ class LaunchWorkerCore:
             state = (await self.client.read_flow_run(flow_run.id)).state
         except Exception:
             state = None
+        except BaseException:  # cut short by the agent's stop (`cut_ending`): the history still gets the end
+            self._write_end_note(flow_run, status_code, reason, agent_state, None, unread=True)
+            raise
+        self._write_end_note(flow_run, status_code, reason, agent_state, state)
+
+    def _write_end_note(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str],
+                        agent_state: Optional[State], state: Optional[State], unread: bool = False) -> None:
         if state is not None and state.is_final():  # after _mark_stopped: the agent's reason, unless it ended first
             end, message = state.type.value, state.message
         elif agent_state is not None:
@@ -496,9 +518,11 @@ class LaunchWorkerCore:
         if end != "COMPLETED":
             head = (message or "").split(":", 1)[0].strip()
             code = head if head and " " not in head and len(head) <= 64 else end.lower()
+        unread_note = ("; its Prefect state was not read: the agent stopped while the server did not answer"
+                       if unread else "")
         self._note(flow_run.id, "terminate", "SUCCESS", error_code=code, from_state="RUNNING", to_state=end,
                    message=f"ended {end.capitalize()}{': ' + message if message else ''}; agent {self.name} "
-                           "released its capacity",
+                           f"released its capacity{unread_note}",
                    sub_steps=self._stop_steps(flow_run.id))
 
     async def _mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
@@ -587,6 +611,7 @@ class LaunchWorkerCore:
             return
         from prefect_launch.workers.run_metrics import publish_summary_artifact
 
+        exit_state = "UNKNOWN"  # stays so when cut short by the agent's stop (the state was not read)
         try:
             state = (await self.client.read_flow_run(flow_run.id)).state
             exit_state = state.type.value if state else "UNKNOWN"
@@ -594,11 +619,18 @@ class LaunchWorkerCore:
                 exit_state = "CRASHED" if status_code not in (0, None) else exit_state
         except Exception:
             exit_state = "CRASHED" if status_code not in (0, None) else "UNKNOWN"
-        summary = await anyio.to_thread.run_sync(sampler.stop, exit_state)
+        finally:  # also when cut short: the summary reaches the local metrics store
+            summary = await self._stop_sampler(sampler, exit_state)
         try:
             await publish_summary_artifact(self.client, flow_run.id, summary, sampler.record)
         except Exception as exc:
             self._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
+
+    @staticmethod
+    async def _stop_sampler(sampler: Any, exit_state: str) -> Any:
+        """Stop sampling and write the run's summary to the metrics store (local: done even while stopping)."""
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(sampler.stop, exit_state)
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
         """Prefect's worker labels are not written here, on the run's start path, but with the placement
@@ -848,14 +880,39 @@ class LaunchWorkerCore:
         await self._stop_run(flow_run, handle, Cancelled(message=message))
 
     def running(self) -> int:
-        return len(self._handles)
+        """Runs whose process or container has not ended (those whose end is being recorded: `ending`)."""
+        return sum(1 for r in self._handles if r not in self._ending)
+
+    async def live(self) -> int:
+        """Runs whose process or container is alive: what a drain waits for (not for the record of their end,
+        which needs the server)."""
+        n = 0
+        for run_id, handle in list(self._handles.items()):
+            if run_id not in self._ending and await self._handle_alive(str(run_id), handle):
+                n += 1
+        return n
+
+    def held(self) -> list[str]:
+        """Runs this worker still holds: alive, or ended with their end not yet recorded."""
+        return [str(r) for r in self._handles]
+
+    def cut_ending(self) -> None:
+        """The agent stops and the server does not answer: give up recording the ends still pending.
+
+        The capacity is freed, the metrics summary written locally and the history told why; what only the
+        server can hold (the agent's own end state, the summary artifact) is not written. A run the server
+        still shows live is settled by the next start's recovery (crashed: its process is gone)."""
+        self._cut_ends = True
+        for scope in list(self._ending.values()):
+            scope.cancel()
 
     async def cancel_running(self, reason: str, grace_s: float = 10.0) -> None:
         """Stop every run this worker holds (SIGTERM, then SIGKILL) and record them Cancelled with why."""
         handles = {}
         for run_id, handle in dict(self._handles).items():
             try:  # a run that already reported its end (its process is only exiting) keeps that end
-                state = (await self.client.read_flow_run(run_id)).state
+                with anyio.fail_after(END_READ_S):  # a server that does not answer must not delay the stop
+                    state = (await self.client.read_flow_run(run_id)).state
                 if state is not None and state.is_final():
                     continue
             except Exception:
@@ -878,8 +935,8 @@ class LaunchWorkerCore:
         for run_id, handle in handles.items():
             if await self._handle_alive(str(run_id), handle):
                 await self._terminate(str(run_id), handle, force=True)
-        while time.time() < deadline + 15 and any(r in self._handles for r in handles):
-            await asyncio.sleep(0.2)  # run() records the Cancelled state and releases
+        while time.time() < deadline + 15 and any(r in self._handles and r not in self._ending for r in handles):
+            await asyncio.sleep(0.2)  # until run() sees the process gone (the agent then waits on `ending`)
 
     # --------------------------------------------------------------- recovery
     def _owner_of(self, queue: Optional[str]) -> "LaunchWorkerCore":
@@ -941,28 +998,35 @@ class LaunchWorkerCore:
                                    task_group=task_group)
             while await self._handle_alive(rec.run_id, handle):
                 await asyncio.sleep(0.5)
-            reason = await self._adopted_end(rec.run_id, handle, limits)
-            if limits is not None:
-                self._note_peak(run_id, limits)
-            if flow_run is None:  # deleted from the server meanwhile: only the hardware to give back
-                return
-            await asyncio.sleep(1.0)  # the engine reports its own final state as it exits
-            state = (await self.client.read_flow_run(run_id)).state
-            if reason:
-                await self._mark_stopped(flow_run, Crashed(message=reason))
-            elif run_id in self._end_states:
-                await self._mark_stopped(flow_run, self._end_states[run_id])
-            elif state is None or not state.is_final():
-                await self._mark_stopped(flow_run, Crashed(message=(
-                    f"the run's {'container' if handle.container else 'process'} ended without reporting a final "
-                    f"state; agent {self.name} had re-adopted it after a restart, so its exit code is unknown")))
-            await self._after_finish(flow_run, None)
-            await self._note_end(flow_run, None, reason)
+            with anyio.CancelScope() as scope:  # its end is recorded now; `cut_ending` may give up on it
+                self._ending[run_id] = scope
+                await self._record_adopted_end(rec, run_id, flow_run, handle, limits)
         except Exception:
             self._logger.exception("watching re-adopted run %s failed", rec.run_id)
         finally:
+            self._ending.pop(run_id, None)
             self._limits.pop(run_id, None)
             self._release_allocation(run_id)
+
+    async def _record_adopted_end(self, rec: Recovery, run_id: UUID, flow_run: Optional["FlowRun"],
+                                  handle: RunHandle, limits: Any) -> None:
+        reason = await self._adopted_end(rec.run_id, handle, limits)
+        if limits is not None:
+            self._note_peak(run_id, limits)
+        if flow_run is None:  # deleted from the server meanwhile: only the hardware to give back
+            return
+        await asyncio.sleep(1.0)  # the engine reports its own final state as it exits
+        state = (await self.client.read_flow_run(run_id)).state
+        if reason:
+            await self._mark_stopped(flow_run, Crashed(message=reason))
+        elif run_id in self._end_states:
+            await self._mark_stopped(flow_run, self._end_states[run_id])
+        elif state is None or not state.is_final():
+            await self._mark_stopped(flow_run, Crashed(message=(
+                f"the run's {'container' if handle.container else 'process'} ended without reporting a final "
+                f"state; agent {self.name} had re-adopted it after a restart, so its exit code is unknown")))
+        await self._after_finish(flow_run, None)
+        await self._note_end(flow_run, None, reason)
 
     async def _timeout_of(self, flow_run: "FlowRun") -> Optional[float]:
         try:
