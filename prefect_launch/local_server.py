@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import IO, Iterator, Optional
 
 import httpx
 
@@ -123,6 +123,21 @@ def seed_sqlite_database(home: Path) -> bool:
     return True
 
 
+def start_prefect_server(home: Path, port: int, log: IO, ui: bool = False, db_url: Optional[str] = None,
+                         auth_string: Optional[str] = None) -> subprocess.Popen:
+    """``prefect server start`` on 127.0.0.1:``port`` in its own session (so a test can kill its group),
+    on a copy of the migrated template database unless ``db_url`` names another; not waited for."""
+    if not db_url:
+        seed_sqlite_database(home)
+    api_url = f"http://127.0.0.1:{port}/api"
+    return subprocess.Popen(
+        [*PREFECT_CLI, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env={**server_env(home, api_url, ui, db_url),
+             **({"PREFECT_SERVER_API_AUTH_STRING": auth_string} if auth_string else {})},
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
 @contextlib.contextmanager
 def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None, ui: bool = False,
                          export: bool = True, db_url: Optional[str] = None,
@@ -140,14 +155,8 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     log_path = home / "server.log"
-    if not db_url:
-        seed_sqlite_database(home)
     log = open(log_path, "a")
-    proc = subprocess.Popen(
-        [*PREFECT_CLI, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env={**server_env(home, api_url, ui, db_url),
-             **({"PREFECT_SERVER_API_AUTH_STRING": auth_string} if auth_string else {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    proc = start_prefect_server(home, port, log, ui=ui, db_url=db_url, auth_string=auth_string)
     try:
         wait_healthy(api_url, proc, log=log_path, timeout=180 if db_url else 120)
         if export:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import CLI, apply_queue, cli, deploy_probe
-from prefect_launch.local_server import PREFECT_CLI, free_port, seed_sqlite_database, server_env, wait_healthy
+from prefect_launch.local_server import free_port, start_prefect_server, wait_healthy
 
 
 class _Server:
@@ -26,11 +26,8 @@ class _Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        seed_sqlite_database(self.home)
-        log = open(self.home / "server.log", "a")
-        self.proc = subprocess.Popen([*PREFECT_CLI, "server", "start", "--host", "127.0.0.1",
-                                      "--port", str(self.port)], env=server_env(self.home, self.api_url),
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.home / "server.log", "a") as log:
+            self.proc = start_prefect_server(self.home, self.port, log)
         wait_healthy(self.api_url, self.proc, log=self.home / "server.log")
 
     def kill(self) -> None:

@@ -47,3 +47,37 @@ def test_an_existing_database_is_never_replaced_and_the_switch_turns_it_off(tmp_
     off.mkdir()
     assert seed_sqlite_database(off) is False
     assert not (off / "prefect.db").exists()
+
+
+def test_a_template_build_killed_midway_is_rebuilt_whole(tmp_path: Path, monkeypatch):
+    """Kill the process that builds the template while it migrates: the next start builds it again
+    instead of copying a half-migrated database into a home."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    import prefect_launch.local_server as ls
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a template of this test's own
+    tpl = ls._template_dir()
+    first = tmp_path / "first"
+    first.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from prefect_launch."
+                             "local_server import seed_sqlite_database; seed_sqlite_database(Path(sys.argv[1]))",
+                             str(first)], env={**os.environ, "TMPDIR": str(tmp_path)}, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (tpl / "build" / "prefect.db").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert (tpl / "build" / "prefect.db").exists(), "the build never started"
+    os.killpg(proc.pid, signal.SIGKILL)  # midway through the migration
+    proc.wait()
+    assert not (tpl / "prefect.db").exists() and not (first / "prefect.db").exists()  # nothing half-made in use
+
+    home = tmp_path / "home"
+    home.mkdir()
+    assert seed_sqlite_database(home) is True
+    assert not (tpl / "build").exists()
+    assert _revision(home / "prefect.db") == _revision(tpl / "prefect.db") and _revision(home / "prefect.db")
