@@ -68,6 +68,16 @@ def renderer_cpu_s(trace: bytes) -> float:
                and (e["pid"], e["tid"]) in mains) / 1e6
 
 
+def traced_visit(browser, page, url: str, drawn_js: str, timeout_s: float = 60) -> tuple[float, float]:
+    """(wall s, renderer main-thread CPU s) of navigating ``page`` to ``url`` until ``drawn_js`` holds."""
+    browser.start_tracing(page=page, categories=["toplevel", "devtools.timeline"])
+    t = time.perf_counter()
+    page.goto(url, wait_until="commit")
+    page.wait_for_function(drawn_js, timeout=timeout_s * 1000, polling=50)
+    took = time.perf_counter() - t
+    return took, renderer_cpu_s(browser.stop_tracing())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--visits", type=int, default=12, help="visits of each kind counted (after one left out)")
@@ -97,12 +107,7 @@ def main() -> None:
                         random.shuffle(order)
                         for v in order:
                             page = ctx.new_page()
-                            browser.start_tracing(page=page, categories=["toplevel", "devtools.timeline"])
-                            t = time.perf_counter()
-                            page.goto(f"{url}/?v={v}", wait_until="commit")
-                            page.wait_for_function(DRAWN[v], timeout=60_000, polling=50)
-                            took = time.perf_counter() - t
-                            spent = renderer_cpu_s(browser.stop_tracing())
+                            took, spent = traced_visit(browser, page, f"{url}/?v={v}", DRAWN[v])
                             page.close()
                             if r:  # the first round fills the profile's caches
                                 cpu[v].append(spent)

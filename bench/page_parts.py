@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import dashboard as B  # bench/dashboard.py: the drawn check, the floor page, the viewport
-from heatmap_draw import renderer_cpu_s
+from heatmap_draw import traced_visit
 
 from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING, background_process, free_port,
                                          local_prefect_server, wait_healthy)
@@ -70,17 +70,12 @@ def visit(browser, target, url: str, drawn_js: str) -> tuple[float, float]:
     """(wall s, renderer main-thread CPU s) of one visit of ``url`` in a new tab of ``target``."""
     page = target.new_page(viewport=B.VIEWPORT) if target is browser else target.new_page()
     try:
-        browser.start_tracing(page=page, categories=["toplevel", "devtools.timeline"])
-        t = time.perf_counter()
-        page.goto(url, wait_until="commit")
         try:
-            page.wait_for_function(drawn_js, timeout=VISIT_TIMEOUT_S * 1000, polling=50)
+            return traced_visit(browser, page, url, drawn_js, VISIT_TIMEOUT_S)
         except Exception:
             shot = Path(tempfile.gettempdir()) / "page_parts_not_drawn.png"
             page.screenshot(path=str(shot), full_page=True)
             raise RuntimeError(f"{url} not drawn within {VISIT_TIMEOUT_S} s; see {shot}") from None
-        took = time.perf_counter() - t
-        return took, renderer_cpu_s(browser.stop_tracing())
     finally:
         page.close()
 

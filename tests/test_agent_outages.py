@@ -6,6 +6,7 @@ outage does not touch the session's server; the session's settings are restored 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -87,7 +88,8 @@ def test_agent_stopped_during_an_outage_exits_and_says_why(tmp_path: Path, uniqu
         apply_queue(tmp_path, {"name": q, "presets": {"c": {"cpu": 1, "memory": "256Mi"}}, "default_preset": "c"})
         job = deploy_probe(q, f"probe-{unique_name}")
     log = tmp_path / "agent.log"
-    with agent([q], name, "cpu=2,memory=4Gi", tmp_path, wait_online=False, log_name=log.name) as proc:
+    with agent([q], name, "cpu=2,memory=4Gi", tmp_path, wait_online=False, log_name=log.name,
+               on_exit="drain") as proc:
         with restartable_server():
             from launch_helpers import wait_agent_online
 
@@ -98,8 +100,16 @@ def test_agent_stopped_during_an_outage_exits_and_says_why(tmp_path: Path, uniqu
         # the server is gone the moment the run reported Completed: its process and the agent's record of its
         # end are still talking to it
         assert proc.poll() is None, "the agent survived the outage"
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: drain, which waits for the run's process (told why) ...
+        deadline = time.monotonic() + 30
+        while "draining" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = log.read_text()
+        if "draining" in text:  # (unless its process had already exited: then the agent just stops)
+            assert "does not answer: a run that has finished its work may still be waiting" in text, text[-3000:]
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # --on-exit cancel
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)  # ... and Ctrl-C again: cancel it and stop
         proc.wait(60)
         took = time.monotonic() - t0
     text = log.read_text()
@@ -108,6 +118,7 @@ def test_agent_stopped_during_an_outage_exits_and_says_why(tmp_path: Path, uniqu
     assert took < 25, f"the agent took {took:.1f} s to stop:\n{text[-3000:]}"
     assert f"the end of 1 run(s) ({done}) is not recorded" in text and "does not answer" in text, text[-3000:]
     assert "not delivered to the Prefect server" in text, text[-3000:]
+    assert "drained" not in text, text[-3000:]  # the second Ctrl-C cancelled; the drain did not claim success
     # kept locally: the run's end in the scheduling history (saying why its state is unread) and its summary
     store = RunMetricsStore(url=default_store_url())
     ends = read_history(store, done, phase="terminate")

@@ -92,10 +92,14 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 running = sum([await _live(w) for w in workers])
                 signame = signal.Signals(signum).name
                 if received == 1 and on_exit == "drain" and running:
+                    gone = "" if await _server_answers() else (
+                        f" (the Prefect server at {os.environ.get('PREFECT_API_URL')} does not answer: a run that has "
+                        "finished its work may still be waiting to report its end to it)")
                     print(f"agent {name!r}: {signame}: draining - claiming no new runs and waiting for {running} "
-                          "running run(s) to finish; send the signal again (Ctrl-C) to cancel them", flush=True)
+                          f"running run(s) to finish{gone}; send the signal again (Ctrl-C) to cancel them", flush=True)
                     scope_tg.start_soon(stop_when_drained, scope)
                     continue
+                drain.cancel()  # a drain under way gives way to this stop
                 if running:
                     reason = (f"cancelled: agent {name} was stopped ({signame}"
                               f"{', --on-exit cancel' if on_exit == 'cancel' and received == 1 else ''})")
@@ -109,12 +113,15 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 scope.cancel()
                 return
 
+    drain = anyio.CancelScope()
+
     async def stop_when_drained(scope: anyio.CancelScope) -> None:
-        while sum([await _live(w) for w in workers]) or not_started():
-            await anyio.sleep(0.3)
-        print(f"agent {name!r}: drained - every run it held has finished", flush=True)
-        await settle_ends()
-        scope.cancel()
+        with drain:
+            while sum([await _live(w) for w in workers]) or not_started():
+                await anyio.sleep(0.3)
+            print(f"agent {name!r}: drained - every run it held has finished", flush=True)
+            await settle_ends()
+            scope.cancel()
 
     async def settle_ends() -> None:
         """Runs that ended get a moment to have their end recorded on the server; a server that does not
