@@ -514,12 +514,17 @@ class LaunchWorkerCore:
         else:
             end = "CRASHED" if status_code not in (0, None) else (state.type.value if state else "UNKNOWN")
             message = f"exit status {status_code}" if status_code is not None else None
+        unread_note = ""
+        if unread:
+            unread_note = "; its Prefect state was not read: the agent stopped while the server did not answer"
+            if not reason:  # only the agent's own kill (limit, timeout) is known without the server
+                asked = f" after agent {self.name} asked it to stop ({message})" if agent_state is not None else ""
+                end, message = "UNKNOWN", (f"its process ended{asked}" if asked else
+                                           f"its process ended (exit status {status_code})")
         code = None
         if end != "COMPLETED":
             head = (message or "").split(":", 1)[0].strip()
             code = head if head and " " not in head and len(head) <= 64 else end.lower()
-        unread_note = ("; its Prefect state was not read: the agent stopped while the server did not answer"
-                       if unread else "")
         self._note(flow_run.id, "terminate", "SUCCESS", error_code=code, from_state="RUNNING", to_state=end,
                    message=f"ended {end.capitalize()}{': ' + message if message else ''}; agent {self.name} "
                            f"released its capacity{unread_note}",
