@@ -18,7 +18,9 @@ import anyio
 from prefect_launch.workers.agent_context import AgentContext
 from prefect_launch.workers.resources import detect_capacity
 
-ENDING_GRACE_S = float(os.environ.get("LAUNCH_ENDING_GRACE_SECONDS", "5"))
+# a stopping agent waits this long for ends to be recorded while its server answers (a slow server is not cut)
+ENDING_WAIT_S = float(os.environ.get("LAUNCH_ENDING_WAIT_SECONDS", "120"))
+PROBE_EVERY_S = 2.0
 DELIVER_S = 5.0  # at exit: how long Prefect's event and log workers get to deliver what they hold
 
 
@@ -124,20 +126,26 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
             scope.cancel()
 
     async def settle_ends() -> None:
-        """Runs that ended get a moment to have their end recorded on the server; a server that does not
-        answer (an outage) must not keep a stopping agent alive, so after the grace the agent says so and goes."""
-        deadline = time.monotonic() + ENDING_GRACE_S
-        answers = not held() or await _server_answers()
-        while answers and time.monotonic() < deadline and held():
-            await anyio.sleep(0.2)
+        """Runs that ended have their end recorded on the server before the agent goes, however slow the
+        server is while it answers; a server that does not answer (an outage) must not keep a stopping
+        agent alive, so the agent then says so and goes at once."""
+        deadline = time.monotonic() + ENDING_WAIT_S
+        answers = True
+        while held() and time.monotonic() < deadline:
+            answers = await _server_answers()
+            if not answers:
+                break
+            probe_again = time.monotonic() + PROBE_EVERY_S
+            while held() and time.monotonic() < probe_again:
+                await anyio.sleep(0.2)
         pending = held()
         if not pending:
             return
-        if started is not None:
+        if started is not None and not answers:
             started["server_gone"] = True
-        within = f" within {ENDING_GRACE_S:g} s" if answers else ""
+        why = "does not answer" if not answers else f"answers but did not take them within {ENDING_WAIT_S:g} s"
         print(f"agent {name!r}: the end of {len(pending)} run(s) ({', '.join(pending)}) is not recorded: the "
-              f"Prefect server at {os.environ.get('PREFECT_API_URL')} does not answer{within}; stopping anyway "
+              f"Prefect server at {os.environ.get('PREFECT_API_URL')} {why}; stopping anyway "
               "(their capacity is free and their metrics are kept; a run the server still shows running is marked "
               "crashed by the next start of this agent)", flush=True)
         for w in workers:
