@@ -66,7 +66,7 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
 
     backends = worker_types()
     kinds: dict[str, type] = {}
-    await _wait_for_server(get_client)
+    await _wait_for_server()
     async with get_client() as client:
         for q in queues:
             try:
@@ -173,36 +173,35 @@ async def _live(worker: object) -> int:
     return await live() if live is not None else worker.running()  # type: ignore[attr-defined]
 
 
-async def _server_answers(timeout_s: float = 2.0) -> bool:
+async def _server_problem(timeout_s: Optional[float] = None) -> Optional[Exception]:
+    """Why the Prefect server does not answer its hello (None: it answers)."""
     from prefect import get_client
 
     try:
-        with anyio.fail_after(timeout_s):  # Prefect's client would retry a refused connection for a minute
+        with anyio.fail_after(timeout_s):
             async with get_client() as client:
                 await client.hello()
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as exc:
+        return exc
 
 
-async def _wait_for_server(get_client, retry_s: float = 3.0) -> None:
+async def _server_answers(timeout_s: float = 2.0) -> bool:
+    """For a stopping agent: Prefect's client would retry a refused connection for a minute."""
+    return await _server_problem(timeout_s) is None
+
+
+async def _wait_for_server(retry_s: float = 3.0) -> None:
     """An agent started before its server (or during an outage) waits for it instead of exiting."""
-    import os
-
     told = False
-    while True:
-        try:
-            async with get_client() as client:
-                await client.hello()
-            if told:
-                print("agent: the Prefect server answers; starting", flush=True)
-            return
-        except Exception as exc:
-            if not told:
-                print(f"agent: waiting for the Prefect server at {os.environ.get('PREFECT_API_URL')} "
-                      f"({type(exc).__name__}); retrying every {retry_s:g} s - Ctrl-C to give up", flush=True)
-                told = True
-            await anyio.sleep(retry_s)
+    while (exc := await _server_problem()) is not None:
+        if not told:
+            print(f"agent: waiting for the Prefect server at {os.environ.get('PREFECT_API_URL')} "
+                  f"({type(exc).__name__}); retrying every {retry_s:g} s - Ctrl-C to give up", flush=True)
+            told = True
+        await anyio.sleep(retry_s)
+    if told:
+        print("agent: the Prefect server answers; starting", flush=True)
 
 
 def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[str] = None,

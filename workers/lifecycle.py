@@ -884,10 +884,6 @@ class LaunchWorkerCore:
                    to_state="CANCELLED", message=message)
         await self._stop_run(flow_run, handle, Cancelled(message=message))
 
-    def running(self) -> int:
-        """Runs whose process or container has not ended (those whose end is being recorded: `ending`)."""
-        return sum(1 for r in self._handles if r not in self._ending)
-
     async def live(self) -> int:
         """Runs whose process or container is alive: what a drain waits for (not for the record of their end,
         which needs the server)."""
