@@ -1043,6 +1043,13 @@ class LaunchWorkerCore:
         if self.history is not None:  # what the agent decided last (its runs' ends) reaches the store
             await anyio.to_thread.run_sync(self.history.flush, 5.0)
 
+    async def _worker_metadata(self):
+        """The installed integrations, as Prefect reports them, read from the distributions' metadata:
+        Prefect's own version imports every collection first (see :mod:`.worker_metadata`)."""
+        from prefect_launch.workers.worker_metadata import installed_integrations
+
+        return installed_integrations()
+
     async def sync_with_backend(self) -> None:
         await super().sync_with_backend()
         await self._refresh_priorities()
