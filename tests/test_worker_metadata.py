@@ -23,7 +23,9 @@ print(json.dumps({"before": before, "after": "prefect_kubernetes" in sys.modules
 
 
 def _pairs(meta) -> list[list[str]]:
-    return sorted([i.name, i.version] for i in meta.integrations)
+    """Name and version of each integration, once (Prefect's list repeats a distribution found twice on
+    sys.path, as under a test that put the checkout on it)."""
+    return sorted(map(list, {(i.name, i.version) for i in meta.integrations}))
 
 
 def test_the_agent_reports_what_prefects_worker_reports():
@@ -36,8 +38,10 @@ def test_the_agent_reports_what_prefects_worker_reports():
 
 
 def test_an_agent_lists_prefect_kubernetes_without_importing_it():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["before"] is False and got["after"] is False, got
     assert "prefect-kubernetes" in {name for name, _ in got["integrations"]}
     assert got["integrations"] == _pairs(installed_integrations())
+    assert len(got["integrations"]) == len({name for name, _ in got["integrations"]})  # each once

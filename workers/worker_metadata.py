@@ -25,9 +25,14 @@ def collection_names() -> set[str]:
 
 
 def installed_integrations() -> Optional[WorkerMetadata]:
-    """Prefect's worker metadata (distribution name and version of each installed collection), or None."""
+    """Prefect's worker metadata (distribution name and version of each installed collection), or None.
+
+    A distribution found twice on ``sys.path`` (an egg-info beside the source of an editable install,
+    when the working directory is on the path) is listed once, as Python's import finds it first."""
     names = collection_names()
-    found = [Integration(name=dist.metadata["Name"], version=dist.version)
-             for dist in distributions()
-             if dist.metadata and (name := dist.metadata.get("Name")) and name.replace("-", "_") in names]
-    return WorkerMetadata(integrations=found) if found else None
+    found: dict[str, Integration] = {}
+    for dist in distributions():
+        name = dist.metadata.get("Name") if dist.metadata else None
+        if name and name.replace("-", "_") in names and name not in found:
+            found[name] = Integration(name=name, version=dist.version)
+    return WorkerMetadata(integrations=list(found.values())) if found else None
