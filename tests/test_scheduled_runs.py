@@ -91,3 +91,49 @@ def test_the_window_is_per_priority_so_a_late_urgent_run_is_seen(prefect_server,
     lows, high, got = anyio.run(main)
     assert high in got  # the newest run, but the only one of its level
     assert [r for r in got if r != high] == lows[:2]  # the oldest two of the deep level, in order
+
+
+def test_one_read_serves_every_level_until_the_window_fills(prefect_server, unique_name):
+    """Below the window one read of all levels is the whole answer; at it, each level is read on its own
+    (and the answer is what reading each level gives, either way)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName, WorkQueueFilter, WorkQueueFilterName
+
+    async def main():
+        async with get_client() as client:
+            pool = await client.create_work_pool(WorkPoolCreate(name=f"one-{unique_name}", type="process"))
+            for prio, name in enumerate(("critical", "high", "low"), start=1):
+                await client.create_work_queue(name=name, work_pool_name=pool.name, priority=prio)
+            fid = await client.create_flow_from_name(f"one-{unique_name}")
+            dep = await client.create_deployment(flow_id=fid, name="d", work_pool_name=pool.name)
+            made = [await client.create_flow_run_from_deployment(dep, work_queue_name=q) for q in ("low", "high", "low")]
+            reads = []
+            real = client.read_flow_runs
+
+            async def counted(**kw):
+                reads.append(kw["work_queue_filter"].name.any_)
+                return await real(**kw)
+
+            client.read_flow_runs = counted
+            before = datetime.now(timezone.utc) + timedelta(seconds=10)
+            below = await read_due_runs(client, pool, None, before, limit=4)
+            below_reads = list(reads)
+            reads.clear()
+            at = await read_due_runs(client, pool, None, before, limit=2)
+            at_reads = list(reads)
+            client.read_flow_runs = real
+            per_level = []
+            for q in ("critical", "default", "high", "low"):
+                per_level += await real(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name])),
+                                        work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[q])))
+            per_level.sort(key=lambda fr: (fr.next_scheduled_start_time, str(fr.id)))
+            return [m.id for m in made], [r.flow_run.id for r in below], below_reads, [r.flow_run.id for r in at], \
+                at_reads, [r.id for r in per_level]
+
+    made, below, below_reads, at, at_reads, per_level = anyio.run(main)
+    levels = ["critical", "default", "high", "low"]  # the pool's own "default" queue is a level too
+    assert below_reads == [levels]  # one read of every level
+    assert below == per_level and set(below) == set(made)
+    assert sorted(at_reads) == sorted([levels, *([q] for q in levels)])  # the window filled: then one per level
+    assert at == [made[0], made[1], made[2]]  # low's oldest two and high's one: every run here, oldest first

@@ -80,18 +80,25 @@ async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Itera
     runnable = runnable_queues(queues, work_queue_names)
     if not runnable:
         return []
-    async def level(name: str) -> list[Any]:
+    async def read(names: list[str]) -> list[Any]:
         return await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
                 next_scheduled_start_time=FlowRunFilterNextScheduledStartTime(before_=scheduled_before)),
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool.name])),
-            work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[name])),
+            work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=names)),
             sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit)
 
     import asyncio
 
-    levels = await asyncio.gather(*(level(name) for name in sorted(runnable)))
+    names = sorted(runnable)
+    # first one read of every level together: fewer than ``limit`` due runs in all is every level's
+    # whole window, the common case (an idle agent's wake-ups were one read per level: most of what an
+    # idle agent cost its server). Only a deep queue needs the window per level
+    levels = [await read(names)]
+    if len(names) > 1 and len(levels[0]) >= limit:
+        levels = await asyncio.gather(*(read([name]) for name in names))
+
     def due_at(fr: Any) -> float:
         when = fr.next_scheduled_start_time or fr.expected_start_time
         return when.timestamp() if when is not None else float("inf")
