@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import ROOT, background, percentile, prefect_server  # noqa: E402
+from _stack import (LAUNCH_QUEUE, ROOT, STOCK_POOL, launch_agent, percentile, prefect_server,  # noqa: E402
+                    stock_and_launch_pools, stock_worker)
 
 
 def deploy(pool: str, name: str) -> str:
@@ -76,30 +77,15 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between submissions")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
-    py = sys.executable
     with prefect_server():
-        from prefect import get_client
-        from prefect.client.schemas.actions import WorkPoolCreate
+        stock_and_launch_pools(logs)
+        stock_dep = deploy(STOCK_POOL, "stock")
+        ours_dep = deploy(LAUNCH_QUEUE, "ours")
 
-        with get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name="bench-stock", type="process"))
-        queues = logs / "queues.yaml"
-        queues.write_text(
-            "queues:\n  - name: bench-launch\n    presets: {tiny: {cpu: 0.1, memory: 512Mi}}\n"
-            "    default_preset: tiny\n")
-        import subprocess
-
-        subprocess.run([py, "-m", "prefect_launch.cli", "queue", "apply", str(queues)], check=True,
-                       capture_output=True)
-        stock_dep = deploy("bench-stock", "stock")
-        ours_dep = deploy("bench-launch", "ours")
-
-        with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock", "--type", "process"],
-                        logs / "stock-worker.log"):
+        with stock_worker(logs):
             time.sleep(5)
             stock, stock_claim = measure(stock_dep, args.runs, args.gap, "stock process worker")
-        with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch", "--name", "bench",
-                         "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log"):
+        with launch_agent(logs):
             time.sleep(5)
             ours, ours_claim = measure(ours_dep, args.runs, args.gap, "launch-process agent")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import background, prefect_server  # noqa: E402
+from _stack import launch_agent, prefect_server, stock_and_launch_pools, stock_worker  # noqa: E402
 
 SETTLE_S = 10.0  # after a worker starts: its start-up (imports, first sync) is not idle load
 
@@ -74,31 +73,20 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20.0, help="seconds per window")
     args = ap.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="idle-load-bench-"))
-    py = sys.executable
     print(f"bench/idle_load.py: load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}, "
           f"{psutil.cpu_count()} CPUs; logs in {logs}", flush=True)
     with prefect_server():
-        from prefect import get_client
-        from prefect.client.schemas.actions import WorkPoolCreate
-
         me = psutil.Process()
         server = [p for p in me.children(recursive=True) if "server" in " ".join(p.cmdline())]
         if not server:
             sys.exit("the Prefect server process was not found among this process's children")
-        with get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name="bench-stock", type="process"))
-        queues = logs / "queues.yaml"
-        queues.write_text("queues:\n  - name: bench-launch\n    presets: {tiny: {cpu: 0.1, memory: 512Mi}}\n"
-                          "    default_preset: tiny\n")
-        subprocess.run([py, "-m", "prefect_launch.cli", "queue", "apply", str(queues)], check=True, capture_output=True)
+        stock_and_launch_pools(logs)
         time.sleep(SETTLE_S)
         base, _ = per_minute(server, None, args.windows, args.window, "no worker")
-        with background([py, "-m", "prefect", "worker", "start", "--pool", "bench-stock", "--type", "process"],
-                        logs / "stock-worker.log") as proc:
+        with stock_worker(logs) as proc:
             time.sleep(SETTLE_S)
             stock, stock_own = per_minute(server, proc.pid, args.windows, args.window, "stock process worker")
-        with background([py, "-m", "prefect_launch.cli", "agent", "--queue", "bench-launch", "--name", "bench",
-                         "--capacity", "cpu=2,memory=8Gi"], logs / "launch-agent.log") as proc:
+        with launch_agent(logs) as proc:
             time.sleep(SETTLE_S)
             ours, ours_own = per_minute(server, proc.pid, args.windows, args.window, "launch-process agent")
 
