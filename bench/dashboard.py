@@ -356,8 +356,7 @@ DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
     && document.querySelectorAll('table.lh-heat td.lh-cell').length > 0
     && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')
     && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(e => e.querySelector('canvas'))
-    && document.querySelectorAll('.vega-embed').length >= %d
-    && [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""" % FIRST_PAGE_CHARTS
+    && document.querySelectorAll('.lt-chart[data-drawn] canvas').length >= %d""" % FIRST_PAGE_CHARTS
 
 
 PREPARE_S: list[float] = []  # each monitor's start until it answered its health check (page_prepare_s)

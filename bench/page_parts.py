@@ -6,7 +6,8 @@ charts or its tables (or both) drawn as empty placeholders, and Streamlit's floo
 DIR is a PREFECT_HOME kept by ``bench/dashboard.py --keep`` (its runs, metrics and run index; at 100k
 runs: ``bench/dashboard.py --runs 100000 --keep``). One monitor is started as ``make dashboard`` starts it
 (``prefect_launch.dashboard.serve``: the default view read before it takes visits), on a wrapper script that
-runs ``dashboard/app.py`` unchanged, except that for ``?v=no-charts`` every ``st.altair_chart`` and for
+runs ``dashboard/app.py`` unchanged, except that for ``?v=no-charts`` every chart (``timeline.chart``,
+``st.altair_chart``) and for
 ``?v=no-tables`` every ``st.dataframe`` draws an empty placeholder (``neither``: both); ``floor`` is the
 title and one empty panel (bench/dashboard.py's floor). The data the page reads, its layout and every
 other element are the same in all of them, so a difference is what the browser spends on those elements.
@@ -48,15 +49,18 @@ v = st.query_params.get("v", "page")
 if v == "floor":
     exec({floor!r})
     st.stop()
-saved = st.altair_chart, st.dataframe
+from prefect_launch.dashboard import timeline
+
+saved = st.altair_chart, st.dataframe, timeline.chart
 try:
     if v in ("no-charts", "neither"):
-        st.altair_chart = lambda *a, **k: (st.empty(), None)[1]  # the lanes chart's selection: none
+        st.altair_chart = lambda *a, **k: (st.empty(), None)[1]
+        timeline.chart = lambda *a, **k: (st.empty(), None)[1]  # the Gantt's brush: none
     if v in ("no-tables", "neither"):
         st.dataframe = lambda *a, **k: st.empty()
     runpy.run_path({app!r}, run_name="__main__")
 finally:
-    st.altair_chart, st.dataframe = saved
+    st.altair_chart, st.dataframe, timeline.chart = saved
 '''
 NO_CHARTS_JS = B.DRAWN_JS.replace(f">= {B.FIRST_PAGE_CHARTS}", ">= 0")
 DRAWN = {"page": B.DRAWN_JS, "no-charts": NO_CHARTS_JS, "no-tables": B.DRAWN_JS, "neither": NO_CHARTS_JS,

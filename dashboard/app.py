@@ -20,13 +20,14 @@ import pandas as pd
 import streamlit as st
 
 from prefect_launch.dashboard import api as A
-from prefect_launch.dashboard import charts
+from prefect_launch.dashboard import chart_data as CD
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import heatmap_table as HT
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
+from prefect_launch.dashboard import timeline
 from prefect_launch.dashboard import view as V
 
 st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
@@ -137,7 +138,8 @@ def panel_summary(p: P.PageData) -> None:
                        "(red: the agents' GPUs). Idle stretches on fixed capacity are room for low-priority work."
                        + ("" if occ.complete else " Only the span the newest runs read so far cover is drawn: the run "
                           "index does not cover the range yet."))
-            st.altair_chart(charts.occupancy_load_chart(load, occ.capacity.get("gpu")), width="stretch")
+            timeline.chart(CD.load_payload(load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s),
+                           key="load_chart")
             if not occ.complete:
                 st.caption("Idle periods: shown once the run index covers the range (an interval none of the newest "
                            "runs touch is not known to be idle).")
@@ -202,6 +204,8 @@ def panel_cost(p: P.PageData) -> None:
         st.caption("Allocated vs used over the range, by " + by + ". " + "; ".join(notes))
         left, right = st.columns([2, 3])
         with left:
+            from prefect_launch.dashboard import charts
+
             st.altair_chart(charts.cost_chart(table, by), width="stretch")
         with right:
             shown = table.astype(object).where(table.notna(), "unavailable")
@@ -230,7 +234,7 @@ def panel_status(v: V.View) -> None:
         if counts.empty:
             st.info("No runs in this range.")
         else:
-            st.altair_chart(charts.occupancy_status_chart(counts), width="stretch")
+            timeline.chart(CD.status_payload(counts, v.spec.since, v.spec.until, v.interval_s), key="status_chart")
 
 
 def panel_queued(v: V.View) -> None:
@@ -244,7 +248,8 @@ def panel_queued(v: V.View) -> None:
         if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
-            st.altair_chart(charts.occupancy_queued_chart(qt, v.spec.grouping), width="stretch")
+            timeline.chart(CD.queued_payload(qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s),
+                           key="queued_chart")
 
 
 def _when(t: pd.Timestamp) -> str:
@@ -268,12 +273,10 @@ def panel_runs(v: V.View) -> None:
             st.info("No run started in this range.")
             return
         col = S.group_column(v.spec.grouping)
-        event = st.altair_chart(charts.gantt_chart(g, col), width="stretch", on_select="rerun", key="gantt")
+        brush = timeline.chart(CD.gantt_payload(g, col, v.spec.since, v.spec.until, timeline.brush_of("gantt")), key="gantt")
         sel = g
-        brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None
         if brush:
-            rng = next(iter(brush.values()))
-            lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
+            lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
             sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
             st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} runs")
         table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
@@ -303,12 +306,11 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
            "(runs closer than a pixel merge)")
     st.caption(f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to "
                "select a span; the table lists the runs in it.")
-    event = st.altair_chart(charts.lanes_chart(lanes, v.spec.grouping), width="stretch", on_select="rerun", key="gantt")
-    brush = (event or {}).get("selection", {}).get("brush") if isinstance(event, dict) or hasattr(event, "get") else None
+    brush = timeline.chart(CD.lanes_payload(lanes, v.spec.grouping, v.spec.since, v.spec.until, timeline.brush_of("gantt")),
+                           key="gantt")
     sel = g
     if brush:
-        rng = next(iter(brush.values()))
-        lo, hi = pd.to_datetime(rng[0], unit="ms", utc=True), pd.to_datetime(rng[1], unit="ms", utc=True)
+        lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
         st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} of the newest {len(v.runs):,} runs")
     table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
@@ -329,6 +331,8 @@ METRICS = [
 
 
 def panel_metrics(v: V.View) -> None:
+    from prefect_launch.dashboard import charts  # Altair: only when the section is drawn
+
     m = v.metrics
     col = S.group_column(v.spec.grouping)
     for i in range(0, len(METRICS), 2):

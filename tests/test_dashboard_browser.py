@@ -28,6 +28,7 @@ TABLE_PANELS = ["panel-summary", "panel-runs", "panel-waste", "panel-errors"]
 SECTION_OF = {"panel-runs": "Job runs", "panel-gpu_util_pct": "Resource use", "panel-cpu_pct": "Resource use",
               "panel-gpu_mem_gib": "Resource use", "panel-rss_gib": "Resource use", "panel-waste": "Resource use",
               "panel-cost": "Cost and waste", "panel-errors": "Errors"}
+TIME_CHART = ".lt-chart[data-drawn] canvas"  # the first page's time charts (dashboard/timeline.py), once drawn
 IDLE_JS = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
 
 
@@ -86,15 +87,14 @@ def test_every_panel_renders_with_data(dashboard):
             page.wait_for_selector(".st-key-panel-links", timeout=120_000)
             # wait until the script finished (no "running" indicator) and charts drew
             try:
-                page.wait_for_function("document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length >= 4",
-                                       timeout=120_000)
+                page.wait_for_function(f"document.querySelectorAll('{TIME_CHART}').length >= 4", timeout=120_000)
             except Exception:
                 page.screenshot(path=str(out / "dashboard-failed.png"), full_page=True)
-                n = page.evaluate("document.querySelectorAll('.vega-embed').length")
-                raise AssertionError(f"charts did not draw ({n} vega-embed elements); see test-output/dashboard-failed.png")
+                n = page.evaluate("document.querySelectorAll('.lt-chart').length")
+                raise AssertionError(f"charts did not draw ({n} time charts); see test-output/dashboard-failed.png")
             errors = page.locator('[data-testid="stException"]')
             assert errors.count() == 0, errors.first.inner_text()
-            assert page.locator(".st-key-panel-summary .vega-embed").count() >= 1  # the load chart
+            assert page.locator(f".st-key-panel-summary {TIME_CHART}").count() == 1  # the load chart
             # the hour x weekday heatmap: a table of 7 x 24 shaded cells, each saying what it holds
             assert page.locator(".st-key-panel-summary table.lh-heat td.lh-cell").count() == 168
             link = page.locator('.st-key-panel-links a[href="https://grafana.example.com/d/gpu"]')
@@ -111,7 +111,7 @@ def test_every_panel_renders_with_data(dashboard):
                 panel = page.locator(f".st-key-{key}")
                 assert panel.count() == 1, key
                 try:  # a section's charts are embedded one after another once its script run ended
-                    panel.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=30_000)
+                    panel.locator(f".vega-embed canvas, .vega-embed svg, {TIME_CHART}").first.wait_for(timeout=30_000)
                 except Exception:
                     raise AssertionError(f"{key}: no chart drawn within 30 s") from None
                 assert panel.locator('[data-testid="stAlert"]').count() == 0 or key == "panel-runs", f"{key}: shows a no-data note"
@@ -167,8 +167,8 @@ def test_gantt_brush_fills_the_details_table(dashboard):
             page.add_init_script("delete window.showSaveFilePicker")  # CSV download as a plain download
             page.goto(url, wait_until="domcontentloaded")
             panel = page.locator(".st-key-panel-runs")
-            panel.locator(".vega-embed canvas, .vega-embed svg").first.wait_for(timeout=120_000)
-            box = panel.locator(".vega-embed").first.bounding_box()
+            panel.locator(TIME_CHART).first.wait_for(timeout=120_000)
+            box = panel.locator(TIME_CHART).first.bounding_box()
             y = box["y"] + box["height"] * 0.45
             proper, last_caption = 0, None
             for a, b in ((0.55, 0.8), (0.25, 0.6), (0.4, 0.97)):
@@ -294,3 +294,52 @@ def test_heatmap_cells_match_occupancy(dashboard):
     for cell in shown:
         assert rgb(shade[cell]) == HT.colour(shown[cell], top), (cell, shade[cell])
     assert rgb(shade[max(shown, key=shown.get)]) == HT.BLUES[-1]
+
+
+def test_job_status_tooltips_match_occupancy(dashboard):
+    """Hovering the job-status chart in the browser: every tooltip's interval, status and count is the
+    occupancy module's figure for the page's range (that module is checked against the runs' own state
+    histories in test_dashboard_occupancy.py), and the bars cover every (interval, status) it has."""
+    import datetime as dt
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import spec as S
+
+    url, seeded = dashboard
+    seen: dict[tuple[str, str], int] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 7000})
+            page.goto(url, wait_until="domcontentloaded")
+            canvas = page.locator(f".st-key-panel-status {TIME_CHART}")
+            canvas.wait_for(timeout=120_000)
+            page.wait_for_function(IDLE_JS, timeout=60_000)
+            caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
+            box = canvas.bounding_box()
+            tip = page.locator(".st-key-panel-status .lt-tip")
+            # sweep the plot just above the time axis (every bar starts there) and at a few heights
+            for frac in (0.85, 0.7, 0.5, 0.3):
+                for x in range(0, int(box["width"]), 2):
+                    page.mouse.move(box["x"] + x, box["y"] + box["height"] * frac)
+                    if not tip.is_visible():
+                        continue
+                    f = dict(line.split(": ", 1) for line in tip.inner_text().splitlines())
+                    seen[(f["from"], f["status"])] = int(f["runs (at any moment / finished)"].replace(",", ""))
+        finally:
+            browser.close()
+    assert seen, "no tooltip shown over the job status chart"
+    now = S.page_now()
+    since, until = D.time_window("Last 7 days", now)
+    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
+    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]))
+    if read > dt.datetime.now(dt.timezone.utc):
+        read -= dt.timedelta(days=1)
+    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"), now=read, source="index")
+    want = {(f"{r.bucket:%Y-%m-%d %H:%M:%S} UTC", r.status): int(r.count) for r in v.occupancy.status.itertuples()}
+    for key, n in seen.items():
+        assert key in want and want[key] == n, (key, n, want.get(key))
+    assert len({s for _, s in seen}) >= 2 and len(seen) >= 3, sorted(seen)  # several bars, not one

@@ -1,0 +1,49 @@
+"""The first page's time charts as one Streamlit component (``st.components.v2``: mounted in the page,
+no iframe, no chart library to fetch): bars, step lines and lanes on a canvas, a tooltip per mark and,
+on the Gantt, a brush whose span comes back to the script.
+
+The payloads come from :mod:`.chart_data`; ``timeline.js`` draws them (every label as text).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import streamlit as st
+
+from prefect_launch.dashboard.chart_data import Payload
+
+CSS = """
+.lt-chart { position: relative; width: 100%; font: 12px "Source Sans Pro", sans-serif; color: #31333f; }
+.lt-box { position: relative; }
+.lt-canvas { display: block; touch-action: none; }
+.lt-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; margin: 0 0 4px 0; }
+.lt-legend-title { font-weight: 600; margin-right: 4px; }
+.lt-legend-item { display: inline-flex; align-items: center; gap: 4px; white-space: nowrap; }
+.lt-swatch { width: 10px; height: 10px; border-radius: 2px; display: inline-block; }
+.lt-brush { position: absolute; display: none; background: rgba(30, 136, 229, 0.15);
+            border-left: 1px solid #1e88e5; border-right: 1px solid #1e88e5; pointer-events: none; }
+.lt-tip { position: absolute; display: none; pointer-events: none; z-index: 5; background: #fff; max-width: 420px;
+          border: 1px solid #d0d3da; border-radius: 4px; padding: 4px 8px; box-shadow: 0 2px 6px rgba(0,0,0,.15); }
+.lt-tip-label { color: #808495; }
+.lt-tip-row { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.lt-note { color: #808495; }
+"""
+
+_mount = st.components.v2.component("prefect_launch.timeline", js=(Path(__file__).with_name("timeline.js")).read_text(),
+                                    css=CSS, isolate_styles=False)
+
+
+def brush_of(key: str) -> Optional[list[float]]:
+    """The span (epoch ms) brushed on the chart mounted under ``key``, as the browser last sent it."""
+    state = st.session_state.get(key)
+    brush = state.get("brush") if hasattr(state, "get") else None
+    return list(brush) if isinstance(brush, (list, tuple)) and len(brush) == 2 else None
+
+
+def chart(payload: Payload, key: str) -> Optional[list[float]]:
+    """Draw ``payload``; return the brushed span (epoch ms), or None."""
+    result = _mount(key=key, data=payload.dump(), default={"brush": None}, on_brush_change=lambda: None)
+    brush = getattr(result, "brush", None) if result is not None else None
+    return list(brush) if isinstance(brush, (list, tuple)) and len(brush) == 2 else None
