@@ -17,7 +17,7 @@ for the same runs.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -92,14 +92,24 @@ def select(rows: pd.DataFrame, spec: ViewSpec, *, time: bool = True) -> pd.DataF
         m &= (exp >= us(spec.since)) & (exp <= us(spec.until))
     for col, vals in (("queue", spec.queues), ("owner", spec.owners), ("job", spec.jobs), ("preset", spec.presets)):
         if vals:
-            m &= rows[col].isin(vals).to_numpy()
+            m &= isin(rows[col], vals)
     if spec.statuses:
-        m &= rows["state_type"].isin(spec.state_types()).to_numpy()
+        m &= isin(rows["state_type"], spec.state_types())
     return rows[m]
 
 
+def isin(s: pd.Series, values: Iterable) -> np.ndarray:
+    """``s.isin(values)`` as a bool array. On a categorical column (the index's labels and states) each
+    category is tested once: pandas would convert every row's value (0.16 s per call at 100k runs, on
+    each step of the page's clock)."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        hit = np.append(s.cat.categories.isin(list(values)), False)  # code -1 (missing) -> the last: False
+        return hit[s.cat.codes.to_numpy()]
+    return s.isin(list(values)).to_numpy()
+
+
 def _terminal(rows: pd.DataFrame) -> np.ndarray:
-    return rows["state_type"].isin(list(TERMINAL_TYPES)).to_numpy()
+    return isin(rows["state_type"], TERMINAL_TYPES)
 
 
 def run_and_late_seconds(rows: pd.DataFrame, now: dt.datetime) -> tuple[np.ndarray, np.ndarray]:
@@ -161,14 +171,14 @@ def newest(rows: pd.DataFrame, limit: Optional[int] = None, by: str = "expected_
 def errors_rows(rows: pd.DataFrame, spec: ViewSpec, limit: int) -> pd.DataFrame:
     """Failed and crashed runs that ended in the range, newest first (as the API path asks)."""
     end = rows["end_us"].to_numpy()
-    m = rows["state_type"].isin(["FAILED", "CRASHED"]).to_numpy() & (end >= us(spec.since)) & (end <= us(spec.until))
+    m = isin(rows["state_type"], ("FAILED", "CRASHED")) & (end >= us(spec.since)) & (end <= us(spec.until))
     return newest(rows[m], limit, by="end_us")
 
 
 def now_counts(rows: pd.DataFrame, pools: list[str], now: dt.datetime) -> pd.DataFrame:
     """Per pool, runs queued (scheduled and due), pending and running now, as long counts
     (queue, status, count) for :func:`.frames.now_counts_frame`."""
-    r = rows[rows["queue"].isin(pools) & rows["state_type"].isin(["SCHEDULED", "PENDING", "RUNNING"])]
+    r = rows[isin(rows["queue"], pools) & isin(rows["state_type"], ("SCHEDULED", "PENDING", "RUNNING"))]
     st = r["state_type"].astype(object)
     due = ((st != "SCHEDULED") | (r["expected_start_us"] <= us(now))).to_numpy()
     status = st.map({"SCHEDULED": "queued", "PENDING": "pending", "RUNNING": "running"})
