@@ -94,7 +94,7 @@ def _palette(names: Sequence[str]) -> list[str]:
     return [PALETTE[i % len(PALETTE)] for i in range(len(names))]
 
 
-def _stack(buckets: np.ndarray, codes: np.ndarray, values: np.ndarray, n_series: int) -> tuple[np.ndarray, np.ndarray]:
+def _stack(buckets: np.ndarray, codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per item, the span (y0, y1) it covers in its bucket's stack, the series in order of their code."""
     if not len(values):
         return np.zeros(0), np.zeros(0)
@@ -117,7 +117,7 @@ def status_payload(status: pd.DataFrame, since, until, interval_s: int) -> Paylo
     x = ms(status["bucket"])
     c = status["status"].map(code).to_numpy(dtype="int64")
     counts = status["count"].to_numpy(dtype="float64")
-    y0, y1 = _stack(x, c, counts, len(names))
+    y0, y1 = _stack(x, c, counts)
     x0, x1 = _domain(since, until)
     return Payload(
         kind="bars", title="Job status per interval", height=260, x0=x0, x1=x1, x_title="interval", y_title="runs",
@@ -137,7 +137,7 @@ def queued_payload(qt: pd.DataFrame, grouping: str, since, until, interval_s: in
     x = ms(qt["bucket"])
     c = qt["group"].astype(str).map(code).to_numpy(dtype="int64")
     secs = qt["queued_s"].to_numpy(dtype="float64")
-    y0, y1 = _stack(x, c, secs, len(names))
+    y0, y1 = _stack(x, c, secs)
     x0, x1 = _domain(since, until)
     return Payload(
         kind="bars", title="Queued time per interval", height=260, x0=x0, x1=x1, x_title="interval",

@@ -331,3 +331,12 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
     monkeypatch.setattr(X, "EVENTS_MAX_GAP_S", -1.0)
     res = X.sync(index, api, open_runs=False)
     assert res.mode == "catch-up" and res.deleted == [str(lost.id)]
+
+
+def test_isin_on_categoricals_equals_pandas():
+    """index_view.isin, which tests each category once, answers as pandas' isin does (missing values too)."""
+    s = pd.Series(pd.Categorical(["RUNNING", "FAILED", None, "COMPLETED"] * 50))
+    for vals in (["FAILED"], ("RUNNING", "COMPLETED"), [], ["NOPE"], {"FAILED", "CRASHED"}):
+        assert (IV.isin(s, vals) == s.isin(list(vals)).to_numpy()).all()
+    plain = pd.Series(["a", None, "b"])
+    assert IV.isin(plain, ["a", "b"]).tolist() == [True, False, True]
