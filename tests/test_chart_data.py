@@ -113,3 +113,14 @@ def test_gantt_one_row_per_run_newest_on_top():
     # the time axis spans the runs (with a margin), not the whole range they sit in
     assert _ms("2026-11-01 00:55") < p.x0 < _ms("2026-11-01 01:00") and _ms("2026-11-01 05:00") < p.x1 < _ms("2026-11-01 05:05")
 
+
+
+def test_the_chart_script_writes_text_never_html():
+    """Run, job and lane names reach the page only through timeline.js: it sets them as text
+    (textContent, canvas fillText), never as markup."""
+    import re
+    from pathlib import Path
+
+    js = (Path(CD.__file__).with_name("timeline.js")).read_text()
+    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", js)
+    assert "textContent" in js
