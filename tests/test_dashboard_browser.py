@@ -296,6 +296,17 @@ def test_heatmap_cells_match_occupancy(dashboard):
     assert rgb(shade[max(shown, key=shown.get)]) == HT.BLUES[-1]
 
 
+def _read_at(caption: str):
+    """When the page's figures were read (UTC), from the caption under its title (to the second)."""
+    import datetime as dt
+    import re
+
+    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
+    assert hms, caption
+    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]), microsecond=0)
+    return read - dt.timedelta(days=1) if read > dt.datetime.now(dt.timezone.utc) else read
+
+
 def test_job_status_tooltips_match_occupancy(dashboard):
     """Hovering the job-status chart in the browser: every tooltip's interval, status and count is the
     occupancy module's figure for the page's range (that module is checked against the runs' own state
@@ -314,30 +325,47 @@ def test_job_status_tooltips_match_occupancy(dashboard):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 7000})
-            page.goto(url, wait_until="domcontentloaded")
-            canvas = page.locator(f".st-key-panel-status {TIME_CHART}")
-            canvas.wait_for(timeout=120_000)
-            page.wait_for_function(IDLE_JS, timeout=60_000)
-            caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
-            box = canvas.bounding_box()
-            tip = page.locator(".st-key-panel-status .lt-tip")
-            # sweep the plot just above the time axis (every bar starts there) and at a few heights
-            for frac in (0.85, 0.7, 0.5, 0.3):
-                for x in range(0, int(box["width"]), 2):
-                    page.mouse.move(box["x"] + x, box["y"] + box["height"] * frac)
-                    if not tip.is_visible():
-                        continue
-                    f = dict(line.split(": ", 1) for line in tip.inner_text().splitlines())
-                    seen[(f["from"], f["status"])] = int(f["runs (at any moment / finished)"].replace(",", ""))
+            # a page read at least 15 s after the seeding: Prefect persists the seeded runs' state events
+            # every few seconds, and the page is compared with a read made after it
+            settled = seeded.since + dt.timedelta(minutes=30, seconds=15)
+            for _ in range(12):
+                page.goto(url, wait_until="domcontentloaded")
+                canvas = page.locator(f".st-key-panel-status {TIME_CHART}")
+                canvas.wait_for(timeout=120_000)
+                page.wait_for_function(IDLE_JS, timeout=60_000)
+                caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
+                if _read_at(caption) >= settled:
+                    break
+                page.wait_for_timeout(5_000)
+            # sweep the plot at a few heights (every bar starts at its foot): pointer moves dispatched in the
+            # page, each tooltip read as the browser shows it; then one real mouse hover on a found point
+            found = canvas.evaluate("""(cv) => {
+                const r = cv.getBoundingClientRect(), tip = cv.parentElement.querySelector('.lt-tip'), out = [];
+                for (const frac of [0.85, 0.7, 0.5, 0.3]) for (let x = 0; x < r.width; x += 2) {
+                    const at = {clientX: r.left + x, clientY: r.top + r.height * frac, bubbles: true};
+                    cv.dispatchEvent(new PointerEvent('pointermove', at));
+                    if (tip.style.display === 'block') out.push([x, r.height * frac, tip.innerText]);
+                }
+                cv.dispatchEvent(new PointerEvent('pointerleave'));
+                return out;
+            }""")
+            for _, _, text in found:
+                f = dict(line.split(": ", 1) for line in text.splitlines())
+                seen[(f["from"], f["status"])] = int(f["runs (at any moment / finished)"].replace(",", ""))
+            if found:
+                x, y, text = found[len(found) // 2]
+                box = canvas.bounding_box()
+                page.mouse.move(box["x"] + x, box["y"] + y)
+                tip = page.locator(".st-key-panel-status .lt-tip")
+                tip.wait_for(state="visible", timeout=5_000)
+                assert tip.inner_text() == text
         finally:
             browser.close()
     assert seen, "no tooltip shown over the job status chart"
     now = S.page_now()
     since, until = D.time_window("Last 7 days", now)
-    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
-    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]))
-    if read > dt.datetime.now(dt.timezone.utc):
-        read -= dt.timedelta(days=1)
+    read = _read_at(caption)
+    assert read >= settled, caption
     v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"), now=read, source="index")
     want = {(f"{r.bucket:%Y-%m-%d %H:%M:%S} UTC", r.status): int(r.count) for r in v.occupancy.status.itertuples()}
     for key, n in seen.items():
