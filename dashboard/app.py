@@ -473,6 +473,21 @@ def _unreadable(spec: S.ViewSpec, exc: Exception) -> P.PageData:
     return page
 
 
+def _until_newer(spec: S.ViewSpec, shown: dt.datetime) -> None:
+    """The page shows figures read earlier while newer ones are read (a view that takes longer than a
+    step of the page's clock): say how old they are, and rerun once newer ones are ready."""
+    age = (dt.datetime.now(S.UTC) - shown).total_seconds()
+    st.info(f"Showing the figures read at {shown:%H:%M:%S} UTC ({age:,.0f} s ago) while newer ones are read; "
+            "the page updates itself.")
+
+    @st.fragment(run_every=1.0)
+    def watch() -> None:
+        if P.newer_than(spec, shown):
+            st.rerun()
+
+    watch()
+
+
 def main() -> None:
     st.title("Queue monitor")
     try:
@@ -481,17 +496,20 @@ def main() -> None:
         st.error(f"Cannot reach the Prefect API: {exc}")
         st.stop()
     spec = sidebar(opts)
+    stale = False
     try:
         if P.ready(spec):  # read ahead (dashboard/serve.py keeps the views visited lately ready) or by a rerun
             p = P.get(spec)
         else:
             with st.spinner("Reading queues…"):
-                p = P.get(spec)
+                p, stale = P.get_or_newest(spec)
     except Exception as exc:  # Prefect's API (or the run index) cannot be read now: say so, show the last good page
         p = _unreadable(spec, exc)
     v = p.view
-    st.caption(f"{spec.since:%Y-%m-%d %H:%M} – {spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
-               f"grouping {spec.grouping} · read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
+    if stale:
+        _until_newer(spec, v.now)
+    st.caption(f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
+               f"grouping {v.spec.grouping} · read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
                + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
     panel_summary(p)
     c1, c2 = st.columns(2)

@@ -83,6 +83,26 @@ class KeepWarm(Generic[K, V]):
             raise entry.error
         return entry.value
 
+    def request(self, key: K) -> bool:
+        """Ask for ``key`` without waiting: True if its value is ready; else its computation is under
+        way (started now, in a thread of its own, if nothing computes it yet) and :meth:`peek` tells
+        when it is done."""
+        now = self._clock()
+        with self._lock:
+            self._asked[key] = now
+            entry = self._entries.get(key)
+            if entry is not None and entry.done.is_set() and entry.error is None and now - entry.computed_at < self.ttl_s:
+                self.hits += 1
+                return True
+            if entry is not None and not entry.done.is_set():
+                return False
+            self.misses += 1
+            entry = self._entries[key] = _Entry()
+            self._trim()
+        threading.Thread(target=self._run, args=(key, entry), name="monitor-read", daemon=True).start()
+        self._wake.set()
+        return False
+
     def peek(self, key: K) -> bool:
         """Whether ``key`` has a finished, unexpired value (no computation)."""
         with self._lock:

@@ -24,6 +24,10 @@ from prefect_launch.dashboard.keep_warm import KeepWarm
 
 CACHE_TTL_S = 30.0  # a fixed range's page is read again after this long
 KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_S", "300"))  # views kept ready this long after their last visit
+# while a visit's view is read, the newest page of its sidebar state is shown if at most this old
+STALE_MAX_S = float(os.environ.get("LAUNCH_MONITOR_STALE_S", "120"))
+# ... when reading it took this long (a keeper this slow cannot stay ahead of the clock)
+SLOW_READ_S = float(os.environ.get("LAUNCH_MONITOR_SLOW_READ_S", str(S.PAGE_STEP_S / 2)))
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="monitor-page")
 
 
@@ -82,7 +86,23 @@ def read_links(queues: tuple) -> dict[str, str]:
 
 def compute(spec: S.ViewSpec) -> PageData:
     """Read everything for ``spec``: the view, and beside it the cost rows, waiting runs and links
-    (each of those may fail alone: its panel says why, the rest of the page stands)."""
+    (each of those may fail alone: its panel says why, the rest of the page stands). The page is
+    remembered as its sidebar state's newest (:func:`newest`)."""
+    key = _state_key(spec)
+    _READING[key] = _READING.get(key, 0) + 1
+    try:
+        page = _read(spec)
+    except Exception as exc:
+        _READING[key] -= 1  # before the failure is seen: the visit told of it starts the next read
+        _FAILED[key] = exc
+        raise
+    _READING[key] -= 1
+    _FAILED.pop(key, None)
+    _remember(spec, page)
+    return page
+
+
+def _read(spec: S.ViewSpec) -> PageData:
     queues = tuple(sorted(spec.queues)) or tuple(options()["queues"])
     f_costs = _POOL.submit(read_costs, spec.since, spec.until, tuple(spec.queues))
     f_wait = _POOL.submit(read_waiting, queues)
@@ -125,6 +145,8 @@ def options() -> dict[str, list[str]]:
 
 
 _LAST_GOOD: dict[tuple, PageData] = {}  # sidebar state (times aside) -> its newest page
+_READING: dict[tuple, int] = {}  # sidebar state -> reads of it under way
+_FAILED: dict[tuple, BaseException] = {}  # sidebar state -> why its last read failed (until one succeeds)
 _LAST_GOOD_MAX = 32
 
 
@@ -134,14 +156,49 @@ def _state_key(spec: S.ViewSpec) -> tuple:
             None if spec.live else (spec.since, spec.until))
 
 
-def get(spec: S.ViewSpec) -> PageData:
-    """``spec``'s page (ready, or read now); the newest good page of each sidebar state is remembered
-    for :func:`last_good`."""
-    page = PAGE.get(spec)
-    _LAST_GOOD[_state_key(spec)] = page
+def _remember(spec: S.ViewSpec, page: PageData) -> None:
+    """Keep ``page`` as its sidebar state's newest (an older read finishing late does not replace it)."""
+    key = _state_key(spec)
+    held = _LAST_GOOD.get(key)
+    if held is None or held.view.now <= page.view.now:
+        _LAST_GOOD[key] = page
     while len(_LAST_GOOD) > _LAST_GOOD_MAX:
         _LAST_GOOD.pop(next(iter(_LAST_GOOD)))
-    return page
+
+
+def get(spec: S.ViewSpec) -> PageData:
+    """``spec``'s page (ready, or read now)."""
+    return PAGE.get(spec)
+
+
+def get_or_newest(spec: S.ViewSpec, now: Optional[dt.datetime] = None) -> tuple[PageData, bool]:
+    """``spec``'s page if it is read; while it is being read, the newest page of the same sidebar state
+    if that was read within :data:`STALE_MAX_S` and its read took :data:`SLOW_READ_S` or more
+    (``(page, True)``: the visit shows it at once, says how old it is and updates itself, see
+    :func:`newer_than`); else waits for ``spec``'s page (as it does for a view read in a second or two).
+
+    Why: where a view takes longer to read than a step of the page's clock (about 1M runs on two cores),
+    every visit in a new step would wait for its read, and the keeper can never be ahead."""
+    if PAGE.peek(spec):
+        return PAGE.get(spec), False
+    key = _state_key(spec)
+    held = _LAST_GOOD.get(key)
+    now = now or dt.datetime.now(S.UTC)
+    slow = held is not None and held.view.timings.get("total", 0.0) >= SLOW_READ_S
+    if not slow or (now - held.view.now).total_seconds() > STALE_MAX_S:
+        return PAGE.get(spec), False
+    if not _READING.get(key):  # one read of a sidebar state at a time: more would only slow each other
+        PAGE.request(spec)
+    if key in _FAILED:  # the last read of this state failed: the page says why (and shows its last good figures)
+        raise _FAILED[key]
+    return held, True
+
+
+def newer_than(spec: S.ViewSpec, shown: dt.datetime) -> bool:
+    """Whether a page of ``spec``'s sidebar state read after ``shown`` (its ``view.now``) is ready, or
+    its read failed (the page then says why)."""
+    held = _LAST_GOOD.get(_state_key(spec))
+    return (held is not None and held.view.now > shown) or _state_key(spec) in _FAILED
 
 
 def last_good(spec: S.ViewSpec) -> Optional[PageData]:
@@ -166,6 +223,7 @@ def clear() -> None:
     """Forget everything read, the last good pages too (tests)."""
     refresh()
     _LAST_GOOD.clear()
+    _FAILED.clear()
     _LAST_OPTIONS.clear()
 
 

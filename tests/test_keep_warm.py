@@ -153,3 +153,126 @@ def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
     assert starts == spec.until.timestamp()
     fixed = S.ViewSpec(since=spec.since, until=spec.until)
     assert advance(fixed) is None
+
+
+def test_request_starts_one_read_in_the_background_and_does_not_wait():
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow(k):
+        calls.append(k)
+        started.set()
+        release.wait(5)
+        return k * 2
+
+    kw = KeepWarm(slow, lambda k: None)
+    t = time.monotonic()
+    assert kw.request(4) is False and started.wait(5)
+    assert kw.request(4) is False and not kw.peek(4)  # under way: no second read
+    assert time.monotonic() - t < 1.0
+    release.set()
+    deadline = time.monotonic() + 5
+    while not kw.peek(4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kw.request(4) is True and kw.get(4) == 8 and calls == [4]
+
+
+def _page(now: dt.datetime, took: float = 20.0):
+    from prefect_launch.dashboard.page_data import PageData
+
+    class _View:  # what get_or_newest reads of a view: when it was read, and how long that took
+        def __init__(self, now):
+            self.now, self.timings = now, {"total": took}
+
+    return PageData(view=_View(now))
+
+
+def test_a_visit_shows_the_newest_page_of_its_sidebar_state_while_its_view_is_read(monkeypatch):
+    """A view slower than a step of the page's clock: the visit gets the newest page of the same sidebar
+    state at once (marked stale), one read of that state runs at a time, and newer_than says when to rerun."""
+    from prefect_launch.dashboard import page_data as P
+
+    P.clear()
+    release, reads = threading.Event(), []
+
+    def read(spec):
+        reads.append(spec.until)
+        release.wait(5)
+        return _page(spec.until)
+
+    monkeypatch.setattr(P, "_read", read)
+    monkeypatch.setattr(P, "PAGE", KeepWarm(P.compute, P.advance, ttl_s=30))
+    t0 = S.page_now(dt.datetime(2026, 11, 30, 12, 0, 5, tzinfo=S.UTC))
+    first = S.default_spec(t0)
+    release.set()
+    page, stale = P.get_or_newest(first, now=t0)  # nothing read before: waits for it
+    assert not stale and page.view.now == first.until
+    release.clear()
+    later = first.next_step().next_step()
+    page, stale = P.get_or_newest(later, now=later.until)  # read under way: the newest page at once
+    assert stale and page.view.now == first.until
+    assert not P.newer_than(later, page.view.now)
+    page2, stale2 = P.get_or_newest(later.next_step(), now=later.until)  # the same state: no second read
+    assert stale2 and page2 is page and reads == [first.until, later.until]
+    release.set()
+    deadline = time.monotonic() + 5
+    while not P.newer_than(later, page.view.now) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert P.newer_than(later, first.until)
+    # a view read quickly (here in 1 s) is waited for: no older figures in between
+    fast = later.next_step().next_step()
+    P._remember(fast, _page(fast.until, took=1.0))
+    monkeypatch.setattr(P, "_read", lambda spec: _page(spec.until, took=1.0))
+    nxt = fast.next_step()
+    page, stale = P.get_or_newest(nxt, now=nxt.until)
+    assert not stale and page.view.now == nxt.until
+    monkeypatch.setattr(P, "_read", read)
+    P._remember(nxt, _page(nxt.until))
+    # too old to show (past STALE_MAX_S): the visit waits for its own read
+    far = later.until + dt.timedelta(seconds=P.STALE_MAX_S + 60)
+    page3, stale3 = P.get_or_newest(S.default_spec(far), now=far)
+    assert not stale3 and page3.view.now == S.default_spec(far).until
+    P.clear()
+
+
+def test_a_failed_read_is_said_not_hidden_behind_older_figures(monkeypatch):
+    """While the newest page is shown, the read under way fails (Prefect down): the page is told (newer_than
+    turns true, the next visit gets the error to show beside the last good figures), and a later read that
+    succeeds clears it."""
+    from prefect_launch.dashboard import page_data as P
+
+    P.clear()
+    fail, go = threading.Event(), threading.Event()
+
+    def read(spec):
+        if fail.is_set():
+            go.wait(5)  # a read that takes a while to find Prefect down (an instant failure is said at once)
+            if fail.is_set():
+                raise ConnectionError("Prefect is down")
+        return _page(spec.until)
+
+    monkeypatch.setattr(P, "_read", read)
+    monkeypatch.setattr(P, "PAGE", KeepWarm(P.compute, P.advance, ttl_s=30))
+    first = S.default_spec(S.page_now(dt.datetime(2026, 11, 30, 12, 0, 5, tzinfo=S.UTC)))
+    P.get_or_newest(first, now=first.until)
+    fail.set()
+    later = first.next_step()
+    page, stale = P.get_or_newest(later, now=later.until)  # its read starts (and fails) in the background
+    assert stale and page.view.now == first.until and not P.newer_than(later, page.view.now)
+    go.set()
+    deadline = time.monotonic() + 5
+    while not P.newer_than(later, page.view.now) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert P.newer_than(later, page.view.now)  # the page reruns ...
+    go.clear()
+    with pytest.raises(ConnectionError):  # ... and is told why, while a new read starts
+        P.get_or_newest(later.next_step(), now=later.until)
+    assert P.last_good(later).view.now == first.until  # what it shows beside the reason
+    fail.clear()
+    go.set()  # Prefect is back: that read succeeds
+    deadline = time.monotonic() + 5
+    while P._FAILED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not P._FAILED and P.newer_than(later, first.until)
+    page, stale = P.get_or_newest(later.next_step(), now=later.until)
+    assert page.view.now == later.next_step().until and not stale
+    P.clear()
