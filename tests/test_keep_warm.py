@@ -36,7 +36,9 @@ def test_each_key_is_computed_once_and_served_until_its_ttl():
     assert kw.get(1) == "v1" and calls == [1, 1]  # expired: read again
 
 
-def test_concurrent_requests_wait_for_one_computation():
+def _slow_double():
+    """(started, release, calls, compute): ``compute(k)`` records k, says it started, waits for
+    ``release`` and returns 2k."""
     started, release, calls = threading.Event(), threading.Event(), []
 
     def slow(k):
@@ -45,6 +47,11 @@ def test_concurrent_requests_wait_for_one_computation():
         release.wait(5)
         return k * 2
 
+    return started, release, calls, slow
+
+
+def test_concurrent_requests_wait_for_one_computation():
+    started, release, calls, slow = _slow_double()
     kw = KeepWarm(slow, lambda k: None)
     out = []
     threads = [threading.Thread(target=lambda: out.append(kw.get(21))) for _ in range(3)]
@@ -156,14 +163,7 @@ def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
 
 
 def test_request_starts_one_read_in_the_background_and_does_not_wait():
-    started, release, calls = threading.Event(), threading.Event(), []
-
-    def slow(k):
-        calls.append(k)
-        started.set()
-        release.wait(5)
-        return k * 2
-
+    started, release, calls, slow = _slow_double()
     kw = KeepWarm(slow, lambda k: None)
     t = time.monotonic()
     assert kw.request(4) is False and started.wait(5)
