@@ -274,18 +274,24 @@ def panel_runs(v: V.View) -> None:
             return
         col = S.group_column(v.spec.grouping)
         brush = timeline.chart(CD.gantt_payload(g, col, v.spec.since, v.spec.until, timeline.brush_of("gantt")), key="gantt")
-        sel = g
-        if brush:
-            lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
-            sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-            st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} runs")
-        table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
-            ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
-            sel["id"], v.metrics)
-        st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
-                     column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
-                                    "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
-                                    "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+        _runs_under_brush(v, g, brush, "runs")
+
+
+def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
+    """The runs table under the Gantt: the runs of ``g`` that overlap the brushed span (all without one),
+    with a caption naming the span (``counted``: what its count is of)."""
+    sel = g
+    if brush:
+        lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
+        sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
+        st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}")
+    table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
+        ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
+        sel["id"], v.metrics)
+    st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
+                 column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
+                                "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
+                                "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
 
 
 def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -308,18 +314,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
                "select a span; the table lists the runs in it.")
     brush = timeline.chart(CD.lanes_payload(lanes, v.spec.grouping, v.spec.since, v.spec.until, timeline.brush_of("gantt")),
                            key="gantt")
-    sel = g
-    if brush:
-        lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
-        sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-        st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} of the newest {len(v.runs):,} runs")
-    table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
-        ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
-        sel["id"], v.metrics)
-    st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
-                 column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
-                                "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
-                                "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+    _runs_under_brush(v, g, brush, f"of the newest {len(v.runs):,} runs")
 
 
 METRICS = [

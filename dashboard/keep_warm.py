@@ -66,7 +66,7 @@ class KeepWarm(Generic[K, V]):
         with self._lock:
             self._asked[key] = now
             entry = self._entries.get(key)
-            fresh = entry is not None and (not entry.done.is_set() or (entry.error is None and now - entry.computed_at < self.ttl_s))
+            fresh = entry is not None and (not entry.done.is_set() or self._serves(entry, now))
             if fresh:
                 self.hits += 1
             else:
@@ -91,7 +91,7 @@ class KeepWarm(Generic[K, V]):
         with self._lock:
             self._asked[key] = now
             entry = self._entries.get(key)
-            if entry is not None and entry.done.is_set() and entry.error is None and now - entry.computed_at < self.ttl_s:
+            if entry is not None and entry.done.is_set() and self._serves(entry, now):
                 self.hits += 1
                 return True
             if entry is not None and not entry.done.is_set():
@@ -107,7 +107,7 @@ class KeepWarm(Generic[K, V]):
         """Whether ``key`` has a finished, unexpired value (no computation)."""
         with self._lock:
             e = self._entries.get(key)
-            return e is not None and e.done.is_set() and e.error is None and self._clock() - e.computed_at < self.ttl_s
+            return e is not None and e.done.is_set() and self._serves(e, self._clock())
 
     def values(self) -> list:
         """The finished values held now (to amend in place, e.g. a saved link)."""
@@ -183,6 +183,10 @@ class KeepWarm(Generic[K, V]):
         return self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ internals
+
+    def _serves(self, entry: _Entry, now: float) -> bool:
+        """Whether a finished entry's value may still be served (no error, within the TTL)."""
+        return entry.error is None and now - entry.computed_at < self.ttl_s
 
     def _run(self, key: K, entry: _Entry) -> None:
         t = time.perf_counter()

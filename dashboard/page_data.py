@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -87,17 +88,20 @@ def read_links(queues: tuple) -> dict[str, str]:
 def compute(spec: S.ViewSpec) -> PageData:
     """Read everything for ``spec``: the view, and beside it the cost rows, waiting runs and links
     (each of those may fail alone: its panel says why, the rest of the page stands). The page is
-    remembered as its sidebar state's newest (:func:`newest`)."""
+    remembered as its sidebar state's newest (:func:`last_good`, :func:`get_or_newest`)."""
     key = _state_key(spec)
-    _READING[key] = _READING.get(key, 0) + 1
+    with _STATE_LOCK:
+        _READING[key] = _READING.get(key, 0) + 1
     try:
         page = _read(spec)
     except Exception as exc:
-        _READING[key] -= 1  # before the failure is seen: the visit told of it starts the next read
-        _FAILED[key] = exc
+        with _STATE_LOCK:  # the count drops before the failure is seen: the visit told of it starts the next read
+            _READING[key] -= 1
+            _FAILED[key] = exc
         raise
-    _READING[key] -= 1
-    _FAILED.pop(key, None)
+    with _STATE_LOCK:
+        _READING[key] -= 1
+        _FAILED.pop(key, None)
     _remember(spec, page)
     return page
 
@@ -147,6 +151,7 @@ def options() -> dict[str, list[str]]:
 _LAST_GOOD: dict[tuple, PageData] = {}  # sidebar state (times aside) -> its newest page
 _READING: dict[tuple, int] = {}  # sidebar state -> reads of it under way
 _FAILED: dict[tuple, BaseException] = {}  # sidebar state -> why its last read failed (until one succeeds)
+_STATE_LOCK = threading.Lock()  # _READING and _FAILED change on the keeper's and visits' threads
 _LAST_GOOD_MAX = 32
 
 

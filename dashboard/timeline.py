@@ -35,15 +35,17 @@ _mount = st.components.v2.component("prefect_launch.timeline", js=(Path(__file__
                                     css=CSS, isolate_styles=False)
 
 
-def brush_of(key: str) -> Optional[list[float]]:
-    """The span (epoch ms) brushed on the chart mounted under ``key``, as the browser last sent it."""
-    state = st.session_state.get(key)
+def _span(state) -> Optional[list[float]]:
+    """The brushed span (epoch ms) in a chart's state, or None."""
     brush = state.get("brush") if hasattr(state, "get") else None
     return list(brush) if isinstance(brush, (list, tuple)) and len(brush) == 2 else None
 
 
+def brush_of(key: str) -> Optional[list[float]]:
+    """The span brushed on the chart mounted under ``key``, as the browser last sent it."""
+    return _span(st.session_state.get(key))
+
+
 def chart(payload: Payload, key: str) -> Optional[list[float]]:
     """Draw ``payload``; return the brushed span (epoch ms), or None."""
-    result = _mount(key=key, data=payload.dump(), default={"brush": None}, on_brush_change=lambda: None)
-    brush = getattr(result, "brush", None) if result is not None else None
-    return list(brush) if isinstance(brush, (list, tuple)) and len(brush) == 2 else None
+    return _span(_mount(key=key, data=payload.dump(), default={"brush": None}, on_brush_change=lambda: None))
