@@ -88,6 +88,13 @@ class ViewSpec:
         """The spec without its times (what the incremental run cache is keyed by)."""
         return (self.queues, self.owners, self.jobs, self.statuses, self.presets, self.detail_limit)
 
+    def filters_note(self) -> str:
+        """The filters in force, for the page's caption (a screenshot shared says what it counts):
+        e.g. ``queues gpu-a, gpu-b · owners ana``; "" when nothing is filtered."""
+        parts = [(name, vals) for name, vals in (("queues", self.queues), ("owners", self.owners), ("jobs", self.jobs),
+                                                  ("statuses", self.statuses), ("presets", self.presets)) if vals]
+        return " · ".join(f"{name} {', '.join(vals)}" for name, vals in parts)
+
     def state_types(self) -> list[str]:
         """Prefect state types the status filter selects ([] = all)."""
         return [t for s in self.statuses for t in TYPES_OF_STATUS[s]]

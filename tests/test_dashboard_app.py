@@ -50,7 +50,7 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     at = _app().run()
     assert not at.exception, [e.value for e in at.exception]
     assert [s.value for s in at.subheader if s.value in PANELS] == FIRST + SECTIONS["Job runs"] + ["External Links"]
-    assert "grouping job" in _captions(at)
+    assert "grouping job · read at" in _captions(at)  # nothing filtered: no filter named
     seen = set()
     for name, panels in SECTIONS.items():  # every panel one choice away, only the chosen section drawn
         _section(at, name)
@@ -65,7 +65,7 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     at.sidebar.radio(key="range").set_value("Last 1 hour").run()
     assert not at.exception, [e.value for e in at.exception]
     caps = _captions(at)
-    assert "grouping owner" in caps and "interval 1 min" in caps
+    assert "grouping owner" in caps and "interval 1 min" in caps and f"queues {seeded.pool} · read at" in caps
     runs_table = _table(at, "priority", "link")
     assert set(runs_table["queue"]) == {seeded.pool}
     assert set(runs_table["owner"]) == set(seeded.owners)

@@ -238,3 +238,12 @@ def test_narrows_and_run_matches():
     assert D.run_matches(r, replace(wide, owners=("x",), jobs=("train",), statuses=("failed",), presets=("p",)), deps)
     assert not D.run_matches(r, replace(wide, queues=("b",)), deps)
     assert not D.run_matches(r, replace(wide, statuses=("completed",)), deps)
+
+
+def test_filters_note_names_each_filter_in_force():
+    from prefect_launch.dashboard import spec as S
+
+    t = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    assert S.ViewSpec(since=t, until=t).filters_note() == ""
+    spec = S.ViewSpec(since=t, until=t, queues=("gpu-a", "gpu-b"), owners=("ana",), statuses=("failed",))
+    assert spec.filters_note() == "queues gpu-a, gpu-b · owners ana · statuses failed"
