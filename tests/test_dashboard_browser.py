@@ -307,20 +307,43 @@ def _read_at(caption: str):
     return read - dt.timedelta(days=1) if read > dt.datetime.now(dt.timezone.utc) else read
 
 
-def test_job_status_tooltips_match_occupancy(dashboard):
-    """Hovering the job-status chart in the browser: every tooltip's interval, status and count is the
-    occupancy module's figure for the page's range (that module is checked against the runs' own state
-    histories in test_dashboard_occupancy.py), and the bars cover every (interval, status) it has."""
+SWEEP_JS = """(cv) => {
+    const r = cv.getBoundingClientRect(), tip = cv.parentElement.querySelector('.lt-tip'), out = [];
+    for (const frac of [0.9, 0.85, 0.7, 0.5, 0.3, 0.1]) for (let x = 0; x < r.width; x += 1) {
+        const at = {clientX: r.left + x, clientY: r.top + r.height * frac, bubbles: true};
+        cv.dispatchEvent(new PointerEvent('pointermove', at));
+        if (tip.style.display === 'block') out.push([x, r.height * frac, tip.innerText]);
+    }
+    cv.dispatchEvent(new PointerEvent('pointerleave'));
+    return out;
+}"""  # pointer moves dispatched in the page over a time chart at a few heights: [x, y, tooltip text] where one shows
+
+
+def _tips(found: list) -> list[dict[str, str]]:
+    return [dict(line.split(": ", 1) for line in text.splitlines()) for _, _, text in found]
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_time_chart_tooltips_match_occupancy(dashboard):
+    """Hovering the first page's time charts in the browser: every tooltip of the job-status, queued-time
+    and load charts gives the occupancy module's figures for its interval (that module is checked against
+    the runs' own state histories in test_dashboard_occupancy.py), and each chart shows several marks."""
     import datetime as dt
     import re
 
     from playwright.sync_api import sync_playwright
 
+    from prefect_launch.dashboard import chart_data as CD
     from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import spec as S
 
     url, seeded = dashboard
-    seen: dict[tuple[str, str], int] = {}
+    charts = {"panel-status": ".st-key-panel-status", "panel-queued": ".st-key-panel-queued",
+              "load": ".st-key-panel-summary"}
+    found: dict[str, list] = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -341,46 +364,62 @@ def test_job_status_tooltips_match_occupancy(dashboard):
             filtered = page.get_by_text(re.compile(rf" · grouping job · queues {re.escape(seeded.pool)} · read at "))
             filtered.first.wait_for(timeout=60_000)
             page.wait_for_function(IDLE_JS, timeout=60_000)
-            caption = filtered.first.inner_text()
-            chosen = page.locator(".st-key-queues").inner_text()
-            assert seeded.pool in chosen, chosen
-            canvas = page.locator(f".st-key-panel-status {TIME_CHART}")
-            # sweep the plot at a few heights (every bar starts at its foot): pointer moves dispatched in the
-            # page, each tooltip read as the browser shows it; then one real mouse hover on a found point
-            found = canvas.evaluate("""(cv) => {
-                const r = cv.getBoundingClientRect(), tip = cv.parentElement.querySelector('.lt-tip'), out = [];
-                for (const frac of [0.85, 0.7, 0.5, 0.3]) for (let x = 0; x < r.width; x += 2) {
-                    const at = {clientX: r.left + x, clientY: r.top + r.height * frac, bubbles: true};
-                    cv.dispatchEvent(new PointerEvent('pointermove', at));
-                    if (tip.style.display === 'block') out.push([x, r.height * frac, tip.innerText]);
-                }
-                cv.dispatchEvent(new PointerEvent('pointerleave'));
-                return out;
-            }""")
-            for _, _, text in found:
-                f = dict(line.split(": ", 1) for line in text.splitlines())
-                seen[(f["from"], f["status"])] = int(f["runs (at any moment / finished)"].replace(",", ""))
-            if found:
-                x, y, text = found[len(found) // 2]
-                box = canvas.bounding_box()
-                page.mouse.move(box["x"] + x, box["y"] + y)
-                tip = page.locator(".st-key-panel-status .lt-tip")
-                tip.wait_for(state="visible", timeout=5_000)
-                # a real pointer shows a tooltip too (its figures may be a newer read's: the keeper redraws
-                # the chart at each step of the page's clock, so only its form is checked here)
-                assert tip.inner_text().startswith("from: ") and "runs (at any moment / finished): " in tip.inner_text()
+            # the caption and the charts' tooltips read in one step in the page: the keeper redraws the page
+            # at each step of its clock, and a read across a redraw would mix two reads
+            caption, *swept = page.evaluate("""(sels) => {
+                const cap = [...document.querySelectorAll('p')].map((p) => p.innerText).find((t) => / · read at /.test(t));
+                const sweep = %s;
+                return [cap, ...sels.map((s) => sweep(document.querySelector(s + ' .lt-chart[data-drawn] canvas')))];
+            }""" % SWEEP_JS, list(charts.values()))
+            found = dict(zip(charts, swept))
+            assert found["panel-status"], "no tooltip shown over the job status chart"
+            x, y, _ = found["panel-status"][len(found["panel-status"]) // 2]
+            box = page.locator(f".st-key-panel-status {TIME_CHART}").bounding_box()
+            page.mouse.move(box["x"] + x, box["y"] + y)
+            tip = page.locator(".st-key-panel-status .lt-tip")
+            tip.wait_for(state="visible", timeout=5_000)
+            # a real pointer shows a tooltip too (its figures may be a newer read's: only its form is checked)
+            assert tip.inner_text().startswith("from: ") and "runs (at any moment / finished): " in tip.inner_text()
         finally:
             browser.close()
-    assert seen, "no tooltip shown over the job status chart"
-    now = S.page_now()
-    since, until = D.time_window("Last 7 days", now)
+    assert seeded.pool in caption, caption
     read = _read_at(caption)
     assert read >= settled, caption
-    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job", queues=(seeded.pool,)), now=read, source="index")
-    want = {(f"{r.bucket:%Y-%m-%d %H:%M:%S} UTC", r.status): int(r.count) for r in v.occupancy.status.itertuples()}
+    now = S.page_now()
+    since, until = D.time_window("Last 7 days", now)
+    spec = D.ViewSpec(since=since, until=until, grouping="job", queues=(seeded.pool,))
+    # the caption gives the read time to the second: the figures are those of a moment in [read, read + 1 s)
+    # (a run still waiting adds a second to the current interval's queued time each second)
+    occ, occ_hi = (D.load_view(spec, now=read + dt.timedelta(seconds=s), source="index").occupancy for s in (0, 1))
+    at = lambda t: f"{t:%Y-%m-%d %H:%M:%S} UTC"  # noqa: E731  (a tooltip's "from")
+
+    status = {(at(r.bucket), r.status): int(r.count) for r in occ.status.itertuples()}
+    seen = {(f["from"], f["status"]): int(_num(f["runs (at any moment / finished)"])) for f in _tips(found["panel-status"])}
     for key, n in seen.items():
-        assert key in want and want[key] == n, (key, n, want.get(key))
+        assert key in status and status[key] == n, (key, n, status.get(key))
     assert len({s for _, s in seen}) >= 2 and len(seen) >= 3, sorted(seen)  # several bars, not one
+
+    queued, queued_hi = ({(at(r.bucket), str(r.group)): r for r in o.queued.itertuples()} for o in (occ, occ_hi))
+    tips = _tips(found["panel-queued"])
+    assert tips, "no tooltip shown over the queued time chart"
+    for f in tips:
+        lo, hi = queued.get((f["from"], f["job"])), queued_hi.get((f["from"], f["job"]))
+        assert lo is not None and hi is not None, f
+        assert int(_num(f["runs waiting"])) == int(lo.runs) == int(hi.runs), (f, lo)
+        # shown rounded: seconds to 0 decimals, the mean to 1
+        assert lo.queued_s - 0.5 <= _num(f["seconds queued"]) <= hi.queued_s + 0.5, (f, lo, hi)
+        assert lo.mean_s - 0.051 <= _num(f["mean wait (s)"]) <= hi.mean_s + 0.051, (f, lo, hi)
+
+    load = {at(r.bucket): r for r in occ.load.itertuples()}
+    names = dict((name, col) for col, name in CD.LOAD_SERIES)
+    tips = _tips(found["load"])
+    assert "runs holding a slot" in {f["series"] for f in tips}, tips
+    # not only the empty hours: the seeded runs' interval too (the range's last, a pixel or two wide)
+    assert any(_num(f["runs holding a slot at any moment"]) > 0 for f in tips), sorted({f["from"] for f in tips})[-3:]
+    for f in tips:
+        r = load[f["from"]]
+        assert abs(_num(f["value"]) - float(getattr(r, names[f["series"]]))) <= 0.005, (f, r)
+        assert (int(_num(f["runs holding a slot at any moment"])), int(_num(f["runs waiting"]))) == (int(r.held), int(r.waiting)), (f, r)
 
 
 def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dashboard, prefect_server, tmp_path):
