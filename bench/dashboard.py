@@ -506,8 +506,10 @@ def main() -> None:
     def stage(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.1f} s, load {loadavg()}] {msg}")
 
-    stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs)")
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    if args.home and (home / "bench-runs.txt").exists():  # the runs the kept home was seeded with, not --runs
+        args.runs = int((home / "bench-runs.txt").read_text())
+    stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs)")
     port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
@@ -517,6 +519,7 @@ def main() -> None:
     else:
         now = dt.datetime.now(dt.timezone.utc)
         (home / "bench-now.txt").write_text(now.isoformat())
+        (home / "bench-runs.txt").write_text(str(args.runs))
         t0 = time.perf_counter()
         with local_prefect_server(home, port):
             objects = create_objects(api_url)

@@ -15,6 +15,8 @@ here is HTML: the browser sets every label as text.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -71,7 +73,13 @@ class Payload(BaseModel):
     note: str = ""  # said under the chart (e.g. series folded away)
 
     def dump(self) -> dict:
-        return self.model_dump(exclude_none=True)
+        """The payload as the component gets it, with ``sig``: a digest of the rest, by which the browser
+        tells a rerun's unchanged chart (kept as drawn) from a new one without serialising the whole
+        payload again on its main thread (about 0.5 MB for 100k runs' lanes)."""
+        out = self.model_dump(exclude_none=True)
+        text = json.dumps(out, separators=(",", ":"), sort_keys=True).encode()
+        out["sig"] = hashlib.blake2b(text, digest_size=12).hexdigest()
+        return out
 
 
 def ms(t: Any) -> np.ndarray:

@@ -277,8 +277,9 @@ export default function (component) {
   const { data, parentElement, setStateValue } = component;
   let host = parentElement.querySelector(".lt-chart, .lt-host");
   if (!host) { host = el("div", "lt-host"); parentElement.appendChild(host); }
-  // a rerun that sends the same chart keeps the drawn one (and a drag under way on it)
-  const sig = JSON.stringify(data);
+  // a rerun that sends the same chart keeps the drawn one (and a drag under way on it); sig: the
+  // payload's digest, made on the server (chart_data.Payload.dump)
+  const sig = data.sig !== undefined ? data.sig : JSON.stringify(data);
   if (host.ltSig === sig && host.ltRender) return host.ltCleanup;
   if (host.ltCleanup) host.ltCleanup();
   host.ltSig = sig;

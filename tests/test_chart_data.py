@@ -59,6 +59,19 @@ def test_status_bars_stack_each_intervals_counts():
         assert [s for *_, s in spans] == [s for s in p.names if s in set(grp["status"])]
 
 
+def test_a_payloads_sig_changes_with_any_mark_and_only_then():
+    """The browser keeps a drawn chart while its ``sig`` is unchanged (timeline.js): one count more must
+    change it; the same figures computed again must not."""
+    status = pd.DataFrame({"bucket": pd.to_datetime(["2026-11-01 01:00", "2026-11-01 02:00"], utc=True),
+                           "status": ["running", "queued"], "count": [4, 2], "avg": [2.5, 0.75]})
+    a, b = (CD.status_payload(status.copy(), SINCE, UNTIL, STEP).dump() for _ in range(2))
+    assert a["sig"] == b["sig"] and len(a["sig"]) == 24
+    c = CD.status_payload(status.assign(count=[4, 3]), SINCE, UNTIL, STEP).dump()
+    d = CD.status_payload(status, SINCE, UNTIL + dt.timedelta(hours=1), STEP).dump()
+    assert len({a["sig"], c["sig"], d["sig"]}) == 3
+    assert {k: v for k, v in a.items() if k != "sig"} == CD.status_payload(status, SINCE, UNTIL, STEP).model_dump(exclude_none=True)
+
+
 def test_queued_bars_carry_runs_and_mean_wait():
     qt = pd.DataFrame({"bucket": pd.to_datetime(["2026-11-01 02:00", "2026-11-01 02:00"], utc=True),
                        "group": ["train", "eval"], "queued_s": [600.0, 90.0], "runs": [10, 3]})
