@@ -503,8 +503,9 @@ def main() -> None:
     v = p.view
     if stale:
         _until_newer(spec, v.now)
+    filters = v.spec.filters_note()
     st.caption(f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
-               f"grouping {v.spec.grouping} · " + (f"{v.spec.filters_note()} · " if v.spec.filters_note() else "")
+               f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
                + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
                + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
     panel_summary(p)

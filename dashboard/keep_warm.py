@@ -61,19 +61,12 @@ class KeepWarm(Generic[K, V]):
 
     def get(self, key: K) -> V:
         """The value of ``key``: ready, being computed (waited for), or computed now."""
-        now = self._clock()
-        owner = False
         with self._lock:
-            self._asked[key] = now
-            entry = self._entries.get(key)
-            fresh = entry is not None and (not entry.done.is_set() or self._serves(entry, now))
-            if fresh:
-                self.hits += 1
-            else:
+            entry, owner = self._claim(key, self._clock())
+            if owner:
                 self.misses += 1
-                entry = self._entries[key] = _Entry()
-                self._trim()
-                owner = True
+            else:
+                self.hits += 1
         if owner:
             self._run(key, entry)
         else:
@@ -87,18 +80,13 @@ class KeepWarm(Generic[K, V]):
         """Ask for ``key`` without waiting: True if its value is ready; else its computation is under
         way (started now, in a thread of its own, if nothing computes it yet) and :meth:`peek` tells
         when it is done."""
-        now = self._clock()
         with self._lock:
-            self._asked[key] = now
-            entry = self._entries.get(key)
-            if entry is not None and entry.done.is_set() and self._serves(entry, now):
-                self.hits += 1
-                return True
-            if entry is not None and not entry.done.is_set():
-                return False
+            entry, owner = self._claim(key, self._clock())
+            if not owner:
+                if entry.done.is_set():
+                    self.hits += 1
+                return entry.done.is_set()
             self.misses += 1
-            entry = self._entries[key] = _Entry()
-            self._trim()
         threading.Thread(target=self._run, args=(key, entry), name="monitor-read", daemon=True).start()
         self._wake.set()
         return False
@@ -183,6 +171,17 @@ class KeepWarm(Generic[K, V]):
         return self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ internals
+
+    def _claim(self, key: K, now: float) -> tuple[_Entry, bool]:
+        """Under the lock: ``key``'s entry if it is being computed or may be served, else a new one
+        (True: the caller computes it). Marks ``key`` asked for."""
+        self._asked[key] = now
+        entry = self._entries.get(key)
+        if entry is not None and (not entry.done.is_set() or self._serves(entry, now)):
+            return entry, False
+        entry = self._entries[key] = _Entry()
+        self._trim()
+        return entry, True
 
     def _serves(self, entry: _Entry, now: float) -> bool:
         """Whether a finished entry's value may still be served (no error, within the TTL)."""

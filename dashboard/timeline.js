@@ -279,7 +279,7 @@ export default function (component) {
   if (!host) { host = el("div", "lt-host"); parentElement.appendChild(host); }
   // a rerun that sends the same chart keeps the drawn one (and a drag under way on it); sig: the
   // payload's digest, made on the server (chart_data.Payload.dump)
-  const sig = data.sig !== undefined ? data.sig : JSON.stringify(data);
+  const sig = data.sig;
   if (host.ltSig === sig && host.ltRender) return host.ltCleanup;
   if (host.ltCleanup) host.ltCleanup();
   host.ltSig = sig;
