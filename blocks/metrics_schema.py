@@ -45,6 +45,11 @@ the Prefect run id, not ``launch_runs.id``: a run that never started has history
 Version 6 indexes ``launch_runs`` by a run's start as readers order it (started, else submitted,
 else created; alone and after the queue): the monitor reads the newest runs of its range on every
 view, and without the index that sorted every row of the range (0.33 s at 100k runs, 0.05 s with it).
+
+Version 7 stamps each ``launch_runs`` row with the writer's clock at its last change
+(``updated_ms``: an upsert, or its summary written), indexed: the monitor's cost reader reads only
+the rows changed since its last read instead of every run of the range at each step of its clock.
+Rows written before v7 carry NULL (a reader's first read is a whole one).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 metadata = sa.MetaData()
 
@@ -95,6 +100,8 @@ runs = sa.Table(
     sa.Column("created_ms", sa.BigInteger),
     # v2
     sa.Column("extra", sa.Text),
+    # v7: the writer's clock at the row's last change (upsert or summary), for readers that read changes only
+    sa.Column("updated_ms", sa.BigInteger),
 )
 sa.Index("ix_launch_runs_queue_started", runs.c.queue, runs.c.started_ms)
 ix_runs_started = sa.Index("ix_launch_runs_started", runs.c.started_ms)
@@ -103,6 +110,7 @@ ix_runs_started = sa.Index("ix_launch_runs_started", runs.c.started_ms)
 RUN_START = sa.func.coalesce(runs.c.started_ms, runs.c.submitted_ms, runs.c.created_ms)
 ix_runs_newest = sa.Index("ix_launch_runs_newest", RUN_START)
 ix_runs_queue_newest = sa.Index("ix_launch_runs_queue_newest", runs.c.queue, RUN_START)
+ix_runs_updated = sa.Index("ix_launch_runs_updated", runs.c.updated_ms)  # v7
 
 samples = sa.Table(
     "launch_samples",
@@ -228,7 +236,7 @@ sa.Index("ix_launch_sched_history_updated", scheduling_history.c.updated_ms)
 def _v1_tables() -> list[sa.Table]:
     """The version-1 schema: runs and samples, without the v2 columns."""
     md = sa.MetaData()
-    skip = {"launch_runs": {"extra"},
+    skip = {"launch_runs": {"extra", "updated_ms"},
             "launch_samples": {"net_rx_bytes", "net_tx_bytes", "num_procs", *V4_COLUMNS["launch_samples"]}}
     out = []
     for table in (runs, samples):
@@ -304,8 +312,13 @@ def _migrate_6(conn: Connection) -> None:
         conn.execute(sa.schema.CreateIndex(ix, if_not_exists=True))
 
 
+def _migrate_7(conn: Connection) -> None:
+    add_missing_columns(conn, runs, ("updated_ms",))
+    conn.execute(sa.schema.CreateIndex(ix_runs_updated, if_not_exists=True))  # no reflection (v6's expression indexes)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6,
+    1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

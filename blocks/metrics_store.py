@@ -443,6 +443,7 @@ class RunMetricsStore(Block):
 
     def _upsert_run_conn(self, conn: Connection, rec: RunRecord) -> int:
         values = _run_values(rec)
+        values["updated_ms"] = to_ms(_utcnow())  # every write moves the stamp (readers of changes only)
         dialect = conn.dialect.name
         if dialect in ("sqlite", "postgresql"):
             if dialect == "sqlite":
@@ -628,7 +629,7 @@ class RunMetricsStore(Block):
             values["written_ms"] = to_ms(_utcnow())
             conn.execute(sa.delete(S.summaries).where(S.summaries.c.run_id == key))
             conn.execute(S.summaries.insert().values(run_id=key, **values))
-            upd: dict[str, Any] = {}
+            upd: dict[str, Any] = {"updated_ms": values["written_ms"]}  # the run's cost figures change with it
             if summary.ended_at is not None:
                 upd["ended_ms"] = to_ms(summary.ended_at)
             if summary.started_at is not None:
@@ -642,8 +643,7 @@ class RunMetricsStore(Block):
             ):
                 if val is not None:
                     upd[col] = sa.func.coalesce(S.runs.c[col], val)
-            if upd:
-                conn.execute(S.runs.update().where(S.runs.c.id == key).values(**upd))
+            conn.execute(S.runs.update().where(S.runs.c.id == key).values(**upd))
 
     def _window(self, since: datetime | None, until: datetime | None) -> list[Any]:
         r = S.runs.c

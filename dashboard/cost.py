@@ -73,24 +73,42 @@ def _raw_rows(conn: Any, q: Any) -> list[tuple]:
         cur.close()
 
 
-def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequence[str] = (),
-              now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
-    """One row per run of the store that lived inside ``[since, until)`` (see the module doc).
+def row_query(*where: Any) -> sa.Select:
+    """The store's rows cost figures are made of (a run and its summary), for the runs ``where`` picks."""
+    r, s = S.runs.c, S.summaries.c
+    return (sa.select(r.id, r.flow_run_id, r.flow_run_name, r.job, r.deployment_id, r.owner, r.queue, r.preset, r.state,
+                      r.started_ms, r.ended_ms, r.alloc_gpus, r.alloc_cpus, r.alloc_memory_bytes, r.extra,
+                      s.run_id.label("has_summary"), s.cpu_seconds, s.gpu_used_s, s.avg_gpu_util_pct, s.duration_s,
+                      s.avg_rss_bytes, s.peak_rss_bytes, s.gpu_energy_j, s.cpu_energy_j, s.samples)
+            .select_from(S.runs.outerjoin(S.summaries, s.run_id == r.id)).where(*where))
 
-    ``deployments`` (id -> {"name": ...}, as :func:`prefect_launch.dashboard.data.fetch_deployments`
-    reads them) names the job of runs whose record holds only the deployment id."""
-    deployments = deployments or {}
-    now = now or dt.datetime.now(UTC)
-    lo, hi, now_ms = _ms(since), _ms(until), _ms(now)
-    r, s, sm = S.runs.c, S.summaries.c, S.samples.c
-    where = [r.started_ms.is_not(None), r.started_ms < hi, sa.or_(r.ended_ms.is_(None), r.ended_ms > lo)]
+
+def read_rows(conn: Any, *where: Any) -> pd.DataFrame:
+    """:func:`row_query`'s rows as a frame (its columns, none of them converted)."""
+    q = row_query(*where)
+    return pd.DataFrame.from_records(_raw_rows(conn, q), columns=[c.name for c in q.selected_columns])
+
+
+def in_range(lo_ms: int, hi_ms: Optional[int], queues: Sequence[str] = ()) -> list:
+    """Where-clauses: runs that started and lived inside ``[lo, hi)`` (hi None: no upper bound), of ``queues``."""
+    r = S.runs.c
+    where = [r.started_ms.is_not(None), sa.or_(r.ended_ms.is_(None), r.ended_ms > lo_ms)]
+    if hi_ms is not None:
+        where.append(r.started_ms < hi_ms)
     if queues:
         where.append(r.queue.in_(list(queues)))
-    q = (sa.select(r.id, r.flow_run_id, r.flow_run_name, r.job, r.deployment_id, r.owner, r.queue, r.preset, r.state, r.started_ms,
-                   r.ended_ms, r.alloc_gpus, r.alloc_cpus, r.alloc_memory_bytes, r.extra, s.run_id.label("has_summary"),
-                   s.cpu_seconds, s.gpu_used_s, s.avg_gpu_util_pct, s.duration_s, s.avg_rss_bytes, s.peak_rss_bytes,
-                   s.gpu_energy_j, s.cpu_energy_j, s.samples)
-         .select_from(S.runs.outerjoin(S.summaries, s.run_id == r.id)).where(*where))
+    return where
+
+
+def _whole(x: pd.DataFrame, lo: int, hi: int) -> pd.Series:
+    """Runs wholly inside the range with a summary: their figures come from the summary."""
+    return x["has_summary"].notna() & x["ended_ms"].notna() & (x["started_ms"] >= lo) & (x["ended_ms"] <= hi)
+
+
+def sample_sums(conn: Any, x: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
+    """Per run of ``x`` not :func:`_whole` (cut by the range, still going, or without a summary):
+    its samples' sums inside the range, indexed by the run's key."""
+    sm = S.samples.c
     agg_cols = [
         sm.run_id,
         sa.func.sum(sm.cpu_pct * sm.interval_ms).label("cpu_pct_ms"),
@@ -103,18 +121,37 @@ def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequen
         sa.func.sum(sm.cpu_energy_j).label("cpu_j"),
         sa.func.count().label("n"),
     ]
+    partial = x.loc[~_whole(x, lo, hi), "id"].astype(int).tolist()
+    agg_rows = []
+    for chunk in _chunks(partial):
+        stmt = sa.select(*agg_cols).where(sm.run_id.in_(list(chunk)), sm.ts_ms >= lo, sm.ts_ms < hi).group_by(sm.run_id)
+        agg_rows += [tuple(r) for r in conn.execute(stmt)]
+    return pd.DataFrame(agg_rows, columns=[c.name for c in agg_cols]).set_index("run_id")
+
+
+def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequence[str] = (),
+              now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
+    """One row per run of the store that lived inside ``[since, until)`` (see the module doc).
+
+    ``deployments`` (id -> {"name": ...}, as :func:`prefect_launch.dashboard.data.fetch_deployments`
+    reads them) names the job of runs whose record holds only the deployment id."""
+    lo, hi = _ms(since), _ms(until)
     with store._read() as conn:
-        x = pd.DataFrame.from_records(_raw_rows(conn, q), columns=[c.name for c in q.selected_columns])
-        if x.empty:
-            return pd.DataFrame(columns=RUN_COLUMNS)
-        # runs to read from samples: cut by the range, still going, or without a summary
-        whole = x["has_summary"].notna() & x["ended_ms"].notna() & (x["started_ms"] >= lo) & (x["ended_ms"] <= hi)
-        partial = x.loc[~whole, "id"].astype(int).tolist()
-        agg_rows = []
-        for chunk in _chunks(partial):
-            stmt = sa.select(*agg_cols).where(sm.run_id.in_(list(chunk)), sm.ts_ms >= lo, sm.ts_ms < hi).group_by(sm.run_id)
-            agg_rows += [tuple(r) for r in conn.execute(stmt)]
-    agg = pd.DataFrame(agg_rows, columns=[c.name for c in agg_cols]).set_index("run_id")
+        x = read_rows(conn, *in_range(lo, hi, queues))
+        agg = sample_sums(conn, x, lo, hi)
+    return costs_frame(x, agg, lo, hi, _ms(now or dt.datetime.now(UTC)), deployments)
+
+
+def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: int,
+                deployments: Optional[dict] = None) -> pd.DataFrame:
+    """The cost rows (``RUN_COLUMNS``, in the runs' key order) of the store rows ``x`` (:func:`read_rows`,
+    every one inside the range) and their :func:`sample_sums`: the one producer of what the page,
+    ``prefect-launch report`` and the incremental reader (:mod:`.cost_rows`) show."""
+    if x.empty:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    x = x.sort_values("id", kind="stable", ignore_index=True)
+    deployments = deployments or {}
+    whole = _whole(x, lo, hi)
     num = lambda col: pd.to_numeric(x[col], errors="coerce").astype(float)  # noqa: E731
     start, end = num("started_ms"), num("ended_ms")
     held_h = ((np.minimum(end.fillna(now_ms), hi) - np.maximum(start, lo)) / 3.6e6).clip(lower=0.0)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from prefect_launch.dashboard import metrics_source as M
+from prefect_launch.dashboard.cost_rows import CostRows
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import view as V
 from prefect_launch.dashboard.keep_warm import KeepWarm
@@ -30,6 +31,7 @@ STALE_MAX_S = float(os.environ.get("LAUNCH_MONITOR_STALE_S", "120"))
 # ... when reading it took this long (a keeper this slow cannot stay ahead of the clock)
 SLOW_READ_S = float(os.environ.get("LAUNCH_MONITOR_SLOW_READ_S", str(S.PAGE_STEP_S / 2)))
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="monitor-page")
+COST_ROWS = CostRows()  # the cost rows of the ranges read, kept between reads (only changes are read again)
 
 
 @dataclass
@@ -51,9 +53,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def read_costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.DataFrame:
-    """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`)."""
+    """Per-run cost figures of the range (:func:`prefect_launch.dashboard.cost.run_costs`), read from
+    the store by what changed since the last read (:mod:`.cost_rows`)."""
     from prefect_launch.dashboard import api as A
-    from prefect_launch.dashboard import cost as C
 
     store = M.metrics_store()
     if store is None:
@@ -62,7 +64,7 @@ def read_costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.Data
         deployments = A.fetch_deployments(A.get_api())  # job names for records that hold only the id
     except Exception:
         deployments = {}
-    return C.run_costs(store, since, until, queues, deployments=deployments)
+    return COST_ROWS.read(store, since, until, queues, deployments=deployments)
 
 
 def read_waiting(queues: tuple) -> list:
@@ -222,6 +224,7 @@ def refresh() -> None:
     PAGE.clear()
     _OPTIONS.clear()
     M.METRICS_CACHE.clear()
+    COST_ROWS.clear()
 
 
 def clear() -> None:

@@ -196,7 +196,7 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         engine.dispose()
 
         store = RunMetricsStore(url=url)
-        assert store.schema_version() == S.SCHEMA_VERSION == 6
+        assert store.schema_version() == S.SCHEMA_VERSION == 7
         with store._read() as conn:  # v3: the monitor's run index tables exist on the upgraded database
             assert sa.inspect(conn).has_table("launch_run_index") and sa.inspect(conn).has_table("launch_index_meta")
         rec = store.get_run("old-run")
@@ -208,6 +208,10 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         store.write_summary("old-run", RunSummary(duration_s=1, exit_state="COMPLETED"))
         assert store.series("old-run")[1]["num_procs"] == 3
         assert store.summaries(flow_run_ids=["old-run"])[0]["has_summary"]
+        with store._read() as conn:  # v7: the row carries its last change's stamp, indexed for readers of changes
+            stamp = conn.execute(sa.text("SELECT updated_ms FROM launch_runs WHERE flow_run_id='old-run'")).scalar()
+            assert stamp >= int(NOW.timestamp() * 1000)
+            assert "ix_launch_runs_updated" in {ix["name"] for ix in sa.inspect(conn).get_indexes("launch_runs")}
         # opening again (fresh engine) is a no-op
         dispose_engines()
         assert RunMetricsStore(url=url).schema_version() == S.SCHEMA_VERSION
