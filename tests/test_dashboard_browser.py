@@ -475,3 +475,68 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
                 assert read_re.search(page.get_by_text(caption_re).first.inner_text())[1] > first
             finally:
                 browser.close()
+
+
+def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dashboard, prefect_server, tmp_path):
+    """Kill -9 the monitor (served as `make dashboard` does, with slow reads forced so that it shows older
+    figures in a new step) under an open page, start it again on the same port: the open page (no
+    reload) keeps its figures and their read time meanwhile, and at the person's next choice in the
+    sidebar shows figures the new process read after its start, no error, and no figures of the dead
+    process shown as older ones (the new process has none)."""
+    import datetime as dt
+    import re
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_MONITOR_SLOW_READ_S="0")
+    args = [sys.executable, "-m", "prefect_launch.dashboard.serve", "--server.port", str(port),
+            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none"]
+    caption_re = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – .* read at ")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 7000})
+            with background_process(args, tmp_path / "monitor-1.log", env=env, cwd=ROOT) as first:
+                wait_healthy(url, first, timeout=90, log=tmp_path / "monitor-1.log", health_path="/_stcore/health",
+                             what="streamlit")
+                page.goto(url, wait_until="domcontentloaded")
+                page.locator(".st-key-panel-links").wait_for(timeout=120_000)
+                page.wait_for_function(IDLE_JS, timeout=60_000)
+                before = _read_at(page.get_by_text(caption_re).first.inner_text())
+                os.killpg(first.pid, signal.SIGKILL)  # no clean shutdown
+                first.wait(30)
+            page.wait_for_timeout(2_000)  # the page sees its server gone
+            restarted = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+            with background_process(args, tmp_path / "monitor-2.log", env=env, cwd=ROOT) as second:
+                wait_healthy(url, second, timeout=90, log=tmp_path / "monitor-2.log", health_path="/_stcore/health",
+                             what="streamlit")
+                # no reload: the open page reconnects; the next choice is served by the new process
+                page.wait_for_function(IDLE_JS, timeout=60_000)
+                page.locator(".st-key-range").get_by_text("Last 24 hours", exact=True).click()
+                try:
+                    caption = _new_caption(page, before)
+                except Exception:
+                    page.screenshot(path=str(ROOT / "test-output" / "monitor-restart.png"), full_page=True)
+                    raise
+                page.wait_for_function(IDLE_JS, timeout=60_000)
+                assert _read_at(caption) >= restarted > before
+                assert page.locator('[data-testid="stException"]').count() == 0
+                assert page.get_by_text(re.compile(r"^(Cannot read|Showing the figures read at)")).count() == 0
+                assert page.locator(".st-key-panel-summary").count() == 1
+                assert page.locator(TIME_CHART).count() >= 3  # load, job status and queued time drawn again
+        finally:
+            browser.close()
+
+
+def _new_caption(page, before) -> str:
+    """The caption under the title once it names a read time other than ``before``'s."""
+    return page.wait_for_function("""(shown) => {
+        const cap = [...document.querySelectorAll('p')].map((p) => p.innerText)
+            .find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
+        const m = cap && cap.match(/read at (\\d\\d:\\d\\d:\\d\\d) UTC/);
+        return m && m[1] !== shown ? cap : null;
+    }""", arg=f"{before:%H:%M:%S}", timeout=120_000).json_value()
