@@ -38,8 +38,8 @@ FULL_EVERY_S = 300.0
 class _Held:
     rows: pd.DataFrame  # cost.read_rows of every run that started and ended after `lo` (or runs)
     lo: int  # epoch ms the rows reach back to
-    read_ms: int  # the reader's clock when they were read (changes are asked for from here)
-    full_at: float  # the reader's clock at the last whole read
+    read_ms: int  # the wall clock (ms) when they were read (changes are asked for from here)
+    full_at: float  # ``clock`` at the last whole read
     low: int  # the earliest range start asked for since then (the next whole read reaches it)
 
 
@@ -47,11 +47,14 @@ class CostRows:
     """Per-run cost rows of a range (:func:`.cost.run_costs`), read incrementally (see the module doc)."""
 
     def __init__(self, overlap_ms: int = OVERLAP_MS, full_every_s: float = FULL_EVERY_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` times the whole reads (given in tests); the stamps compared with the writers' are
+        always the wall clock's, as theirs are."""
         self.overlap_ms, self.full_every_s, self._clock = overlap_ms, full_every_s, clock
         self._lock = threading.Lock()
         self._held: dict[tuple, _Held] = {}
         self.reads: Counter = Counter()  # "whole" / "changes": how each read got its rows (tests, bench)
+        self.rows_read = 0  # store rows the last read asked for
 
     def clear(self) -> None:
         with self._lock:
@@ -74,12 +77,13 @@ class CostRows:
 
     def _update(self, conn: Any, key: tuple, lo: int, queues: Sequence[str]) -> _Held:
         t = self._clock()
-        stamp = int(t * 1000)
+        stamp = int(time.time() * 1000)  # before the query: a write that commits during it is read again next time
         held = self._held.get(key)
         if held is None or lo < held.lo or t - held.full_at >= self.full_every_s:
             reach = min(lo, held.low) if held is not None else lo
             rows = C.read_rows(conn, *C.in_range(reach, None, queues))
             self.reads["whole"] += 1
+            self.rows_read = len(rows)
             held = _Held(rows=rows, lo=reach, read_ms=stamp, full_at=t, low=lo)
         else:
             r = S.runs.c
@@ -88,6 +92,7 @@ class CostRows:
                 where.append(r.queue.in_(list(queues)))
             changed = C.read_rows(conn, *where)
             self.reads["changes"] += 1
+            self.rows_read = len(changed)
             rows = held.rows
             if not changed.empty:  # a changed run replaces its old row, or drops it (it now ended before lo)
                 keep = changed["started_ms"].notna() & (changed["ended_ms"].isna() | (changed["ended_ms"] > held.lo))

@@ -64,7 +64,8 @@ def test_incremental_reads_equal_whole_reads(tmp_path):
     _start(store, "gone", now - 2 * H)  # will be deleted
     _start(store, "other", now - H, queue="q2", owner="bo")
     clock = [1000.0]
-    reader = CostRows(clock=lambda: clock[0], full_every_s=300)
+    # no overlap: the read after the writes must ask for exactly the rows they changed
+    reader = CostRows(clock=lambda: clock[0], full_every_s=300, overlap_ms=0)
 
     first = _same(reader, store, now - 4 * H, now, now)
     assert set(first["id"]) == {"done", "cut", "going", "late", "gone", "other"}
@@ -81,12 +82,13 @@ def test_incremental_reads_equal_whole_reads(tmp_path):
     clock[0] += 10
     later = _same(reader, store, now - 4 * H + 2 * M, now + 2 * M, now + 2 * M)
     assert reader.reads == {"whole": 2, "changes": 1}
+    assert reader.rows_read == 4  # going (its summary), new, late and queued: samples alone stamp nothing
     assert "late" not in set(later["id"]) and {"new", "going"} <= set(later["id"])
     row = later.set_index("id").loc["going"]
     assert row["source"] == "summary" and row["gpu_alloc_h"] == 2 * 31 / 60
     _same(reader, store, now - 4 * H + 2 * M, now + 2 * M, now + 2 * M, queues=("q1",))
     _same(reader, store, now - 2 * H, now + 2 * M, now + 2 * M)  # a shorter range from the same rows
-    assert reader.reads == {"whole": 2, "changes": 3}
+    assert reader.reads == {"whole": 2, "changes": 3} and reader.rows_read == 0
 
     # a run deleted from the store: no stamp tells of it, the next whole read drops it
     with store._write() as conn:
