@@ -47,7 +47,8 @@ TABLE_COLUMNS = ["runs", "hours", "gpu_alloc_h", "gpu_used_h", "gpu_idle_h", "gp
                  "cpu_energy_runs", "peak_memory_gib", "memory_request_gib"]
 
 
-def _ms(t: dt.datetime) -> int:
+def epoch_ms(t: dt.datetime) -> int:
+    """``t`` as the store's epoch milliseconds (naive = UTC)."""
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     return int(round(t.timestamp() * 1000))
@@ -135,11 +136,11 @@ def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequen
 
     ``deployments`` (id -> {"name": ...}, as :func:`prefect_launch.dashboard.data.fetch_deployments`
     reads them) names the job of runs whose record holds only the deployment id."""
-    lo, hi = _ms(since), _ms(until)
+    lo, hi = epoch_ms(since), epoch_ms(until)
     with store._read() as conn:
         x = read_rows(conn, *in_range(lo, hi, queues))
         agg = sample_sums(conn, x, lo, hi)
-    return costs_frame(x, agg, lo, hi, _ms(now or dt.datetime.now(UTC)), deployments)
+    return costs_frame(x, agg, lo, hi, epoch_ms(now or dt.datetime.now(UTC)), deployments)
 
 
 def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: int,

@@ -63,8 +63,8 @@ class CostRows:
     def read(self, store: Any, since: dt.datetime, until: dt.datetime, queues: Sequence[str] = (),
              now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
         """The same rows as ``cost.run_costs(store, since, until, queues, now, deployments)``."""
-        lo, hi = C._ms(since), C._ms(until)
-        now_ms = C._ms(now or dt.datetime.now(C.UTC))
+        lo, hi = C.epoch_ms(since), C.epoch_ms(until)
+        now_ms = C.epoch_ms(now or dt.datetime.now(C.UTC))
         key = (store.resolved_url(), tuple(sorted(queues)))
         with self._lock:  # one read brings a key's rows up to date at a time; the figures are made outside
             with store._read() as conn:

@@ -112,7 +112,7 @@ def test_every_write_moves_the_run_stamp(tmp_path):
         with store._read() as conn:
             return conn.execute(sa.select(S.runs.c.updated_ms).where(S.runs.c.flow_run_id == "r")).scalar_one()
 
-    before = C._ms(dt.datetime.now(UTC))
+    before = C.epoch_ms(dt.datetime.now(UTC))
     _start(store, "r", now)
     first = stamp()
     assert first >= before
