@@ -40,7 +40,7 @@ index_build_s, api_cold_s, api_filter_s (the API-only path; null with --sources 
 (the occupancy panels of the 7-day view, computed from the index's rows held in memory), and
 page_cold_s, page_warm_s: what a person waits for, from navigation to a fully drawn first page (every
 panel of it there - the summary, job status, queued time, the first section (job runs), external links -,
-every chart drawn, the script done; the other sections are drawn when chosen) in headless Chromium
+every chart and table drawn, the script done; the other sections are drawn when chosen) in headless Chromium
 through Playwright - cold:
 the first visit after the monitor started (`python -m prefect_launch.dashboard.serve`, as `make dashboard` and
 the demo start it: it reads the default view before it takes visits, timed as page_prepare_s, from the process's
@@ -349,14 +349,19 @@ print = functools.partial(print, flush=True)  # noqa: A001  (progress shows up w
 
 PAGE_TIMEOUT_S = 600
 # the first page: the summary (load chart; the hour x weekday heatmap, an HTML table), job status,
-# queued time and the first section (job runs: the Gantt); the other sections are drawn when chosen
+# queued time and the first section (job runs: the Gantt); the other sections are drawn when chosen.
+# Its tables (queue summary, idle periods, the runs under the Gantt; who waits and agents when there
+# are) are light tables (dashboard/light_table.py): drawn once their rows are in the page
 FIRST_PAGE_CHARTS = 4
+FIRST_PAGE_TABLES = 2  # at least: the queue summary and the runs under the Gantt
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')
     && document.querySelectorAll('table.lh-heat td.lh-cell').length > 0
     && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')
     && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(e => e.querySelector('canvas'))
-    && document.querySelectorAll('.lt-chart[data-drawn] canvas').length >= %d""" % FIRST_PAGE_CHARTS
+    && document.querySelectorAll('.lt-table[data-drawn]').length >= %d
+    && [...document.querySelectorAll('.lt-table')].every(e => e.hasAttribute('data-drawn'))
+    && document.querySelectorAll('.lt-chart[data-drawn] canvas').length >= %d""" % (FIRST_PAGE_TABLES, FIRST_PAGE_CHARTS)
 
 
 PREPARE_S: list[float] = []  # each monitor's start until it answered its health check (page_prepare_s)

@@ -21,8 +21,10 @@ import streamlit as st
 
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import chart_data as CD
+from prefect_launch.dashboard import figures as FG
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import heatmap_table as HT
+from prefect_launch.dashboard import light_table as LT
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
@@ -46,11 +48,9 @@ def panel_waiting(p: P.PageData) -> None:
     st.caption("Who waits and why: each waiting run's position in its queue (1 = next; empty while its starts-at "
                "is ahead) and predicted start (ETA, UTC: the agents' placement replayed forward with each run's "
                "expected length; empty when it cannot be told).")
-    st.dataframe(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), hide_index=True, width="stretch", key="waiting_table",
-                 column_config={"position": st.column_config.NumberColumn("position", format="%d"),
-                                "eta": st.column_config.DatetimeColumn("ETA (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-                                "waited_s": st.column_config.NumberColumn("waited s", format="%.0f"),
-                                "eta_in_s": st.column_config.NumberColumn("starts in s", format="%.0f")})
+    LT.table(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), "waiting_table", "Waiting runs",
+             labels={"eta": "ETA (UTC)", "waited_s": "waited s", "eta_in_s": "starts in s"},
+             digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
 def _view_costs(p: P.PageData):
@@ -105,11 +105,10 @@ def panel_summary(p: P.PageData) -> None:
         occ = v.occupancy
         load, idle, share = occ.load, occ.idle, occ.share
         head = SM.headline(summary)
-        c1, c2, c3, c4 = st.columns(4)
-        c1.metric("Queues busy now", f"{head['busy']} / {head['queues']}")
-        c2.metric("Queued now", head["queued"])
-        c3.metric("Running now", head["running"])
-        c4.metric("Runs in range", f"{v.totals['runs']:,}")
+        FG.figures([FG.Figure(label="Queues busy now", value=f"{head['busy']} / {head['queues']}"),
+                    FG.Figure(label="Queued now", value=f"{head['queued']:,}"),
+                    FG.Figure(label="Running now", value=f"{head['running']:,}"),
+                    FG.Figure(label="Runs in range", value=f"{v.totals['runs']:,}")], key="summary_figures")
         used = _capacity_used(p)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
                     "(n/a without agents)")
@@ -118,8 +117,9 @@ def panel_summary(p: P.PageData) -> None:
                    ("CPU capacity held", share.get("cpu"), "CPU-seconds runs held", "CPUs"),
                    ("CPU capacity used", used.get("cpu"), "CPU-seconds used (measured)", "CPUs")]
         if any(val is not None for _, val, _, _ in figures):
-            for col, (label, val, what, unit) in zip(st.columns(4), figures):
-                col.metric(label, f"{val:.0f}%" if val is not None else "n/a", help=cap_help.format(what=what, unit=unit))
+            FG.figures([FG.Figure(label=label, value=f"{val:.0f}%" if val is not None else "n/a",
+                                  help=cap_help.format(what=what, unit=unit)) for label, val, what, unit in figures],
+                       key="capacity_figures")
         elif not occ.complete:
             st.caption("Capacity held and used: shown once the run index covers the range (only the newest runs are "
                        "read from Prefect's API yet).")
@@ -127,11 +127,11 @@ def panel_summary(p: P.PageData) -> None:
             st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
         shown = summary if "sharing" in summary and summary["sharing"].astype(bool).any() else summary.drop(
             columns=["sharing"], errors="ignore")  # the column only where a queue shares by owner
-        st.dataframe(shown, hide_index=True, width="stretch", key="summary_table")
+        LT.table(shown, "summary_table", "Queue summary")
         panel_waiting(p)
         if not v.agents.empty:
             st.caption("Agents (capacity published by launch workers)")
-            st.dataframe(v.agents, hide_index=True, width="stretch")
+            LT.table(v.agents, "agents_table", "Agents", digits={"memory_gib": 1, "free_memory_gib": 1})
         left, right = st.columns([3, 2])
         with left:
             st.caption("Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per interval "
@@ -147,7 +147,7 @@ def panel_summary(p: P.PageData) -> None:
                 st.caption(f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
                            f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: runs waited meanwhile")
             if not idle.empty:
-                st.dataframe(idle.head(10), hide_index=True, width="stretch", key="idle_table")
+                LT.table(idle.head(10), "idle_table", "Idle periods", digits={"hours": 2})
         with right:
             st.caption("Held load by hour of day and weekday (UTC): periodic bursts are where scheduled cloud capacity pays.")
             if not occ.complete:
@@ -184,21 +184,21 @@ def panel_cost(p: P.PageData) -> None:
         total = table.iloc[-1]
         idle = C.idle_share(runs)
 
-        def num(x, fmt="{:,.1f}"):  # short: a metric's value is cut off past ~10 characters at laptop width
+        def num(x, fmt="{:,.1f}"):  # short: a figure wraps past ~10 characters at laptop width
             return "n/a" if x is None or x != x else fmt.format(x)
 
-        c1, c2, c3, c4 = st.columns(4)
-        c1.metric("GPU-hours used / held", f"{num(total['gpu_used_h'])} / {num(total['gpu_alloc_h'])}",
-                  help="Held: GPUs x time. Used: utilisation-weighted, from the agents' samples (n/a: not measured). "
-                       f"Core-hours: {num(total['cpu_used_h'])} used of {num(total['cpu_alloc_h'])} held.")
-        c2.metric("Held GPU time idle", num(idle, "{:.0f}%"),
-                  help="Of the GPU time held by runs whose GPUs were measured, the share not used")
-        c3.metric("GPU energy", num(total["gpu_energy_wh"], "{:,.0f} Wh"),
-                  help=f"NVML energy counters of the runs' GPUs; measured for {total['gpu_energy_runs']} GPU runs "
-                       "(n/a: none could be measured; never estimated)")
-        c4.metric("CPU energy", num(total["cpu_energy_wh"], "{:,.0f} Wh"),
-                  help=f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
-                       "(n/a: RAPL not readable by the agents; never estimated)")
+        FG.figures([
+            FG.Figure(label="GPU-hours used / held", value=f"{num(total['gpu_used_h'])} / {num(total['gpu_alloc_h'])}",
+                      help="Held: GPUs x time. Used: utilisation-weighted, from the agents' samples (n/a: not measured). "
+                           f"Core-hours: {num(total['cpu_used_h'])} used of {num(total['cpu_alloc_h'])} held."),
+            FG.Figure(label="Held GPU time idle", value=num(idle, "{:.0f}%"),
+                      help="Of the GPU time held by runs whose GPUs were measured, the share not used"),
+            FG.Figure(label="GPU energy", value=num(total["gpu_energy_wh"], "{:,.0f} Wh"),
+                      help=f"NVML energy counters of the runs' GPUs; measured for {total['gpu_energy_runs']} GPU runs "
+                           "(n/a: none could be measured; never estimated)"),
+            FG.Figure(label="CPU energy", value=num(total["cpu_energy_wh"], "{:,.0f} Wh"),
+                      help=f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
+                           "(n/a: RAPL not readable by the agents; never estimated)")], key="cost_figures")
         notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
         notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
         st.caption("Allocated vs used over the range, by " + by + ". " + "; ".join(notes))
@@ -288,10 +288,9 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
     table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
         ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end", "link"]],
         sel["id"], v.metrics)
-    st.dataframe(table, hide_index=True, width="stretch", key="runs_table",
-                 column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run"),
-                                "queued_s": st.column_config.NumberColumn("queued s", format="%.0f"),
-                                "duration_s": st.column_config.NumberColumn("duration s", format="%.0f")})
+    LT.table(table, "runs_table", "Job runs", rows_shown=12, labels={"link": "Prefect UI", "queued_s": "queued s",
+                                                                     "duration_s": "duration s"},
+             digits={"queued_s": 0, "duration_s": 0}, links={"link": "open run"})
 
 
 def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:

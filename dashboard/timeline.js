@@ -50,6 +50,7 @@ function numLabel(v) {
   const a = Math.abs(v);
   if (a >= 1e6) return (v / 1e6).toLocaleString("en-US", { maximumFractionDigits: 1 }) + "M";
   if (a >= 1e4) return (v / 1e3).toLocaleString("en-US", { maximumFractionDigits: 1 }) + "k";
+  if (a > 0 && a < 0.01) return v.toLocaleString("en-US", { maximumSignificantDigits: 2 }); // not "0" at every tick
   return v.toLocaleString("en-US", { maximumFractionDigits: 2 });
 }
 

@@ -154,3 +154,27 @@ def fresh_app(timeout: float = 120):
     P.clear()
     D.STORE_CACHE.clear()
     return AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=timeout)
+
+
+def tables(at) -> list:
+    """Every table on an AppTest page as a frame: Streamlit's grids (the sections drawn on demand) and
+    the first page's light tables (dashboard/light_table.py), as the browser gets them."""
+    from prefect_launch.dashboard.light_table import COMPONENT
+    from prefect_launch.dashboard.table_data import TablePayload
+
+    out = [d.value for d in at.dataframe]
+    for e in at.get("bidi_component"):
+        if e.proto.component_name == COMPONENT:
+            out.append(TablePayload.model_validate_json(e.proto.json).frame())
+    return out
+
+
+def figures(at) -> dict:
+    """Every headline figure on an AppTest page, label to value as shown (dashboard/figures.py)."""
+    from prefect_launch.dashboard.figures import COMPONENT, FiguresPayload
+
+    out = {m.label: m.value for m in at.metric}
+    for e in at.get("bidi_component"):
+        if e.proto.component_name == COMPONENT:
+            out.update({f.label: f.value for f in FiguresPayload.model_validate_json(e.proto.json).figures})
+    return out

@@ -248,7 +248,7 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
 
 def test_cost_panel_on_the_page(ran, monkeypatch):
     """The page's "Cost and waste" panel shows the same table for the queue, and says what is unavailable."""
-    from fixtures_dashboard import fresh_app
+    from fixtures_dashboard import figures, fresh_app
 
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
     at = fresh_app().run()
@@ -268,7 +268,7 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
         assert float(row["gpu_used_h"]) == pytest.approx(want.loc[row["owner"], "gpu_used_h"], rel=1e-3)
         if not RAPL_READABLE:
             assert row["cpu_energy_wh"] == "unavailable"
-    metrics = {m.label: m.value for m in at.metric}
+    metrics = figures(at)
     assert metrics["Held GPU time idle"] == f"{C.idle_share(runs):.0f}%"
     assert metrics["GPU energy"] == f"{want.loc['total', 'gpu_energy_wh']:,.0f} Wh"
     if not RAPL_READABLE:

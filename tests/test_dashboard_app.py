@@ -7,7 +7,7 @@ import uuid
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import fresh_app, seed_runs
+from fixtures_dashboard import fresh_app, seed_runs, tables
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
@@ -31,9 +31,9 @@ def _app() -> AppTest:
 
 def _table(at: AppTest, *cols: str):
     """The first dataframe on the page that has these columns."""
-    for d in at.dataframe:
-        if all(c in d.value.columns for c in cols):
-            return d.value
+    for d in tables(at):
+        if all(c in d.columns for c in cols):
+            return d
     raise AssertionError(f"no table with columns {cols}")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import fresh_app
+from fixtures_dashboard import fresh_app, tables
 from launch_helpers import restored_prefect_env
 from prefect_launch.local_server import free_port, local_prefect_server
 
@@ -20,9 +20,9 @@ APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 
 
 def _queues_shown(at: AppTest) -> set[str]:
-    for d in at.dataframe:
-        if {"queue", "agents_online"} <= set(d.value.columns):  # the queue summary
-            return set(d.value["queue"])
+    for d in tables(at):
+        if {"queue", "agents_online"} <= set(d.columns):  # the queue summary
+            return set(d["queue"])
     return set()
 
 

@@ -1,0 +1,43 @@
+"""Headline figures (queues busy, capacity held and used, GPU-hours, energy) as one Streamlit component
+per row (``st.components.v2``: in the page, no iframe): a label, a value, an optional explanation on
+hover. Streamlit's ``st.metric`` drew the same with an element (and its script chunk) per figure;
+``figures.js`` sets every label and value as text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import streamlit as st
+from pydantic import BaseModel
+
+COMPONENT = "prefect_launch.figures"
+CSS = """
+.lf-row { display: grid; gap: 16px; width: 100%; color: #31333f; font-family: "Source Sans Pro", sans-serif; }
+.lf-label { font-size: 14px; display: flex; align-items: center; gap: 6px; }
+.lf-help { display: inline-flex; align-items: center; justify-content: center; width: 14px; height: 14px;
+           border: 1px solid #808495; border-radius: 50%; color: #808495; font-size: 10px; cursor: help; }
+.lf-value { font-size: 2.25rem; line-height: 1.25; overflow-wrap: anywhere; }
+"""
+
+_mount = st.components.v2.component(COMPONENT, js=Path(__file__).with_name("figures.js").read_text(), css=CSS,
+                                    isolate_styles=False)
+
+
+class Figure(BaseModel):
+    """One headline figure: what it is, its value as shown, and how it is made (on hover)."""
+
+    label: str
+    value: str
+    help: Optional[str] = None
+
+
+class FiguresPayload(BaseModel):
+    figures: list[Figure]
+    columns: int = 4
+
+
+def figures(items: Sequence[Figure], key: str, columns: int = 4) -> None:
+    """Draw ``items`` in a row of ``columns`` equal cells (wrapping after that)."""
+    _mount(key=key, data=FiguresPayload(figures=list(items), columns=columns).model_dump())
