@@ -25,8 +25,8 @@ Tables (current version):
     state, expected start / start / end), kept in step with the Prefect server by
     ``dashboard.index_sync``. It is a copy: Prefect stays the source of truth.
 ``launch_index_meta``
-    (v3) one row per Prefect API URL: how far back the index covers, and the
-    sync cursors.
+    (v3) one row for the Prefect server the index follows (by its identity since v8):
+    how far back the index covers, and the sync cursors.
 
 Version 4 adds what the monitor's occupancy and cost panels need: on the run index,
 the time a run entered its queue for its latest scheduling (``queued_us``), its first
@@ -50,6 +50,12 @@ Version 7 stamps each ``launch_runs`` row with the writer's clock at its last ch
 (``updated_ms``: an upsert, or its summary written), indexed: the monitor's cost reader reads only
 the rows changed since its last read instead of every run of the range at each step of its clock.
 Rows written before v7 carry NULL (a reader's first read is a whole one).
+
+Version 8 keys ``launch_index_meta`` by the Prefect server's identity (``server_id``: a UUID kept in
+a Prefect Variable, see ``dashboard.api.Api.server_id``) rather than its URL alone: monitors reaching
+one server by another spelling (localhost, a proxy, another port) share its index instead of each
+resetting it. A meta row from before v8 (NULL ``server_id``) is adopted by the first monitor whose
+URL it names.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 metadata = sa.MetaData()
 
@@ -203,10 +209,11 @@ sa.Index("ix_launch_run_index_state", run_index.c.state_type)
 index_meta = sa.Table(
     "launch_index_meta",
     metadata,
-    sa.Column("api_url", sa.String(512), primary_key=True),
+    sa.Column("api_url", sa.String(512), primary_key=True),  # the URL the index was last built or synced through
     sa.Column("covered_since_ms", sa.BigInteger),  # every run expected after this is in the index
     sa.Column("events_cursor_ms", sa.BigInteger),  # Prefect events read up to here
     sa.Column("last_sync_ms", sa.BigInteger),
+    sa.Column("server_id", sa.String(64)),  # v8: the server's identity (its URLs may differ between monitors)
 )
 
 scheduling_history = sa.Table(
@@ -286,7 +293,7 @@ def _migrate_2(conn: Connection) -> None:
 
 def _migrate_3(conn: Connection) -> None:
     _without(run_index, V4_COLUMNS[run_index.name]).create(conn, checkfirst=True)
-    index_meta.create(conn, checkfirst=True)
+    _without(index_meta, ("server_id",)).create(conn, checkfirst=True)
 
 
 def add_missing_columns(conn: Connection, table: sa.Table, names: tuple[str, ...]) -> list[str]:
@@ -317,8 +324,13 @@ def _migrate_7(conn: Connection) -> None:
     conn.execute(sa.schema.CreateIndex(ix_runs_updated, if_not_exists=True))  # no reflection (v6's expression indexes)
 
 
+def _migrate_8(conn: Connection) -> None:
+    add_missing_columns(conn, index_meta, ("server_id",))
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
+    8: _migrate_8,
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

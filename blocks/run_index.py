@@ -156,7 +156,8 @@ class IndexRow(BaseModel):
 class IndexMeta(BaseModel):
     """How far the index covers one Prefect server, and where its sync left off."""
 
-    api_url: str
+    api_url: str  # the URL it was last built or synced through
+    server_id: Optional[str] = None  # the server's identity (dashboard.api.Api.server_id); None: written before v8
     covered_since_ms: Optional[int] = None
     events_cursor_ms: Optional[int] = None
     last_sync_ms: Optional[int] = None
@@ -173,22 +174,36 @@ class RunIndex:
 
     # ------------------------------------------------------------------ meta
 
-    def meta(self, api_url: str) -> Optional[IndexMeta]:
+    def meta(self, server_id: str, api_url: Optional[str] = None) -> Optional[IndexMeta]:
+        """The index's meta for the server ``server_id``, or None (not built for it). A row written
+        before the store knew server identities (v8) is this server's when it names ``api_url``: it is
+        adopted (the index is not built again)."""
+        m = S.index_meta.c
         with self.store._read() as conn:
-            row = conn.execute(sa.select(S.index_meta).where(S.index_meta.c.api_url == api_url)).mappings().first()
+            row = conn.execute(sa.select(S.index_meta).where(m.server_id == server_id)).mappings().first()
+        if row is None and api_url:
+            with self.store._write() as conn:
+                if conn.execute(sa.update(S.index_meta).where(m.api_url == api_url, m.server_id.is_(None))
+                                .values(server_id=server_id)).rowcount:
+                    row = conn.execute(sa.select(S.index_meta).where(m.server_id == server_id)).mappings().first()
         return IndexMeta(**row) if row else None
 
     def set_meta(self, meta: IndexMeta) -> None:
+        m = S.index_meta.c
         with self.store._write() as conn:
-            conn.execute(S.index_meta.delete().where(S.index_meta.c.api_url == meta.api_url))
+            cond = m.api_url == meta.api_url
+            if meta.server_id:
+                cond = sa.or_(cond, m.server_id == meta.server_id)
+            conn.execute(S.index_meta.delete().where(cond))
             conn.execute(S.index_meta.insert().values(**meta.model_dump()))
 
-    def reset(self, api_url: str) -> None:
-        """Forget every row and cursor: the index now follows ``api_url`` (one server per store)."""
+    def reset(self, server_id: str, api_url: str) -> None:
+        """Forget every row and cursor: the index now follows the server ``server_id``, read through
+        ``api_url`` (one server per store)."""
         with self.store._write() as conn:
             conn.execute(T.delete())
             conn.execute(S.index_meta.delete())
-            conn.execute(S.index_meta.insert().values(api_url=api_url))
+            conn.execute(S.index_meta.insert().values(api_url=api_url, server_id=server_id))
 
     # ------------------------------------------------------------------ rows
 

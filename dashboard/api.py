@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import re
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -25,6 +27,7 @@ from prefect_launch.dashboard.spec import UTC, ViewSpec, iso
 from prefect_launch.workers.run_tags import LAUNCH_TAG, OWNER, PRESET, tag
 
 PAGE = 200  # the API's maximum page size for flow runs
+SERVER_ID_VARIABLE = "prefect_launch_server_id"  # the server's identity (Api.server_id)
 IO_WORKERS = 8  # IO_POOL's size (its tests fill it)
 IO_POOL = ThreadPoolExecutor(max_workers=IO_WORKERS, thread_name_prefix="dash-io")
 # Requests fanned out by a task that itself runs on IO_POOL go to a pool of their own: a task that
@@ -67,6 +70,8 @@ class Api:
             headers["Authorization"] = "Basic " + base64.b64encode(PREFECT_API_AUTH_STRING.value().encode()).decode()
         self.http = httpx.Client(base_url=self.api_url + "/", headers=headers, timeout=timeout,
                                  limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+        self._server_id: Optional[str] = None
+        self._server_id_lock = threading.Lock()
 
     def post(self, path: str, body: Optional[dict] = None) -> Any:
         r = self.http.post(path.lstrip("/"), json=body or {})
@@ -77,6 +82,37 @@ class Api:
         r = self.http.get(path.lstrip("/"))
         r.raise_for_status()
         return r.json()
+
+    def server_id(self) -> str:
+        """This server's identity, steadier than the URL it is reached by: a UUID kept in the Prefect
+        Variable ``SERVER_ID_VARIABLE``, made by the first monitor that asks. The run index is kept per
+        server by it, so monitors reaching one server as localhost and 127.0.0.1 (or through a proxy)
+        share one index instead of resetting each other's. Raises when the server cannot be read: a
+        guess here would rebuild the index."""
+        with self._server_id_lock:
+            if self._server_id is None:
+                self._server_id = self._read_or_make_server_id()
+            return self._server_id
+
+    def _read_or_make_server_id(self) -> str:
+        path = f"variables/name/{SERVER_ID_VARIABLE}"
+        for _ in range(3):
+            r = self.http.get(path)
+            if r.status_code == 404:  # the first monitor of this server: make it (another may do so at once)
+                made = self.http.post("variables/", json={"name": SERVER_ID_VARIABLE, "value": uuid.uuid4().hex,
+                                                          "tags": ["prefect-launch"]})
+                if made.status_code == 409:  # made meanwhile by another: read theirs
+                    continue
+                made.raise_for_status()
+                r = made
+            r.raise_for_status()
+            value = r.json().get("value")
+            if not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value)):
+                raise RuntimeError(f"the Prefect Variable {SERVER_ID_VARIABLE!r} holds {value!r}, not a server id: "
+                                   "delete it (`prefect variable unset " + SERVER_ID_VARIABLE + "`) and the monitor makes a new "
+                                   "one (its run index is then built again)")
+            return value
+        raise RuntimeError(f"could not read or make the Prefect Variable {SERVER_ID_VARIABLE!r}")
 
     def ui_url(self) -> str:
         """Base URL of the Prefect UI: PREFECT_UI_URL if set, else this API URL minus ``/api``."""

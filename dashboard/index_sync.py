@@ -164,7 +164,7 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
     t0 = time.perf_counter()
     start = dt.datetime.now(UTC)
     since = start - dt.timedelta(days=days if days is not None else index_days())
-    index.reset(api.api_url)
+    index.reset(api.server_id(), api.api_url)
     # time slices read in parallel: the last one open-ended (runs scheduled in the future)
     edges = [since + (start - since) * k / BUILD_SLICES for k in range(BUILD_SLICES + 1)]
     slices = [(edges[k], edges[k + 1] - dt.timedelta(microseconds=1) if k < BUILD_SLICES - 1 else None) for k in range(BUILD_SLICES)]
@@ -192,7 +192,7 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
         f.result()
     # changes made while the build read are picked up by the sync that follows (events since start)
     cursor = int(start.timestamp() * 1000)
-    index.set_meta(IndexMeta(api_url=api.api_url, covered_since_ms=int(since.timestamp() * 1000), events_cursor_ms=cursor,
+    index.set_meta(IndexMeta(api_url=api.api_url, server_id=api.server_id(), covered_since_ms=int(since.timestamp() * 1000), events_cursor_ms=cursor,
                              last_sync_ms=cursor))
     res = sync(index, api)
     return SyncResult(runs_read=totals["read"] + res.runs_read, rows_written=totals["written"] + res.rows_written, events=res.events,
@@ -205,7 +205,7 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     (always when the events cannot be read)."""
     t0 = time.perf_counter()
     now = now or dt.datetime.now(UTC)
-    meta = index.meta(api.api_url)
+    meta = index.meta(api.server_id(), api.api_url)
     if meta is None or meta.covered_since_ms is None:
         raise RuntimeError("the run index is not built for this server: run `prefect-launch monitor index`")
     cursor = dt.datetime.fromtimestamp((meta.events_cursor_ms or meta.last_sync_ms or 0) / 1000, UTC)
@@ -238,7 +238,7 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     if stamp - meta.covered_since_ms > keep_ms + 86400_000:  # retention: once a day, drop finished runs past the window
         index.purge(before_us=(stamp - keep_ms) * 1000)
         update["covered_since_ms"] = stamp - keep_ms
-    index.set_meta(meta.model_copy(update=update))
+    index.set_meta(meta.model_copy(update=dict(update, api_url=api.api_url)))  # the URL it was synced through
     return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
                       took_s=time.perf_counter() - t0, deleted=sorted(gone))
 
@@ -289,7 +289,7 @@ class IndexService:
 
     def meta(self) -> Optional[IndexMeta]:
         """Read each time (one indexed row): another process may be rebuilding the index."""
-        return self.index.meta(self.api.api_url)
+        return self.index.meta(self.api.server_id(), self.api.api_url)
 
     def covers(self, since: dt.datetime) -> bool:
         m = self.meta()

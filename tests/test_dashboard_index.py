@@ -92,7 +92,7 @@ def test_build_reads_every_run_and_records_coverage(seeded, store):
     assert set(seeded.run_ids) <= set(frame["id"])
     row = frame.set_index("id").loc[seeded.failed_ids[0]]
     assert row["state_type"] == "FAILED" and "loss is NaN" in row["message"]
-    meta = index.meta(api.api_url)
+    meta = index.meta(api.server_id())
     assert meta.covered_since_ms <= (dt.datetime.now(UTC) - dt.timedelta(hours=23)).timestamp() * 1000
     svc = X.IndexService(index, api)
     assert svc.covers(dt.datetime.now(UTC) - dt.timedelta(hours=23))
@@ -223,14 +223,14 @@ def test_sync_drops_finished_runs_past_the_window(seeded, tmp_path, monkeypatch)
     old_done, old_open = str(uuid.uuid4()), str(uuid.uuid4())  # runs the server does not have (any more)
     index.upsert([IndexRow(id=old_done, state_type="COMPLETED", expected_start_us=IV.us(old)),
                   IndexRow(id=old_open, state_type="RUNNING", expected_start_us=IV.us(old))])
-    meta = index.meta(api.api_url)
+    meta = index.meta(api.server_id())
     index.set_meta(meta.model_copy(update=dict(covered_since_ms=int(old.timestamp() * 1000))))
     monkeypatch.setenv("LAUNCH_INDEX_DAYS", "1")
     X.sync(index, api)
     ids = set(index.frame(columns=["id"])["id"])
     assert old_done not in ids and set(seeded.run_ids) <= ids
     assert old_open not in ids  # an open run the server no longer has is dropped, not shown as running forever
-    assert index.meta(api.api_url).covered_since_ms > (dt.datetime.now(UTC) - dt.timedelta(days=1, minutes=5)).timestamp() * 1000
+    assert index.meta(api.server_id()).covered_since_ms > (dt.datetime.now(UTC) - dt.timedelta(days=1, minutes=5)).timestamp() * 1000
 
 
 def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path, monkeypatch):
@@ -243,7 +243,7 @@ def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path,
 
     def covers_then_reset(self, since):
         ok = real_covers(self, since)
-        RunIndex(store).reset(api.api_url)
+        RunIndex(store).reset(api.server_id(), api.api_url)
         return ok
 
     monkeypatch.setattr(X.IndexService, "covers", covers_then_reset)
@@ -340,3 +340,94 @@ def test_isin_on_categoricals_equals_pandas():
         assert (IV.isin(s, vals) == s.isin(list(vals)).to_numpy()).all()
     plain = pd.Series(["a", None, "b"])
     assert IV.isin(plain, ["a", "b"]).tolist() == [True, False, True]
+
+
+def _other_spelling(api_url: str) -> str:
+    """The same server by another name (what a second monitor, a proxy or a README might use)."""
+    assert "127.0.0.1" in api_url, api_url
+    return api_url.replace("127.0.0.1", "localhost")
+
+
+def test_server_id_is_one_per_server_whatever_its_url(seeded, prefect_server):
+    """Two spellings of the server's URL give one identity, kept in a Prefect Variable; monitors
+    starting at once on a server that has none yet agree on the one made."""
+    import concurrent.futures as cf
+
+    from prefect.variables import Variable
+
+    from prefect_launch.dashboard.api import SERVER_ID_VARIABLE, Api
+
+    a, b = Api(prefect_server), Api(_other_spelling(prefect_server))
+    assert a.api_url != b.api_url
+    sid = a.server_id()
+    assert len(sid) == 32 and int(sid, 16) >= 0
+    assert b.server_id() == sid == Variable.get(SERVER_ID_VARIABLE)
+    # a server without the variable: monitors asking at once make one between them
+    before = sid
+    Variable.unset(SERVER_ID_VARIABLE)
+    try:
+        urls = [prefect_server, _other_spelling(prefect_server)] * 3
+        with cf.ThreadPoolExecutor(len(urls)) as pool:
+            ids = list(pool.map(lambda u: Api(u).server_id(), urls))
+        assert len(set(ids)) == 1 and ids[0] == Variable.get(SERVER_ID_VARIABLE) != before
+    finally:  # the other tests' indexes were built for the first id
+        Variable.set(SERVER_ID_VARIABLE, before, overwrite=True)
+    assert Api(prefect_server).server_id() == before
+    # a value that is no id is an error that says what to do, not a guess
+    Variable.set(SERVER_ID_VARIABLE, "not-an-id", overwrite=True)
+    try:
+        with pytest.raises(RuntimeError, match="not a server id: delete it"):
+            Api(prefect_server).server_id()
+    finally:
+        Variable.set(SERVER_ID_VARIABLE, before, overwrite=True)
+
+
+def test_monitors_reaching_one_server_by_two_urls_share_its_index(seeded, prefect_server, tmp_path):
+    """A monitor reaching the server by another URL finds the index built and syncs it; it neither
+    resets it nor builds again (before v8 each spelling reset the other's index)."""
+    from prefect_launch.dashboard.api import Api
+
+    store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'spellings.db'}")
+    first, second = Api(prefect_server), Api(_other_spelling(prefect_server))
+    X.build(RunIndex(store), first, days=1)
+    rows = len(RunIndex(store).frame(columns=["id"]))
+    assert rows >= len(seeded.run_ids)
+    since = dt.datetime.now(UTC) - dt.timedelta(hours=23)
+    svc = X.IndexService(RunIndex(store), second)
+    assert svc.covers(since)
+    res = X.sync(RunIndex(store), second)
+    assert res.mode != "build"
+    assert set(seeded.run_ids) <= set(RunIndex(store).frame(columns=["id"])["id"])
+    meta = RunIndex(store).meta(first.server_id())
+    assert meta.server_id == second.server_id() and meta.api_url == second.api_url  # synced through the second URL
+    X.sync(RunIndex(store), first)  # and back: still the one index
+    assert X.IndexService(RunIndex(store), first).covers(since) and svc.covers(since)
+    assert len(RunIndex(store).frame(columns=["id"])) >= rows
+
+
+def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
+    """A v7 store's meta row names the URL only: the monitor whose URL it names adopts it (the index
+    keeps its rows and coverage); a monitor of another URL does not."""
+    import sqlalchemy as sa
+
+    from prefect_launch.blocks import metrics_schema as S
+    from prefect_launch.blocks.metrics_store import dispose_engines
+
+    url = f"sqlite:///{tmp_path / 'v7.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        S.ensure_schema(conn, target=7)
+        assert "server_id" not in {c["name"] for c in sa.inspect(conn).get_columns("launch_index_meta")}
+        conn.exec_driver_sql("INSERT INTO launch_index_meta (api_url, covered_since_ms, events_cursor_ms, last_sync_ms) "
+                             "VALUES ('http://127.0.0.1:4200/api', 1000, 2000, 3000)")
+        conn.exec_driver_sql("INSERT INTO launch_run_index (id, state_type, synced_ms) VALUES ('r1', 'COMPLETED', 1)")
+    engine.dispose()
+    dispose_engines()
+    index = RunIndex(RunMetricsStore(url=url))
+    assert index.store.schema_version() == 8
+    assert index.meta("a" * 32, "http://localhost:4200/api") is None  # another URL: not this row
+    m = index.meta("a" * 32, "http://127.0.0.1:4200/api")
+    assert (m.server_id, m.covered_since_ms, m.events_cursor_ms, m.last_sync_ms) == ("a" * 32, 1000, 2000, 3000)
+    assert index.meta("a" * 32).covered_since_ms == 1000  # adopted: found by the id alone from now on
+    assert index.meta("b" * 32, "http://127.0.0.1:4200/api") is None  # another server at that URL later: not it
+    assert set(index.frame(columns=["id"])["id"]) == {"r1"}

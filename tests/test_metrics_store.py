@@ -196,9 +196,11 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         engine.dispose()
 
         store = RunMetricsStore(url=url)
-        assert store.schema_version() == S.SCHEMA_VERSION == 7
+        assert store.schema_version() == S.SCHEMA_VERSION == 8
         with store._read() as conn:  # v3: the monitor's run index tables exist on the upgraded database
             assert sa.inspect(conn).has_table("launch_run_index") and sa.inspect(conn).has_table("launch_index_meta")
+            # v8: the index's meta is keyed by the Prefect server's identity
+            assert "server_id" in {c["name"] for c in sa.inspect(conn).get_columns("launch_index_meta")}
         rec = store.get_run("old-run")
         assert rec.queue == "q1" and rec.cpu == 2 and rec.started_at == NOW
         pts = store.series("old-run")
