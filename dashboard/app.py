@@ -208,16 +208,15 @@ def panel_cost(p: P.PageData) -> None:
 
             st.altair_chart(charts.cost_chart(table, by), width="stretch")
         with right:
-            shown = table.astype(object).where(table.notna(), "unavailable")
-            st.dataframe(shown, hide_index=True, width="stretch", key="cost_table")
+            LT.table(table, "cost_table", "Cost and waste by " + by, digits={c: 1 for c in table.columns if c.endswith("_h")},
+                     empty={c: "unavailable" for c in table.columns})
         st.caption("Top wasters: runs that left the most of what they held idle (GPU-hours, then core-hours)")
         w = C.wasters(runs)
         if w.empty:
             st.success("No run left held hardware idle in this range.")
         else:
-            st.dataframe(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
-                         key="wasters_table",
-                         column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
+            LT.table(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), "wasters_table", "Top wasters",
+                     labels={"link": "Prefect UI"}, links={"link": "open run"}, empty={c: "unavailable" for c in w.columns})
 
 
 def _partial_note(v: V.View) -> str:
@@ -345,8 +344,8 @@ def panel_metrics(v: V.View) -> None:
         if w.empty:
             st.success("No run flagged as waste in this range.")
         else:
-            st.dataframe(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), hide_index=True, width="stretch",
-                         column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
+            LT.table(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), "waste_table", "Runs that waste hardware",
+                     labels={"link": "Prefect UI"}, links={"link": "open run"})
 
 
 def panel_errors(v: V.View) -> None:
@@ -357,9 +356,8 @@ def panel_errors(v: V.View) -> None:
             st.success("No failed or crashed run in this range.")
             return
         st.caption(f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)")
-        st.dataframe(e.assign(link=[A.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), hide_index=True,
-                     width="stretch", key="errors_table",
-                     column_config={"link": st.column_config.LinkColumn("Prefect UI", display_text="open run")})
+        LT.table(e.assign(link=[A.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), "errors_table", "Errors",
+                 labels={"link": "Prefect UI"}, links={"link": "open run"})
 
 
 def _links_unlocked() -> bool:

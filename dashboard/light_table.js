@@ -37,10 +37,11 @@ function safeHref(v) {
 
 // what a cell shows, per column (the values stay as sent for sorting and the CSV)
 function shown(col, vals) {
-  if (col.kind === "number") { const f = numberFormat(col.digits || 0); return vals.map((v) => (v === null ? "" : f.format(v))); }
-  if (col.kind === "time") return vals.map((v) => (v === null ? "" : fmtTime(v)));
-  if (col.kind === "link") return vals.map((v) => (v === null ? "" : col.link_text || v));
-  return vals.map((v) => (v === null ? "" : String(v)));
+  const none = col.empty || "";
+  if (col.kind === "number") { const f = numberFormat(col.digits || 0); return vals.map((v) => (v === null ? none : f.format(v))); }
+  if (col.kind === "time") return vals.map((v) => (v === null ? none : fmtTime(v)));
+  if (col.kind === "link") return vals.map((v) => (v === null ? none : col.link_text || v));
+  return vals.map((v) => (v === null ? none : String(v)));
 }
 
 function csvCell(col, v) {

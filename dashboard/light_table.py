@@ -1,6 +1,8 @@
 """The first page's tables as one Streamlit component (``st.components.v2``: mounted in the page, no
 iframe, no grid library to fetch): sortable headings, rows built as they scroll into view, a CSV
-download. The payloads come from :mod:`.table_data`; ``light_table.js`` draws them (every cell as text).
+download. The payloads come from :mod:`.table_data`; ``light_table.js`` draws them (every cell as text). The
+monitor draws all its tables so (Streamlit's data grid cost a new visitor about a second, and a
+section chosen later the same again); the sessions page keeps the grid.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ _mount = st.components.v2.component(COMPONENT, js=Path(__file__).with_name("ligh
 
 def table(frame: pd.DataFrame, key: str, title: str, *, labels: Optional[Mapping[str, str]] = None,
           digits: Optional[Mapping[str, int]] = None, links: Optional[Mapping[str, str]] = None,
-          rows_shown: int = 10, file: Optional[str] = None) -> None:
+          empty: Optional[Mapping[str, str]] = None, rows_shown: int = 10, file: Optional[str] = None) -> None:
     """Draw ``frame`` (see :func:`.table_data.table_payload` for the options)."""
-    payload = table_payload(frame, title, file=file, labels=labels, digits=digits, links=links, rows_shown=rows_shown)
+    payload = table_payload(frame, title, file=file, labels=labels, digits=digits, links=links, empty=empty,
+                            rows_shown=rows_shown)
     _mount(key=key, data=payload.dump())

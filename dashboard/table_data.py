@@ -1,11 +1,12 @@
-"""What each table of the monitor's first page sends to the browser (pure: a frame in, a plain
-payload out; tested without a server or a browser).
+"""What each table of the queue monitor sends to the browser (pure: a frame in, a plain payload
+out; tested without a server or a browser).
 
-The first page's tables (queue summary, who waits, agents, idle periods, the runs under the Gantt)
-are drawn by :mod:`.light_table`, rows as text in the page, only those scrolled into view. Streamlit's
-data grid cost a new visitor about a second of the page's wait here (its 1.7 MB of scripts fetched and
-compiled, every grid laid out: ``bench/results/dashboard_first_page_tables.txt``) for tables a person
-reads, sorts and downloads. The sections drawn on demand keep the grid.
+The monitor's tables (queue summary, who waits, agents, idle periods, the runs under the Gantt, and
+in the sections cost, wasters, waste and errors) are drawn by :mod:`.light_table`, rows as text in
+the page, only those scrolled into view. Streamlit's data grid cost a new visitor about half a second
+of the first page's wait and 0.3 s of the browser's CPU (its 1.7 MB of scripts fetched and compiled,
+every grid laid out: ``bench/results/dashboard_first_page_tables.txt``) for tables a person reads,
+sorts and downloads.
 
 The payload is columnar: ``data[i]`` holds column ``i``'s values, each a number, a string, epoch ms
 (``kind == "time"``) or None. Nothing here is HTML: the browser sets every cell as text, and a link
@@ -37,6 +38,7 @@ class Column(BaseModel):
     kind: Kind = "text"
     digits: int = 0  # decimals shown for a number
     link_text: Optional[str] = None  # a link's text (its URL when None)
+    empty: str = ""  # what an empty cell shows (e.g. "unavailable": not measured)
 
 
 class TablePayload(BaseModel):
@@ -126,17 +128,20 @@ def _times(s: pd.Series) -> list[Optional[float]]:
 
 def table_payload(frame: pd.DataFrame, title: str, *, file: Optional[str] = None,
                   labels: Optional[Mapping[str, str]] = None, digits: Optional[Mapping[str, int]] = None,
-                  links: Optional[Mapping[str, str]] = None, rows_shown: int = 10) -> TablePayload:
+                  links: Optional[Mapping[str, str]] = None, empty: Optional[Mapping[str, str]] = None,
+                  rows_shown: int = 10) -> TablePayload:
     """``frame`` as the browser draws it. ``labels``: a column's heading (its name otherwise);
     ``digits``: decimals of a number column (0 when every value is whole, else 2); ``links``: columns
-    holding URLs, each with the text its links show."""
-    labels, digits, links = labels or {}, digits or {}, links or {}
+    holding URLs, each with the text its links show; ``empty``: what a column's empty cells show
+    (nothing otherwise; the CSV leaves them empty)."""
+    labels, digits, links, empty = labels or {}, digits or {}, links or {}, empty or {}
     columns, data = [], []
     for name in frame.columns:
         s = frame[name]
         key = str(name)
         if key in links:
-            columns.append(Column(name=key, label=labels.get(key, key), kind="link", link_text=links[key]))
+            columns.append(Column(name=key, label=labels.get(key, key), kind="link", link_text=links[key],
+                                  empty=empty.get(key, "")))
             data.append([safe_link(v) for v in s.tolist()])
             continue
         kind = _kind(s)
@@ -149,7 +154,7 @@ def table_payload(frame: pd.DataFrame, title: str, *, file: Optional[str] = None
         d = digits.get(key)
         if kind == "number" and d is None:
             d = 0 if all(v is None or float(v).is_integer() for v in vals) else 2
-        columns.append(Column(name=key, label=labels.get(key, key), kind=kind, digits=d or 0))
+        columns.append(Column(name=key, label=labels.get(key, key), kind=kind, digits=d or 0, empty=empty.get(key, "")))
         data.append(vals)
     return TablePayload(title=title, file=file or re.sub(r"[^A-Za-z0-9_.-]+", "-", title.lower()).strip("-") + ".csv",
                         rows_shown=rows_shown, n=len(frame), columns=columns, data=data)

@@ -156,17 +156,19 @@ def fresh_app(timeout: float = 120):
     return AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=timeout)
 
 
-def tables(at) -> list:
-    """Every table on an AppTest page as a frame: Streamlit's grids (the sections drawn on demand) and
-    the first page's light tables (dashboard/light_table.py), as the browser gets them."""
+def table_payloads(at) -> list:
+    """Every light table on an AppTest page (dashboard/light_table.py) as the browser gets it."""
     from prefect_launch.dashboard.light_table import COMPONENT
     from prefect_launch.dashboard.table_data import TablePayload
 
-    out = [d.value for d in at.dataframe]
-    for e in at.get("bidi_component"):
-        if e.proto.component_name == COMPONENT:
-            out.append(TablePayload.model_validate_json(e.proto.json).frame())
-    return out
+    return [TablePayload.model_validate_json(e.proto.json) for e in at.get("bidi_component")
+            if e.proto.component_name == COMPONENT]
+
+
+def tables(at) -> list:
+    """Every table on an AppTest page as a frame: Streamlit's grids (the sessions page) and the
+    monitor's light tables, as the browser gets them."""
+    return [d.value for d in at.dataframe] + [p.frame() for p in table_payloads(at)]
 
 
 def figures(at) -> dict:

@@ -248,7 +248,7 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
 
 def test_cost_panel_on_the_page(ran, monkeypatch):
     """The page's "Cost and waste" panel shows the same table for the queue, and says what is unavailable."""
-    from fixtures_dashboard import figures, fresh_app
+    from fixtures_dashboard import figures, fresh_app, table_payloads, tables
 
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
     at = fresh_app().run()
@@ -258,7 +258,10 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
     assert "Cost and waste" in [s.value for s in at.subheader]
-    shown = next(d.value for d in at.dataframe if "gpu_alloc_h" in d.value.columns)
+    shown = next(d for d in tables(at) if "gpu_alloc_h" in d.columns)
+    # a figure that was not measured reads "unavailable" on the page (an empty cell in the CSV)
+    drawn = next(p for p in table_payloads(at) if "gpu_alloc_h" in [c.name for c in p.columns])
+    assert {c.empty for c in drawn.columns if c.name.endswith(("_h", "_wh"))} == {"unavailable"}
     runs = C.run_costs(ran["store"], ran["since"], ran["until"], queues=[ran["queue"]])
     want = C.cost_table(runs, "owner").set_index("owner")
     assert list(shown["owner"]) == list(want.index) and list(shown["owner"])[-1] == "total"  # most GPU-hours held first
@@ -267,13 +270,13 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
         assert float(row["gpu_alloc_h"]) == pytest.approx(want.loc[row["owner"], "gpu_alloc_h"], rel=1e-3)
         assert float(row["gpu_used_h"]) == pytest.approx(want.loc[row["owner"], "gpu_used_h"], rel=1e-3)
         if not RAPL_READABLE:
-            assert row["cpu_energy_wh"] == "unavailable"
+            assert pd.isna(row["cpu_energy_wh"])
     metrics = figures(at)
     assert metrics["Held GPU time idle"] == f"{C.idle_share(runs):.0f}%"
     assert metrics["GPU energy"] == f"{want.loc['total', 'gpu_energy_wh']:,.0f} Wh"
     if not RAPL_READABLE:
         assert metrics["CPU energy"] == "n/a"
-    wasters = next(d.value for d in at.dataframe if "cpu_idle_h" in d.value.columns)
+    wasters = next(d for d in tables(at) if "cpu_idle_h" in d.columns)
     assert wasters.iloc[0]["id"] == ran["ids"]["bob_gpu2"]
     # the agent published 2 GPUs: the capacity figures are percentages, not n/a
     assert metrics["GPU capacity held"].endswith("%") and metrics["GPU capacity used"].endswith("%")

@@ -26,11 +26,13 @@ from prefect_launch.dashboard import light_table as LT
 n = {N}
 df = pd.DataFrame({{"name": [f"run-{{i:05d}}" for i in range(n)], "queued_s": [(i * 7919) % n for i in range(n)],
                    "start": pd.date_range("2026-12-01", periods=n, freq="min", tz="UTC"),
-                   "link": [f"https://ui.example/runs/flow-run/{{i}}" for i in range(n)]}})
+                   "link": [f"https://ui.example/runs/flow-run/{{i}}" for i in range(n)],
+                   "energy_wh": [None if i % 2 else i / 4 for i in range(n)]}})
 df.loc[3, "name"] = {EVIL!r}
 df.loc[4, "link"] = "javascript:window.__pwned=2"
 st.title("tables")
-LT.table(df, "big", "Big table", labels={{"queued_s": "queued s", "link": "Prefect UI"}}, links={{"link": "open run"}})
+LT.table(df, "big", "Big table", labels={{"queued_s": "queued s", "link": "Prefect UI"}}, links={{"link": "open run"}},
+         empty={{"energy_wh": "unavailable"}})
 """
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=CHROMIUM_MISSING)
@@ -87,6 +89,7 @@ def test_light_table_sorts_scrolls_downloads_and_escapes(table_app):
             assert first.inner_text() == "open run"
             assert links.count() == built - 1  # every built row but the one with the script link
             assert page.locator('.lt-rows > .lt-tr[aria-rowindex="6"] .lt-td').nth(3).inner_text() == ""
+            assert _cells(page, 4)[:3] == ["0.00", "unavailable", "0.50"]  # not measured: said, not left blank
 
             # a heading sorts: ascending, then descending
             head = page.get_by_role("columnheader", name="queued s")
@@ -109,12 +112,13 @@ def test_light_table_sorts_scrolls_downloads_and_escapes(table_app):
                 page.get_by_role("button", name="Download CSV").click()
             assert dl.value.suggested_filename == "big-table.csv"
             rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
-            assert len(rows) == N and list(rows[0]) == ["name", "queued_s", "start", "link"]
+            assert len(rows) == N and list(rows[0]) == ["name", "queued_s", "start", "link", "energy_wh"]
             assert [int(r["queued_s"]) for r in rows] == sorted(range(N), reverse=True)
             by_name = {r["name"]: r for r in rows}
             assert by_name["run-00000"]["start"] == "2026-12-01T00:00:00.000Z"
             assert by_name["run-00000"]["link"] == "https://ui.example/runs/flow-run/0"
             assert by_name[EVIL]["link"] == "https://ui.example/runs/flow-run/3"
             assert by_name["run-00004"]["link"] == ""
+            assert by_name["run-00001"]["energy_wh"] == "" and by_name["run-00002"]["energy_wh"] == "0.5"
         finally:
             browser.close()

@@ -45,6 +45,13 @@ def test_payload_kinds_values_and_json():
     assert dumped["sig"] != table_payload(_frame().head(2), "Job runs").dump()["sig"]
 
 
+def test_empty_cells_say_what_they_are():
+    p = table_payload(pd.DataFrame({"gpu_energy_wh": [1.5, np.nan], "owner": ["a", None]}), "Cost",
+                      empty={"gpu_energy_wh": "unavailable"})
+    assert [(c.name, c.empty) for c in p.columns] == [("gpu_energy_wh", "unavailable"), ("owner", "")]
+    assert p.data == [[1.5, None], ["a", None]]  # the value stays empty (the CSV too): only the page says why
+
+
 def test_default_digits_follow_the_values():
     p = table_payload(pd.DataFrame({"whole": [1.0, 2.0], "part": [1.0, 2.5]}), "t")
     assert [c.digits for c in p.columns] == [0, 2]
