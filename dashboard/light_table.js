@@ -62,6 +62,9 @@ function compare(vals, dir) {
 }
 
 function build(host, data) {
+  // newer rows for the same table (the page's next read) keep the reader's sort and scroll
+  const kept = host.querySelector(".lt-table-scroll");
+  const keptTop = kept ? kept.scrollTop : 0;
   host.replaceChildren();
   host.removeAttribute("data-drawn");
   const cols = data.columns, n = data.n;
@@ -70,6 +73,12 @@ function build(host, data) {
   const cells = cols.map((c, i) => shown(c, data.data[i]));
   let order = Array.from({ length: n }, (_, i) => i);
   const sort = { col: -1, dir: 0 };
+  function sortBy(i, dir) {
+    sort.col = i; sort.dir = dir;
+    host.ltSort = dir ? { name: cols[i].name, dir } : null;
+    order = Array.from({ length: n }, (_, k) => k);
+    if (dir) order.sort(compare(data.data[i], dir));
+  }
 
   const bar = el("div", "lt-table-bar");
   bar.appendChild(el("span", "lt-table-count", `${n.toLocaleString("en-US")} ${n === 1 ? "row" : "rows"}`));
@@ -121,17 +130,20 @@ function build(host, data) {
     h.setAttribute("role", "columnheader");
     h.title = `Sort by ${c.label}`;
     h.addEventListener("click", () => {
-      sort.dir = sort.col === i ? (sort.dir === 1 ? -1 : sort.dir === -1 ? 0 : 1) : 1;
-      sort.col = i;
-      order = Array.from({ length: n }, (_, k) => k);
-      if (sort.dir) order.sort(compare(data.data[i], sort.dir));
-      heads.forEach((x, k) => x.setAttribute("aria-sort", k === i && sort.dir ? (sort.dir === 1 ? "ascending" : "descending") : "none"));
+      sortBy(i, sort.col === i ? (sort.dir === 1 ? -1 : sort.dir === -1 ? 0 : 1) : 1);
+      marks();
       rows.replaceChildren(); first = -1;
       paint();
     });
     head.appendChild(h);
     return h;
   });
+  function marks() {
+    heads.forEach((x, k) => x.setAttribute("aria-sort", k === sort.col && sort.dir ? (sort.dir === 1 ? "ascending" : "descending") : "none"));
+  }
+  const before = host.ltSort ? cols.findIndex((c) => c.name === host.ltSort.name) : -1;
+  if (before >= 0) sortBy(before, host.ltSort.dir);
+  marks();
   const rows = el("div", "lt-rows");
   inner.appendChild(head);
   inner.appendChild(rows);
@@ -177,6 +189,7 @@ function build(host, data) {
     queued = true;
     requestAnimationFrame(() => { queued = false; paint(); });
   });
+  if (keptTop) scroll.scrollTop = keptTop;
   paint();
   host.setAttribute("data-drawn", "");
 }

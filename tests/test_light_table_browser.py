@@ -23,7 +23,7 @@ import pandas as pd
 import streamlit as st
 from prefect_launch.dashboard import light_table as LT
 
-n = {N}
+n = {N} + (1 if st.button("one more run") else 0)  # the page's next read: newer rows for the same table
 df = pd.DataFrame({{"name": [f"run-{{i:05d}}" for i in range(n)], "queued_s": [(i * 7919) % n for i in range(n)],
                    "start": pd.date_range("2026-12-01", periods=n, freq="min", tz="UTC"),
                    "link": [f"https://ui.example/runs/flow-run/{{i}}" for i in range(n)],
@@ -120,5 +120,15 @@ def test_light_table_sorts_scrolls_downloads_and_escapes(table_app):
             assert by_name[EVIL]["link"] == "https://ui.example/runs/flow-run/3"
             assert by_name["run-00004"]["link"] == ""
             assert by_name["run-00001"]["energy_wh"] == "" and by_name["run-00002"]["energy_wh"] == "0.5"
+
+            # newer rows for the same table (a rerun with new data) keep the reader's sort and scroll
+            page.get_by_role("button", name="one more run").click()
+            page.wait_for_function(f"() => document.querySelector('.lt-table[data-drawn]')?.dataset.rows === '{N + 1}'",
+                                   timeout=30_000)
+            assert page.get_by_role("columnheader", name="queued s").get_attribute("aria-sort") == "descending"
+            assert page.locator(".lt-table-scroll").evaluate("e => e.scrollTop") > 0
+            page.locator(".lt-table-scroll").evaluate("e => { e.scrollTop = 0; }")
+            page.wait_for_function('() => !!document.querySelector(\'.lt-rows > .lt-tr[aria-rowindex="2"]\')', timeout=10_000)
+            assert _cells(page, 1)[:2] == ["5,000", "4,999"]  # the new run (queued 5000 s) first, as sorted
         finally:
             browser.close()
