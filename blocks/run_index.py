@@ -179,13 +179,16 @@ class RunIndex:
         before the store knew server identities (v8) is this server's when it names ``api_url``: it is
         adopted (the index is not built again)."""
         m = S.index_meta.c
-        with self.store._read() as conn:
-            row = conn.execute(sa.select(S.index_meta).where(m.server_id == server_id)).mappings().first()
-        if row is None and api_url:
+        mine = m.server_id == server_id
+        if api_url:
+            mine = sa.or_(mine, sa.and_(m.api_url == api_url, m.server_id.is_(None)))
+        with self.store._read() as conn:  # one read each view; a write only the once a row is adopted
+            row = conn.execute(sa.select(S.index_meta).where(mine)).mappings().first()
+        if row is not None and row["server_id"] is None:
             with self.store._write() as conn:
-                if conn.execute(sa.update(S.index_meta).where(m.api_url == api_url, m.server_id.is_(None))
-                                .values(server_id=server_id)).rowcount:
-                    row = conn.execute(sa.select(S.index_meta).where(m.server_id == server_id)).mappings().first()
+                conn.execute(sa.update(S.index_meta).where(m.api_url == row["api_url"], m.server_id.is_(None))
+                             .values(server_id=server_id))
+            row = dict(row, server_id=server_id)
         return IndexMeta(**row) if row else None
 
     def set_meta(self, meta: IndexMeta) -> None:

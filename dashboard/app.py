@@ -53,6 +53,13 @@ def panel_waiting(p: P.PageData) -> None:
              digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
+def _runs_table(v: V.View, runs: pd.DataFrame, key: str, title: str, drop_id: bool = False, **kw) -> None:
+    """A table of runs (``runs`` has their ``id``) with a link to each in Prefect's UI."""
+    shown = runs.assign(link=[A.run_url(v.ui_base, i) for i in runs["id"]])
+    LT.table(shown.drop(columns=["id"]) if drop_id else shown, key, title,
+             labels={"link": "Prefect UI", **kw.pop("labels", {})}, links={"link": "open run"}, **kw)
+
+
 def _view_costs(p: P.PageData):
     """(cost rows filtered like the page, error text or None)."""
     from prefect_launch.dashboard import cost as C
@@ -215,8 +222,7 @@ def panel_cost(p: P.PageData) -> None:
         if w.empty:
             st.success("No run left held hardware idle in this range.")
         else:
-            LT.table(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), "wasters_table", "Top wasters",
-                     labels={"link": "Prefect UI"}, links={"link": "open run"}, empty={c: "unavailable" for c in w.columns})
+            _runs_table(v, w, "wasters_table", "Top wasters", empty={c: "unavailable" for c in w.columns})
 
 
 def _partial_note(v: V.View) -> str:
@@ -344,8 +350,7 @@ def panel_metrics(v: V.View) -> None:
         if w.empty:
             st.success("No run flagged as waste in this range.")
         else:
-            LT.table(w.assign(link=[A.run_url(v.ui_base, i) for i in w["id"]]), "waste_table", "Runs that waste hardware",
-                     labels={"link": "Prefect UI"}, links={"link": "open run"})
+            _runs_table(v, w, "waste_table", "Runs that waste hardware")
 
 
 def panel_errors(v: V.View) -> None:
@@ -356,8 +361,7 @@ def panel_errors(v: V.View) -> None:
             st.success("No failed or crashed run in this range.")
             return
         st.caption(f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)")
-        LT.table(e.assign(link=[A.run_url(v.ui_base, i) for i in e["id"]]).drop(columns=["id"]), "errors_table", "Errors",
-                 labels={"link": "Prefect UI"}, links={"link": "open run"})
+        _runs_table(v, e, "errors_table", "Errors", drop_id=True)
 
 
 def _links_unlocked() -> bool:

@@ -1,12 +1,5 @@
 // Headline figures in a row: label (with an explanation on hover of its "?"), value. Every text is set
-// as text, never as HTML. Payload: dashboard/figures.py.
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
+// as text, never as HTML. Payload: dashboard/figures.py. el: component_base.js.
 
 export default function (component) {
   const { data, parentElement } = component;

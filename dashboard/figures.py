@@ -6,11 +6,12 @@ hover. Streamlit's ``st.metric`` drew the same with an element (and its script c
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional, Sequence
 
 import streamlit as st
 from pydantic import BaseModel
+
+from prefect_launch.dashboard.component_js import script
 
 COMPONENT = "prefect_launch.figures"
 CSS = """
@@ -21,7 +22,7 @@ CSS = """
 .lf-value { font-size: 2.25rem; line-height: 1.25; overflow-wrap: anywhere; }
 """
 
-_mount = st.components.v2.component(COMPONENT, js=Path(__file__).with_name("figures.js").read_text(), css=CSS,
+_mount = st.components.v2.component(COMPONENT, js=script("figures.js"), css=CSS,
                                     isolate_styles=False)
 
 

@@ -1,24 +1,11 @@
-// The monitor's first-page tables: rows as text in the page (never HTML), only the rows scrolled into
-// view built, a heading click sorts (ascending, descending, as sent), "Download CSV" saves the rows in
-// the order shown. Payload: dashboard/table_data.py (columnar; times as epoch ms; links checked there).
+// The monitor's tables: rows as text in the page (never HTML), only the rows scrolled into view built,
+// a heading click sorts (ascending, descending, as sent), "Download CSV" saves the rows in the order
+// shown. Payload: dashboard/table_data.py (columnar; times as epoch ms; links checked there). el and
+// fmtTime: component_base.js.
 
 const ROW_H = 28;
 const OVERSCAN = 8;
-const pad2 = (n) => String(n).padStart(2, "0");
 const NUMBER_FORMATS = {};
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-
-function fmtTime(ms) {
-  const t = new Date(ms);
-  return `${t.getUTCFullYear()}-${pad2(t.getUTCMonth() + 1)}-${pad2(t.getUTCDate())} ` +
-    `${pad2(t.getUTCHours())}:${pad2(t.getUTCMinutes())}:${pad2(t.getUTCSeconds())}`;
-}
 
 function isoTime(ms) {
   return new Date(ms).toISOString();
@@ -71,10 +58,10 @@ function build(host, data) {
   host.setAttribute("data-rows", String(n));
   host.setAttribute("aria-label", data.title);
   const cells = cols.map((c, i) => shown(c, data.data[i]));
+  // the sort is kept on the host by column name, so newer rows for the same table keep it
   let order = Array.from({ length: n }, (_, i) => i);
-  const sort = { col: -1, dir: 0 };
+  const sortCol = () => (host.ltSort ? cols.findIndex((c) => c.name === host.ltSort.name) : -1);
   function sortBy(i, dir) {
-    sort.col = i; sort.dir = dir;
     host.ltSort = dir ? { name: cols[i].name, dir } : null;
     order = Array.from({ length: n }, (_, k) => k);
     if (dir) order.sort(compare(data.data[i], dir));
@@ -130,7 +117,8 @@ function build(host, data) {
     h.setAttribute("role", "columnheader");
     h.title = `Sort by ${c.label}`;
     h.addEventListener("click", () => {
-      sortBy(i, sort.col === i ? (sort.dir === 1 ? -1 : sort.dir === -1 ? 0 : 1) : 1);
+      const dir = sortCol() === i ? host.ltSort.dir : 0;
+      sortBy(i, dir === 1 ? -1 : dir === -1 ? 0 : 1);
       marks();
       rows.replaceChildren(); first = -1;
       paint();
@@ -139,10 +127,12 @@ function build(host, data) {
     return h;
   });
   function marks() {
-    heads.forEach((x, k) => x.setAttribute("aria-sort", k === sort.col && sort.dir ? (sort.dir === 1 ? "ascending" : "descending") : "none"));
+    const at = sortCol();
+    heads.forEach((x, k) => x.setAttribute("aria-sort", k === at ? (host.ltSort.dir === 1 ? "ascending" : "descending") : "none"));
   }
-  const before = host.ltSort ? cols.findIndex((c) => c.name === host.ltSort.name) : -1;
+  const before = sortCol();
   if (before >= 0) sortBy(before, host.ltSort.dir);
+  else host.ltSort = null; // that column is gone from the newer rows
   marks();
   const rows = el("div", "lt-rows");
   inner.appendChild(head);

@@ -7,12 +7,12 @@ section chosen later the same again); the sessions page keeps the grid.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Optional
 
 import pandas as pd
 import streamlit as st
 
+from prefect_launch.dashboard.component_js import script
 from prefect_launch.dashboard.table_data import table_payload
 
 COMPONENT = "prefect_launch.table"
@@ -39,7 +39,7 @@ CSS = """
 .lt-table-empty { color: #808495; padding: 4px 0; }
 """
 
-_mount = st.components.v2.component(COMPONENT, js=Path(__file__).with_name("light_table.js").read_text(), css=CSS,
+_mount = st.components.v2.component(COMPONENT, js=script("light_table.js"), css=CSS,
                                     isolate_styles=False)
 
 

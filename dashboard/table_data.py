@@ -20,14 +20,14 @@ import json
 import math
 import re
 from typing import Any, Literal, Mapping, Optional
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from prefect_launch.blocks.queue_links import validate_url
+
 Kind = Literal["text", "number", "time", "link"]
-_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
 class Column(BaseModel):
@@ -74,15 +74,15 @@ class TablePayload(BaseModel):
 
 
 def safe_link(value: Any) -> Optional[str]:
-    """``value`` when it is an absolute http(s) URL with a host and no whitespace or control
-    characters, else None (drawn as no link: never a ``javascript:`` or relative target)."""
-    if not isinstance(value, str) or not value or _CONTROL.search(value):
+    """``value`` when it is a URL the queue links accept (:func:`~prefect_launch.blocks.queue_links.validate_url`:
+    absolute http(s), a host, no whitespace or control characters), else None: drawn as no link, never a
+    ``javascript:`` or relative target."""
+    if not isinstance(value, str):
         return None
     try:
-        parts = urlsplit(value)
+        return value if validate_url(value) == value else None
     except ValueError:
         return None
-    return value if parts.scheme.lower() in ("http", "https") and parts.netloc else None
 
 
 def _number(v: Any) -> Optional[float | int]:

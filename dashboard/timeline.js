@@ -7,13 +7,6 @@ const STEPS = [60e3, 300e3, 600e3, 900e3, 1800e3, 3600e3, 3 * 3600e3, 6 * 3600e3
   86400e3, 2 * 86400e3, 7 * 86400e3, 28 * 86400e3];
 const FONT = '12px "Source Sans Pro", "Source Sans 3", sans-serif';
 const INK = "#31333f", GRID = "#e6e9ef", MUTED = "#808495";
-const pad2 = (n) => String(n).padStart(2, "0");
-
-function fmtTime(ms) {
-  const t = new Date(ms);
-  return `${t.getUTCFullYear()}-${pad2(t.getUTCMonth() + 1)}-${pad2(t.getUTCDate())} ` +
-    `${pad2(t.getUTCHours())}:${pad2(t.getUTCMinutes())}:${pad2(t.getUTCSeconds())}`;
-}
 
 function fmt(v, f) {
   if (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v))) return "n/a";
@@ -52,13 +45,6 @@ function numLabel(v) {
   if (a >= 1e4) return (v / 1e3).toLocaleString("en-US", { maximumFractionDigits: 1 }) + "k";
   if (a > 0 && a < 0.01) return v.toLocaleString("en-US", { maximumSignificantDigits: 2 }); // not "0" at every tick
   return v.toLocaleString("en-US", { maximumFractionDigits: 2 });
-}
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
 }
 
 function clip(ctx, s, w) {

@@ -7,12 +7,12 @@ The payloads come from :mod:`.chart_data`; ``timeline.js`` draws them (every lab
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import streamlit as st
 
 from prefect_launch.dashboard.chart_data import Payload
+from prefect_launch.dashboard.component_js import script
 
 CSS = """
 .lt-chart { position: relative; width: 100%; font: 12px "Source Sans Pro", sans-serif; color: #31333f; }
@@ -31,7 +31,7 @@ CSS = """
 .lt-note { color: #808495; }
 """
 
-_mount = st.components.v2.component("prefect_launch.timeline", js=(Path(__file__).with_name("timeline.js")).read_text(),
+_mount = st.components.v2.component("prefect_launch.timeline", js=script("timeline.js"),
                                     css=CSS, isolate_styles=False)
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import fresh_app, seed_runs, tables
+from fixtures_dashboard import figures, fresh_app, seed_runs, tables
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
@@ -35,6 +36,15 @@ def _table(at: AppTest, *cols: str):
         if all(c in d.columns for c in cols):
             return d
     raise AssertionError(f"no table with columns {cols}")
+
+
+def _pool_runs(pool: str) -> list:
+    """Every flow run of the work pool ``pool``, as Prefect holds it."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])), limit=200)
 
 
 def _captions(at: AppTest) -> str:
@@ -68,6 +78,13 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     assert "grouping owner" in caps and "interval 1 min" in caps and f"queues {seeded.pool} · read at" in caps
     runs_table = _table(at, "priority", "link")
     assert set(runs_table["queue"]) == {seeded.pool}
+    # the headline figures against the runs' own records in Prefect (state now, expected start in range)
+    shown, own = figures(at), _pool_runs(seeded.pool)
+    hour_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    assert shown["Running now"] == str(sum(r.state_type.value == "RUNNING" for r in own)) != "0"
+    assert shown["Queued now"] == str(sum(r.state_type.value == "SCHEDULED" for r in own)) != "0"
+    assert shown["Runs in range"] == f"{sum(r.expected_start_time >= hour_ago for r in own):,}"
+    assert shown["Queues busy now"] == "1 / 1"
     assert set(runs_table["owner"]) == set(seeded.owners)
     assert all(link.endswith(f"/runs/flow-run/{i}") for link, i in zip(runs_table["link"], runs_table["link"].str.rsplit("/", n=1).str[-1]))
     errors = _table(_section(at, "Errors"), "message", "link")

@@ -1,0 +1,20 @@
+// Helpers every component script of the monitor uses (timeline.js, light_table.js, figures.js): put in
+// front of each by dashboard/component_js.py, since each script is its own module with no imports.
+
+const pad2 = (n) => String(n).padStart(2, "0");
+
+// an element with a class and its text set as text (never as HTML)
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// epoch ms as "YYYY-MM-DD HH:MM:SS" in UTC
+function fmtTime(ms) {
+  const t = new Date(ms);
+  return `${t.getUTCFullYear()}-${pad2(t.getUTCMonth() + 1)}-${pad2(t.getUTCDate())} ` +
+    `${pad2(t.getUTCHours())}:${pad2(t.getUTCMinutes())}:${pad2(t.getUTCSeconds())}`;
+}
+
