@@ -43,10 +43,19 @@ _mount = st.components.v2.component(COMPONENT, js=script("light_table.js"), css=
                                     isolate_styles=False)
 
 
-def table(frame: pd.DataFrame, key: str, title: str, *, labels: Optional[Mapping[str, str]] = None,
-          digits: Optional[Mapping[str, int]] = None, links: Optional[Mapping[str, str]] = None,
-          empty: Optional[Mapping[str, str]] = None, rows_shown: int = 10, file: Optional[str] = None) -> None:
-    """Draw ``frame`` (see :func:`.table_data.table_payload` for the options)."""
-    payload = table_payload(frame, title, file=file, labels=labels, digits=digits, links=links, empty=empty,
-                            rows_shown=rows_shown)
-    _mount(key=key, data=payload.dump())
+def payload(frame: pd.DataFrame, title: str, *, labels: Optional[Mapping[str, str]] = None,
+            digits: Optional[Mapping[str, int]] = None, links: Optional[Mapping[str, str]] = None,
+            empty: Optional[Mapping[str, str]] = None, rows_shown: int = 10, file: Optional[str] = None) -> dict:
+    """What :func:`draw` mounts for ``frame`` (see :func:`.table_data.table_payload` for the options)."""
+    return table_payload(frame, title, file=file, labels=labels, digits=digits, links=links, empty=empty,
+                         rows_shown=rows_shown).dump()
+
+
+def draw(data: dict, key: str) -> None:
+    """Mount a table built by :func:`payload` (built once, drawn by every visit that shows it)."""
+    _mount(key=key, data=data)
+
+
+def table(frame: pd.DataFrame, key: str, title: str, **options) -> None:
+    """Draw ``frame`` (the options are :func:`payload`'s)."""
+    draw(payload(frame, title, **options), key)

@@ -138,6 +138,9 @@ def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:
         ))
 
 
+ROOT_APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+
+
 def fresh_app(timeout: float = 120):
     """The monitor page under AppTest with Streamlit's caches emptied first.
 
@@ -153,7 +156,7 @@ def fresh_app(timeout: float = 120):
     st.cache_data.clear()
     P.clear()
     D.STORE_CACHE.clear()
-    return AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=timeout)
+    return AppTest.from_file(ROOT_APP, default_timeout=timeout)
 
 
 def table_payloads(at) -> list:

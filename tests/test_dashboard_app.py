@@ -150,3 +150,38 @@ def test_queue_link_validation_unit():
             validate_url(bad)
     html = QueueLink(label='<img src=x onerror="1">', url='https://a.example/"onmouseover="x').html()
     assert "<img" not in html and '"onmouseover' not in html
+
+
+def test_a_second_visit_in_the_same_step_reuses_the_payloads(seeded, monkeypatch):
+    """Visits within a step of the page's clock get one View: the second builds no chart or table payload
+    again and mounts the very ones the first built (dashboard/app.py's _once)."""
+    from fixtures_dashboard import ROOT_APP
+    from prefect_launch.dashboard import chart_data as CD
+    from prefect_launch.dashboard import light_table as LT
+
+    def mounted(at: AppTest) -> list[str]:
+        return [e.proto.json for e in at.get("bidi_component")]
+
+    def read_at(at: AppTest) -> str:
+        return next(c for c in _captions(at).splitlines() if " read at " in c)
+
+    built: list[str] = []
+    for name in ("status_payload", "queued_payload", "load_payload", "lanes_payload", "gantt_payload"):
+        monkeypatch.setattr(CD, name, lambda *a, _o=getattr(CD, name), _n=name, **k: (built.append(_n), _o(*a, **k))[1])
+    payload = LT.payload
+    monkeypatch.setattr(LT, "payload", lambda frame, title, **k: (built.append(title), payload(frame, title, **k))[1])
+    for _attempt in range(3):  # the two visits may straddle a step of the clock: then both build, try again
+        first = _app().run()
+        assert not first.exception
+        n_first = len(built)
+        second = AppTest.from_file(ROOT_APP, default_timeout=120).run()  # the caches kept, as for a second visitor
+        if read_at(first) == read_at(second):
+            break
+        del built[:]
+    else:
+        raise AssertionError("three pairs of visits each straddled a step of the page's clock")
+    assert {"status_payload", "queued_payload", "Queue summary", "Job runs"} <= set(built[:n_first])  # the first built them
+    # the second built none but the waiting runs' (their waits and ETAs are as of each visit)
+    assert [b for b in built[n_first:] if b != "Waiting runs"] == [], built[n_first:]
+    same = [a for a, b in zip(mounted(first), mounted(second)) if a == b]
+    assert len(same) >= len(mounted(first)) - 1 and len(mounted(first)) >= 5
