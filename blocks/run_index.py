@@ -236,6 +236,14 @@ class RunIndex:
         with self.store._read() as conn:
             return [r[0] for r in conn.execute(sa.select(T.c.id).where(T.c.state_type.not_in(TERMINAL)))]
 
+    def open_ids_by_type(self) -> dict[str, list[str]]:
+        """:meth:`open_ids` by the state type the index holds for them."""
+        out: dict[str, list[str]] = {}
+        with self.store._read() as conn:
+            for rid, stype in conn.execute(sa.select(T.c.id, T.c.state_type).where(T.c.state_type.not_in(TERMINAL))):
+                out.setdefault(stype, []).append(rid)
+        return out
+
     def count(self) -> int:
         with self.store._read() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(T)).scalar() or 0)

@@ -11,9 +11,13 @@ sync only decides *which* runs to read again:
     because the server persists events in batches),
   - runs the index holds as not finished (their state can change at any moment; this
     keeps "now" exact even before the events are persisted, and catches what no event
-    tells: labels, deletions); the service does this at most every ``OPEN_REREAD_S``
-    (a step of the page's clock: no figure promises less) and between those relies on
-    the events,
+    tells: labels, deletions). The service *checks* them at most every ``OPEN_REREAD_S``
+    (a step of the page's clock: no figure promises less): it asks the server only for
+    those whose state type is no longer the one the index holds, and how many still exist
+    (reading them all when one is gone); it reads them all at most every
+    ``OPEN_FULL_REREAD_S`` (what a check cannot see: a label, a state renamed within its
+    type). At 100k runs with 630 running, a check costs the server 0.06 s of CPU against
+    0.5 s for the full read. Between those it relies on the events,
   - runs expected from the last sync minus ``NEW_RUN_SLACK_S`` to as far ahead of now
     (new submissions, seen at once rather than when their events are persisted).
   After a longer gap than ``EVENTS_MAX_GAP_S`` it re-reads every run expected since
@@ -39,7 +43,7 @@ from pydantic import BaseModel
 
 from prefect_launch.blocks.run_index import CORE, IndexMeta, IndexRow, RunIndex, now_ms, to_us
 from prefect_launch.dashboard import index_view as IV
-from prefect_launch.dashboard.api import PAGE, fetch_runs_by_id
+from prefect_launch.dashboard.api import PAGE, fan_out, fetch_runs_by_id
 from prefect_launch.dashboard.spec import PAGE_STEP_S, iso, us
 
 log = logging.getLogger("prefect_launch.dashboard.index")
@@ -50,6 +54,8 @@ EVENTS_MAX_PAGES = 40  # 50 events a page; past this, re-reading the runs themse
 NEW_RUN_SLACK_S = 300.0
 MIN_SYNC_S = 2.0
 OPEN_REREAD_S = float(PAGE_STEP_S)
+OPEN_FULL_REREAD_S = 6 * float(PAGE_STEP_S)
+COUNT_IDS = 1000  # ids a count request names
 READ_OVERLAP_MS = 5000
 BUILD_SLICES = 4
 _IO = ThreadPoolExecutor(max_workers=BUILD_SLICES + 2, thread_name_prefix="index-io")
@@ -199,10 +205,23 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
                       mode="build", took_s=time.perf_counter() - t0)
 
 
-def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs: bool = True) -> SyncResult:
-    """Bring a built index up to date (see the module docstring for what is read). Without
-    ``open_runs`` the runs not yet finished are read again only where an event names them
-    (always when the events cannot be read)."""
+def changed_open_runs(api: Any, by_type: dict[str, list[str]]) -> tuple[list[dict], bool]:
+    """Of the open runs (ids by the state type the index holds), the server's records of those
+    whose state type is now another, and whether every one of them still exists."""
+    chunks = [(t, ids[i:i + PAGE]) for t, ids in by_type.items() for i in range(0, len(ids), PAGE)]
+    every = [i for ids in by_type.values() for i in ids]
+    counts = [every[i:i + COUNT_IDS] for i in range(0, len(every), COUNT_IDS)]
+    moved = fan_out(lambda c: api.post("/flow_runs/filter", {
+        "flow_runs": {"id": {"any_": c[1]}, "state": {"type": {"not_any_": [c[0]]}}}, "limit": PAGE}), chunks)
+    found = fan_out(lambda c: int(api.post("/flow_runs/count", {"flow_runs": {"id": {"any_": c}}})), counts)
+    return [r for page in moved for r in page], sum(found) == len(every)
+
+
+def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs: bool | str = True) -> SyncResult:
+    """Bring a built index up to date (see the module docstring for what is read). ``open_runs``:
+    True reads the runs not yet finished again; ``"check"`` reads only those whose state type
+    changed (all of them when one was deleted); False reads them only where an event names them
+    (all of them when the events cannot be read)."""
     t0 = time.perf_counter()
     now = now or dt.datetime.now(UTC)
     meta = index.meta(api.server_id(), api.api_url)
@@ -211,21 +230,31 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     cursor = dt.datetime.fromtimestamp((meta.events_cursor_ms or meta.last_sync_ms or 0) / 1000, UTC)
     last = dt.datetime.fromtimestamp((meta.last_sync_ms or 0) / 1000, UTC)
     gap = (now - cursor).total_seconds()
-    f_open = _IO.submit(index.open_ids) if open_runs else None
+    f_open = _IO.submit(index.open_ids) if open_runs is True else None
+    f_check = _IO.submit(index.open_ids_by_type) if open_runs == "check" else None
     events = None
     entries = StateEntries()
     if gap <= EVENTS_MAX_GAP_S:
         events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60), entries)
     mode = "events" if events is not None else "catch-up"
     if f_open is None and events is None:  # no events to rely on: the open runs are read after all
-        f_open = _IO.submit(index.open_ids)
+        f_open, f_check = _IO.submit(index.open_ids), None
+    checked: list[dict] = []  # the open runs whose state type changed, as the server holds them
+    recheck: list[str] = []  # ... or, when one was deleted, every open run: read again, the missing ones gone
+    if f_check is not None:
+        by_type = f_check.result()
+        checked, complete = changed_open_runs(api, by_type)
+        if not complete:
+            recheck, checked = [i for ids in by_type.values() for i in ids], []
     slack = dt.timedelta(seconds=NEW_RUN_SLACK_S)
     # new runs due about now (events reveal runs scheduled further ahead, e.g. by deployment
     # schedules, without reading all of those on every sync); after a gap, everything since
     new_since, new_until = (last - slack, now + slack) if events is not None else (cursor - slack, None)
     fresh = [r for page in read_runs_expected(api, new_since, new_until) for r in page]
     have = {r["id"] for r in fresh}
-    open_ids = set(f_open.result()) if f_open is not None else set()
+    fresh += [r for r in checked if r["id"] not in have]
+    have |= {r["id"] for r in checked}
+    open_ids = set(f_open.result()) if f_open is not None else set(recheck)
     ids = (set(events[0]) if events else set()) | open_ids
     fresh += fetch_runs_by_id(api, sorted(ids - have))
     written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh], entries))
@@ -282,7 +311,8 @@ class IndexService:
         self._loaded_since_us: Optional[int] = None
         self._read_at_ms = 0
         self._synced_at = 0.0
-        self._open_read_at = float("-inf")
+        self._open_read_at = float("-inf")  # the open runs last checked (or read)
+        self._open_full_at = float("-inf")  # ... and last read in full
         self.last_sync: Optional[SyncResult] = None
 
     # -------------------------------------------------------------- coverage
@@ -328,11 +358,14 @@ class IndexService:
         t = time.monotonic()
         if t - self._synced_at < MIN_SYNC_S:
             return
-        reread = t - self._open_read_at >= OPEN_REREAD_S
-        self.last_sync = sync(self.index, self.api, now, open_runs=reread)
+        full = t - self._open_full_at >= OPEN_FULL_REREAD_S
+        check = t - self._open_read_at >= OPEN_REREAD_S
+        self.last_sync = sync(self.index, self.api, now, open_runs=True if full else "check" if check else False)
         self._synced_at = t
-        if reread:
+        if full or check:
             self._open_read_at = t
+        if full:
+            self._open_full_at = t
         if self.last_sync.deleted and self._prepared is not None:  # no row read later says so
             self._prepared = self._prepared[~self._prepared["id"].isin(self.last_sync.deleted)]
 

@@ -275,9 +275,10 @@ def _set_state_without_event(run_id: str, state_type: str, name: str) -> None:
 
 
 def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded, tmp_path, monkeypatch):
-    """Between two re-reads of the open runs (one step of the page's clock) a sync relies on
+    """Between two checks of the open runs (one step of the page's clock) a sync relies on
     Prefect's events: a state change still arrives; what no event tells (a deleted run, a state
-    change whose event was lost) waits for the next re-read, which shows it."""
+    change whose event was lost) waits for the next check, which shows it; a change a check cannot
+    see (a state renamed within its type) waits for the next full read of the open runs."""
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'open.db'}")
     api = D.get_api()
     index = RunIndex(store)
@@ -285,13 +286,15 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
         dep = client.read_flow_run(uuid.UUID(seeded.run_ids[0])).deployment_id
         moving = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
         doomed = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
+        late = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
     X.build(index, api, days=1)
     rows = index.frame().set_index("id")
     assert rows.loc[str(moving.id), "state_type"] == rows.loc[str(doomed.id), "state_type"] == "SCHEDULED"
     monkeypatch.setattr(X, "MIN_SYNC_S", 0.0)
     svc = X.IndexService(index, api)
-    svc.frame(seeded.since, {})  # the first sync re-reads the open runs
+    svc.frame(seeded.since, {})  # the first sync reads the open runs in full
     monkeypatch.setattr(X, "OPEN_REREAD_S", 3600.0)
+    monkeypatch.setattr(X, "OPEN_FULL_REREAD_S", 3600.0)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(moving.id, Running(), force=True)
         client.delete_flow_run(doomed.id)
@@ -323,6 +326,13 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
     monkeypatch.setattr(X, "OPEN_REREAD_S", 0.0)
     frame, _ = svc.frame(seeded.since, {})
     assert frame.set_index("id").loc[str(moving.id), "state_type"] == "COMPLETED"
+    # renamed within its type (Scheduled -> Late) with no event: a check asks only which runs changed type
+    _set_state_without_event(str(late.id), "SCHEDULED", "Late")
+    svc.frame(seeded.since, {})
+    assert index.frame(ids=[str(late.id)])["state_name"].tolist() == ["Scheduled"]
+    monkeypatch.setattr(X, "OPEN_FULL_REREAD_S", 0.0)  # the full read, once every OPEN_FULL_REREAD_S
+    svc.frame(seeded.since, {})
+    assert index.frame(ids=[str(late.id)])["state_name"].tolist() == ["Late"]
     # without events to rely on (a gap past EVENTS_MAX_GAP_S: catch-up) a sync reads the open runs all the same
     with get_client(sync_client=True) as client:
         lost = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:erin"])
