@@ -157,7 +157,7 @@ def panel_summary(p: P.PageData) -> None:
                        + ("" if occ.complete else " Only the span the newest runs read so far cover is drawn: the run "
                           "index does not cover the range yet."))
             timeline.chart(_once(v, ("load_chart",), lambda: CD.load_payload(
-                load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).dump()), key="load_chart")
+                load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart")
             if not occ.complete:
                 st.caption("Idle periods: shown once the run index covers the range (an interval none of the newest "
                            "runs touch is not known to be idle).")
@@ -252,7 +252,7 @@ def panel_status(v: V.View) -> None:
             st.info("No runs in this range.")
         else:
             timeline.chart(_once(v, ("status_chart",), lambda: CD.status_payload(
-                counts, v.spec.since, v.spec.until, v.interval_s).dump()), key="status_chart")
+                counts, v.spec.since, v.spec.until, v.interval_s).packed()), key="status_chart")
 
 
 def panel_queued(v: V.View) -> None:
@@ -267,7 +267,7 @@ def panel_queued(v: V.View) -> None:
             st.info("No queued time in this range.")
         else:
             timeline.chart(_once(v, ("queued_chart",), lambda: CD.queued_payload(
-                qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).dump()), key="queued_chart")
+                qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).packed()), key="queued_chart")
 
 
 def _when(t: pd.Timestamp) -> str:
@@ -293,7 +293,7 @@ def panel_runs(v: V.View) -> None:
         col = S.group_column(v.spec.grouping)
         shown = timeline.brush_of("gantt")
         brush = timeline.chart(_once(v, ("gantt", _span_key(shown)), lambda: CD.gantt_payload(
-            g, col, v.spec.since, v.spec.until, shown).dump()), key="gantt")
+            g, col, v.spec.since, v.spec.until, shown).packed()), key="gantt")
         _runs_under_brush(v, g, brush, "runs")
 
 
@@ -341,7 +341,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
                "select a span; the table lists the runs in it.")
     shown = timeline.brush_of("gantt")
     brush = timeline.chart(_once(v, ("lanes", _span_key(shown)), lambda: CD.lanes_payload(
-        lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).dump()), key="gantt")
+        lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed()), key="gantt")
     _runs_under_brush(v, g, brush, f"of the newest {len(v.runs):,} runs")
 
 

@@ -3,6 +3,19 @@
 
 const pad2 = (n) => String(n).padStart(2, "0");
 
+// A chart's or table's payload arrives as bytes (dashboard/component_js.py, packed): JSON whose first key
+// is sig, a digest of the rest. sigOf reads it from the first bytes; unpack parses the whole, which a
+// component does only for a payload it has not drawn.
+const utf8 = new TextDecoder();
+function sigOf(data) {
+  if (!(data instanceof Uint8Array)) return data ? data.sig : null;
+  const m = /^\{"sig":"([0-9a-f]+)"/.exec(utf8.decode(data.subarray(0, 64)));
+  return m ? m[1] : null;
+}
+function unpack(data) {
+  return data instanceof Uint8Array ? JSON.parse(utf8.decode(data)) : data;
+}
+
 // an element with a class and its text set as text (never as HTML)
 function el(tag, cls, text) {
   const e = document.createElement(tag);

@@ -4,9 +4,24 @@ travel with each rather than being imported."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 _HERE = Path(__file__).parent
+
+
+def packed(payload: dict) -> bytes:
+    """``payload`` as the bytes a component gets: JSON whose first key is ``sig``, a digest of the rest.
+
+    Streamlit forwards bytes as they are, where a dict is JSON-encoded on every mount, and encoded and
+    digested once more for the element's identity (about 60 ms a visit for the lanes and the runs table
+    at 100k runs, holding the GIL). The script reads ``sig`` from the first bytes (``sigOf`` in
+    component_base.js) and parses the rest only for a payload it has not drawn (a rerun sending the same
+    one keeps the drawn chart or table: its brush, sort and scroll)."""
+    body = json.dumps(payload, separators=(",", ":"), sort_keys=True)
+    sig = hashlib.blake2b(body.encode(), digest_size=12).hexdigest()
+    return ('{"sig":"' + sig + '"' + ("," + body[1:] if body != "{}" else "}")).encode()
 
 
 def script(name: str) -> str:

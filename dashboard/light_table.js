@@ -185,10 +185,11 @@ function build(host, data) {
 }
 
 export default function (component) {
-  const { data, parentElement } = component;
+  const { parentElement } = component;
   let host = parentElement.querySelector(".lt-table");
   if (!host) { host = el("div", "lt-table"); parentElement.appendChild(host); }
-  if (host.ltSig === data.sig) return; // a rerun sending the same table keeps it as drawn (sort, scroll)
-  host.ltSig = data.sig;
-  build(host, data);
+  const sig = sigOf(component.data);
+  if (sig && host.ltSig === sig) return; // a rerun sending the same table keeps it as drawn (sort, scroll)
+  host.ltSig = sig;
+  build(host, unpack(component.data));
 }

@@ -45,13 +45,13 @@ _mount = st.components.v2.component(COMPONENT, js=script("light_table.js"), css=
 
 def payload(frame: pd.DataFrame, title: str, *, labels: Optional[Mapping[str, str]] = None,
             digits: Optional[Mapping[str, int]] = None, links: Optional[Mapping[str, str]] = None,
-            empty: Optional[Mapping[str, str]] = None, rows_shown: int = 10, file: Optional[str] = None) -> dict:
+            empty: Optional[Mapping[str, str]] = None, rows_shown: int = 10, file: Optional[str] = None) -> bytes:
     """What :func:`draw` mounts for ``frame`` (see :func:`.table_data.table_payload` for the options)."""
     return table_payload(frame, title, file=file, labels=labels, digits=digits, links=links, empty=empty,
-                         rows_shown=rows_shown).dump()
+                         rows_shown=rows_shown).packed()
 
 
-def draw(data: dict, key: str) -> None:
+def draw(data: bytes, key: str) -> None:
     """Mount a table built by :func:`payload` (built once, drawn by every visit that shows it)."""
     _mount(key=key, data=data)
 

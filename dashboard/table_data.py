@@ -15,7 +15,6 @@ is drawn only for an http(s) URL checked here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -26,6 +25,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from prefect_launch.blocks.queue_links import validate_url
+from prefect_launch.dashboard.component_js import packed
 
 Kind = Literal["text", "number", "time", "link"]
 
@@ -51,13 +51,14 @@ class TablePayload(BaseModel):
     columns: list[Column]
     data: list[list[Any]]
 
+    def packed(self) -> bytes:
+        """The payload as the component gets it (:func:`.component_js.packed`: led by ``sig``, by which a
+        rerun sending the same table keeps the one drawn, its sort and scroll, without parsing it)."""
+        return packed(self.model_dump())
+
     def dump(self) -> dict:
-        """The payload with ``sig``, a digest of the rest: a rerun sending the same table keeps the one
-        drawn (its sort and scroll) instead of building it again."""
-        out = self.model_dump()
-        out["sig"] = hashlib.blake2b(json.dumps(out, separators=(",", ":"), sort_keys=True).encode(),
-                                     digest_size=12).hexdigest()
-        return out
+        """:meth:`packed` as a dict (for checks)."""
+        return json.loads(self.packed())
 
     def frame(self) -> pd.DataFrame:
         """The table as a frame again (times as UTC timestamps): what the page shows, for tests and checks."""

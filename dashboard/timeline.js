@@ -261,15 +261,16 @@ function draw(host, p, setStateValue) {
 }
 
 export default function (component) {
-  const { data, parentElement, setStateValue } = component;
+  const { parentElement, setStateValue } = component;
   let host = parentElement.querySelector(".lt-chart, .lt-host");
   if (!host) { host = el("div", "lt-host"); parentElement.appendChild(host); }
   // a rerun that sends the same chart keeps the drawn one (and a drag under way on it); sig: the
-  // payload's digest, made on the server (chart_data.Payload.dump)
-  const sig = data.sig;
-  if (host.ltSig === sig && host.ltRender) return host.ltCleanup;
+  // payload's digest, made on the server (chart_data.Payload.packed)
+  const sig = sigOf(component.data);
+  if (sig && host.ltSig === sig && host.ltRender) return host.ltCleanup;
   if (host.ltCleanup) host.ltCleanup();
   host.ltSig = sig;
+  const data = unpack(component.data);
   const render = () => draw(host, data, setStateValue);
   render();
   let width = host.clientWidth;

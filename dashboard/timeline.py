@@ -46,8 +46,8 @@ def brush_of(key: str) -> Optional[list[float]]:
     return _span(st.session_state.get(key))
 
 
-def chart(payload: Payload | dict, key: str) -> Optional[list[float]]:
-    """Draw ``payload`` (or its :meth:`.Payload.dump`, made once for every visit that shows it); return the
-    brushed span (epoch ms), or None."""
-    data = payload.dump() if isinstance(payload, Payload) else payload
+def chart(payload: Payload | bytes, key: str) -> Optional[list[float]]:
+    """Draw ``payload`` (or its :meth:`.Payload.packed`, made once for every visit that shows it); return
+    the brushed span (epoch ms), or None."""
+    data = payload.packed() if isinstance(payload, Payload) else payload
     return _span(_mount(key=key, data=data, default={"brush": None}, on_brush_change=lambda: None))

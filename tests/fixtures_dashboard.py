@@ -164,7 +164,7 @@ def table_payloads(at) -> list:
     from prefect_launch.dashboard.light_table import COMPONENT
     from prefect_launch.dashboard.table_data import TablePayload
 
-    return [TablePayload.model_validate_json(e.proto.json) for e in at.get("bidi_component")
+    return [TablePayload.model_validate_json(e.proto.bytes) for e in at.get("bidi_component")
             if e.proto.component_name == COMPONENT]
 
 

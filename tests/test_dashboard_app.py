@@ -160,7 +160,7 @@ def test_a_second_visit_in_the_same_step_reuses_the_payloads(seeded, monkeypatch
     from prefect_launch.dashboard import light_table as LT
 
     def mounted(at: AppTest) -> list[str]:
-        return [e.proto.json for e in at.get("bidi_component")]
+        return [e.proto.bytes or e.proto.json for e in at.get("bidi_component")]
 
     def read_at(at: AppTest) -> str:
         return next(c for c in _captions(at).splitlines() if " read at " in c)
