@@ -7,7 +7,10 @@ page's clock (:func:`prefect_launch.dashboard.spec.page_now`), which moves every
 background thread computes the *next* step's value of each live key a little before that step
 begins (``lead`` seconds, at least the last computation's length), for the keys asked for in the
 last ``keep_s`` seconds, so a visit finds its value ready. Figures are then at most one step plus
-the lead old, as before at most one step.
+the lead old, as before at most one step. Within the lead it waits while a visit is being drawn
+(``quiet_s`` after the last :meth:`KeepWarm.get`), up to the last moment that still finishes before
+the step begins: on a small machine a read running beside a visit slowed the visit by most of its
+own length.
 
 Pure of Streamlit and of the dashboard's I/O: ``compute`` and ``advance`` are given, and the
 clock can be, so the timing rules are tested without a server.
@@ -40,14 +43,17 @@ class KeepWarm(Generic[K, V]):
     begins (``(next_key, starts_at)``), or None for a key that does not move (a fixed range).
     ``ttl_s``: how long a value serves (a live key's value is replaced when its step ends anyway).
     ``keep_s``: how long after its last request a key is kept ready. ``max_entries``: oldest
-    entries beyond it are dropped.
+    entries beyond it are dropped. ``quiet_s``: how long after a :meth:`get` (a visit) the keeper
+    holds back a read it could still start later (see the module doc).
     """
 
     def __init__(self, compute: Callable[[K], V], advance: Callable[[K], Optional[tuple[K, float]]], *,
                  ttl_s: float = 30.0, keep_s: float = 300.0, lead_s: float = 2.0, max_entries: int = 16,
-                 clock: Callable[[], float] = time.time) -> None:
+                 quiet_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         self._compute, self._advance = compute, advance
         self.ttl_s, self.keep_s, self.lead_s, self.max_entries = ttl_s, keep_s, lead_s, max_entries
+        self.quiet_s = quiet_s
+        self._visited_at = float("-inf")  # clock of the last get: a visit being drawn
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[K, _Entry] = {}
@@ -62,7 +68,8 @@ class KeepWarm(Generic[K, V]):
     def get(self, key: K) -> V:
         """The value of ``key``: ready, being computed (waited for), or computed now."""
         with self._lock:
-            entry, owner = self._claim(key, self._clock())
+            self._visited_at = now = self._clock()
+            entry, owner = self._claim(key, now)
             if owner:
                 self.misses += 1
             else:
@@ -124,12 +131,16 @@ class KeepWarm(Generic[K, V]):
                     continue
                 next_key, starts_at = nxt
                 cur = self._entries.get(key)
-                lead = max(self.lead_s, 1.5 * (cur.took_s if cur else 0.0))
+                took = cur.took_s if cur else 0.0
+                lead = max(self.lead_s, 1.5 * took)
+                last_start = starts_at - max(0.5, 1.2 * took)  # the latest start that is ready in time
                 if next_key in self._entries:  # read already (ahead, or by a visit)
                     if now >= starts_at:  # and this key's step is over: the chain goes on from its successor
                         del self._asked[key]
                     continue
                 if now < starts_at - lead:
+                    continue
+                if now - self._visited_at < self.quiet_s and now < last_start:  # a visit is being drawn
                     continue
                 entry = self._entries[next_key] = _Entry()
                 # the successor inherits the request (kept as long as this key would be); this key is

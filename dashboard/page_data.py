@@ -26,6 +26,11 @@ from prefect_launch.dashboard.keep_warm import KeepWarm
 
 CACHE_TTL_S = 30.0  # a fixed range's page is read again after this long
 KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_S", "300"))  # views kept ready this long after their last visit
+# the next step's view is read from LEAD_S before the step on; while a visit is being drawn (QUIET_S after
+# it asked for its view: the script, then the browser's drawing) the read waits, up to the last moment
+# (keep_warm.KeepWarm): figures are then at most a step plus LEAD_S old
+LEAD_S = 4.0
+QUIET_S = 2.5
 # while a visit's view is read, the newest page of its sidebar state is shown if at most this old
 STALE_MAX_S = float(os.environ.get("LAUNCH_MONITOR_STALE_S", "120"))
 # ... when reading it took this long (a keeper this slow cannot stay ahead of the clock)
@@ -130,7 +135,8 @@ def advance(spec: S.ViewSpec) -> Optional[tuple[S.ViewSpec, float]]:
     return spec.next_step(), spec.until.timestamp()
 
 
-PAGE: KeepWarm[S.ViewSpec, PageData] = KeepWarm(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S)
+PAGE: KeepWarm[S.ViewSpec, PageData] = KeepWarm(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S, lead_s=LEAD_S,
+                                                 quiet_s=QUIET_S)
 _OPTIONS: KeepWarm[str, dict] = KeepWarm(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
 
 

@@ -276,3 +276,25 @@ def test_a_failed_read_is_said_not_hidden_behind_older_figures(monkeypatch):
     page, stale = P.get_or_newest(later.next_step(), now=later.until)
     assert page.view.now == later.next_step().until and not stale
     P.clear()
+
+
+def test_the_read_ahead_waits_while_a_visit_is_drawn_up_to_the_last_moment():
+    """Within the lead, a read ahead does not start within quiet_s of a visit (get), unless it must
+    start now to be ready when the step begins (1.2 x its last length before it, at least 0.5 s)."""
+    clock = Clock(90.0)
+    calls = []
+    kw = KeepWarm(lambda k: calls.append(k) or k, _live(10), lead_s=4, quiet_s=2.5, clock=clock)
+    kw.get(10)  # a visit at 90
+    kw._entries[10].took_s = 1.0  # the read takes 1 s: it must start by 98.8
+    clock.t = 96.5  # within the lead (from 96); the last visit 6.5 s ago: quiet
+    kw.get(10)  # another visit: the keeper holds back until 99.0 or the step's last moment
+    assert kw.keep_ahead() == 0
+    clock.t = 98.0  # still within 2.5 s of the visit, and there is time left
+    assert kw.keep_ahead() == 0 and calls == [10]
+    clock.t = 98.8  # the last moment that is ready in time: it reads though the visit is recent
+    assert kw.keep_ahead() == 1 and calls == [10, 11]
+    # after the quiet spell a read starts as soon as the lead allows
+    clock.t = 105.0
+    kw.get(11)  # a visit at 105
+    clock.t = 107.6  # lead from 106, the visit 2.6 s ago
+    assert kw.keep_ahead() == 1 and calls == [10, 11, 12]
