@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pandas as pd
 import streamlit as st
@@ -54,10 +54,13 @@ def panel_waiting(p: P.PageData) -> None:
              digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
-def _once(v: V.View, what: tuple, make: Callable[[], Any]) -> Any:
+def _once(v: V.View, what: Optional[tuple], make: Callable[[], Any]) -> Any:
     """``make()`` for this view, built by the first visit that draws ``what``: every visit within a step of
     the page's clock gets the same View, so the next ones mount the same payloads without building them
-    again (~0.15 s of each visit's script at 100k runs: the lanes, the runs table, the charts)."""
+    again (~0.15 s of each visit's script at 100k runs: the lanes, the runs table, the charts). ``what``
+    None: built each time (a brushed span is one person's, and would only grow the view)."""
+    if what is None:
+        return make()
     if what not in v.drawn:
         v.drawn[what] = make()
     return v.drawn[what]
@@ -174,7 +177,8 @@ def panel_summary(p: P.PageData) -> None:
             elif occ.heatmap.empty:
                 st.info("No runs in this range.")
             else:
-                st.html(_once(v, ("heatmap",), lambda: HT.heatmap_html(occ.heatmap)))  # a table: as a Vega chart it was the page's dearest draw
+                # a table: as a Vega chart it was the page's dearest draw
+                st.html(_once(v, ("heatmap",), lambda: HT.heatmap_html(occ.heatmap)))
 
 
 def _capacity_used(p: P.PageData) -> dict:
@@ -292,13 +296,9 @@ def panel_runs(v: V.View) -> None:
             return
         col = S.group_column(v.spec.grouping)
         shown = timeline.brush_of("gantt")
-        brush = timeline.chart(_once(v, ("gantt", _span_key(shown)), lambda: CD.gantt_payload(
+        brush = timeline.chart(_once(v, None if shown else ("gantt",), lambda: CD.gantt_payload(
             g, col, v.spec.since, v.spec.until, shown).packed()), key="gantt")
         _runs_under_brush(v, g, brush, "runs")
-
-
-def _span_key(span) -> tuple:
-    return tuple(span) if span else ()
 
 
 def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
@@ -310,7 +310,7 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
         st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}")
 
-    def build() -> dict:
+    def build() -> bytes:
         table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
             ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end",
              "link"]], sel["id"], v.metrics)
@@ -318,7 +318,7 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
                                                                     "duration_s": "duration s"},
                           digits={"queued_s": 0, "duration_s": 0}, links={"link": "open run"})
 
-    LT.draw(_once(v, ("runs_table", _span_key(brush)), build), "runs_table")
+    LT.draw(_once(v, None if brush else ("runs_table",), build), "runs_table")
 
 
 def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -340,7 +340,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
     st.caption(f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to "
                "select a span; the table lists the runs in it.")
     shown = timeline.brush_of("gantt")
-    brush = timeline.chart(_once(v, ("lanes", _span_key(shown)), lambda: CD.lanes_payload(
+    brush = timeline.chart(_once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
         lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed()), key="gantt")
     _runs_under_brush(v, g, brush, f"of the newest {len(v.runs):,} runs")
 

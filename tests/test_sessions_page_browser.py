@@ -119,6 +119,7 @@ def test_launch_list_detail_rename_terminate_in_the_browser(sessions_page):
             page.locator(".st-key-launch_next button").click()
             err = page.locator(".st-key-err-name")
             err.wait_for(timeout=60_000)
+            settled(page)  # the error can be drawn before the rest of that rerun (CI once saw no step container yet)
             assert "name 'ab': use 4-64 letters" in err.inner_text()
             assert page.locator(".st-key-launch-step-0").count() == 1, "a field error keeps the launcher on its step"
             page.locator(".st-key-lf_name_0 input").fill(name)
