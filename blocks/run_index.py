@@ -233,8 +233,7 @@ class RunIndex:
 
     def open_ids(self) -> list[str]:
         """Runs not in a terminal state: their state can still change."""
-        with self.store._read() as conn:
-            return [r[0] for r in conn.execute(sa.select(T.c.id).where(T.c.state_type.not_in(TERMINAL)))]
+        return [i for ids in self.open_ids_by_type().values() for i in ids]
 
     def open_ids_by_type(self) -> dict[str, list[str]]:
         """:meth:`open_ids` by the state type the index holds for them."""

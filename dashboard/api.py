@@ -264,9 +264,11 @@ def fetch_runs(api: Api, spec: ViewSpec, since: Optional[dt.datetime] = None, li
     return uniq[:limit]
 
 
-def fetch_runs_by_id(api: Api, ids: Sequence[str]) -> list[dict]:
+def fetch_runs_by_id(api: Api, ids: Sequence[str], where: Optional[dict] = None) -> list[dict]:
+    """The runs ``ids`` (those of them that also match the flow-run filter ``where``, e.g. a state)."""
     chunks = [list(ids[i : i + PAGE]) for i in range(0, len(ids), PAGE)]
-    pages = fan_out(lambda c: api.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": c}}, "limit": PAGE}), chunks)
+    pages = fan_out(lambda c: api.post("/flow_runs/filter", {"flow_runs": {**(where or {}), "id": {"any_": c}},
+                                                             "limit": PAGE}), chunks)
     return [r for p in pages for r in p]
 
 

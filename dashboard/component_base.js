@@ -7,13 +7,12 @@ const pad2 = (n) => String(n).padStart(2, "0");
 // is sig, a digest of the rest. sigOf reads it from the first bytes; unpack parses the whole, which a
 // component does only for a payload it has not drawn.
 const utf8 = new TextDecoder();
-function sigOf(data) {
-  if (!(data instanceof Uint8Array)) return data ? data.sig : null;
-  const m = /^\{"sig":"([0-9a-f]+)"/.exec(utf8.decode(data.subarray(0, 64)));
+function sigOf(bytes) {
+  const m = /^\{"sig":"([0-9a-f]+)"/.exec(utf8.decode(bytes.subarray(0, 64)));
   return m ? m[1] : null;
 }
-function unpack(data) {
-  return data instanceof Uint8Array ? JSON.parse(utf8.decode(data)) : data;
+function unpack(bytes) {
+  return JSON.parse(utf8.decode(bytes));
 }
 
 // an element with a class and its text set as text (never as HTML)

@@ -208,13 +208,11 @@ def build(index: RunIndex, api: Any, days: Optional[float] = None, progress: Opt
 def changed_open_runs(api: Any, by_type: dict[str, list[str]]) -> tuple[list[dict], bool]:
     """Of the open runs (ids by the state type the index holds), the server's records of those
     whose state type is now another, and whether every one of them still exists."""
-    chunks = [(t, ids[i:i + PAGE]) for t, ids in by_type.items() for i in range(0, len(ids), PAGE)]
+    moved = [r for t, ids in by_type.items() for r in fetch_runs_by_id(api, ids, {"state": {"type": {"not_any_": [t]}}})]
     every = [i for ids in by_type.values() for i in ids]
     counts = [every[i:i + COUNT_IDS] for i in range(0, len(every), COUNT_IDS)]
-    moved = fan_out(lambda c: api.post("/flow_runs/filter", {
-        "flow_runs": {"id": {"any_": c[1]}, "state": {"type": {"not_any_": [c[0]]}}}, "limit": PAGE}), chunks)
     found = fan_out(lambda c: int(api.post("/flow_runs/count", {"flow_runs": {"id": {"any_": c}}})), counts)
-    return [r for page in moved for r in page], sum(found) == len(every)
+    return moved, sum(found) == len(every)
 
 
 def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs: bool | str = True) -> SyncResult:
