@@ -1,4 +1,4 @@
-"""What the monitor's hour x weekday heatmap costs the browser: our HTML table against Streamlit's stock
+"""What the monitor's hour x weekday heatmap costs the browser: our table (its own component) against Streamlit's stock
 way (an Altair/Vega chart, SVG, as the page drew it before), and a page without it.
 
     .venv/bin/python bench/heatmap_draw.py [--visits 12]
@@ -50,7 +50,7 @@ if v == "vega":  # the chart the page drew before (an SVG cell per hour, each wi
                  alt.Tooltip("gpus:Q", title="avg GPUs held", format=".2f"), alt.Tooltip("hours:Q", title="hours averaged")])
         .properties(height=200, usermeta={"embedOptions": {"renderer": "svg"}}), width="stretch")
 elif v == "table":
-    st.html(HT.heatmap_html(hm))
+    HT.draw(HT.payload(hm), key="heatmap")
 with st.container(key="done"):
     st.write("done")
 '''

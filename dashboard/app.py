@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from prefect_launch.dashboard import api as A
+from prefect_launch.dashboard.caption_text import as_written
 from prefect_launch.dashboard import chart_data as CD
 from prefect_launch.dashboard import figures as FG
 from prefect_launch.dashboard import frames as F
@@ -177,8 +178,8 @@ def panel_summary(p: P.PageData) -> None:
             elif occ.heatmap.empty:
                 st.info("No runs in this range.")
             else:
-                # a table: as a Vega chart it was the page's dearest draw
-                st.html(_once(v, ("heatmap",), lambda: HT.heatmap_html(occ.heatmap)))
+                # a table (as a Vega chart it was the page's dearest draw), drawn by its own component
+                HT.draw(_once(v, ("heatmap",), lambda: HT.payload(occ.heatmap)), key="heatmap")
 
 
 def _capacity_used(p: P.PageData) -> dict:
@@ -308,7 +309,7 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
     if brush:
         lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-        st.caption(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}")
+        st.caption(as_written(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"))
 
     def build() -> bytes:
         table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
@@ -488,8 +489,8 @@ def _unreadable(spec: S.ViewSpec, exc: Exception) -> P.PageData:
         st.stop()
     when = page.view.now
     age = (dt.datetime.now(S.UTC) - when).total_seconds()
-    st.warning(f"Cannot read the queues from Prefect's API: {reason}. Showing the figures read at "
-               f"{when:%H:%M:%S} UTC ({age:,.0f} s ago). {fix}")
+    st.warning(as_written(f"Cannot read the queues from Prefect's API: {reason}. Showing the figures read at "
+                          f"{when:%H:%M:%S} UTC ({age:,.0f} s ago). {fix}"))
     return page
 
 
@@ -497,8 +498,8 @@ def _until_newer(spec: S.ViewSpec, shown: dt.datetime) -> None:
     """The page shows figures read earlier while newer ones are read (a view that takes longer than a
     step of the page's clock): say how old they are, and rerun once newer ones are ready."""
     age = (dt.datetime.now(S.UTC) - shown).total_seconds()
-    st.info(f"Showing the figures read at {shown:%H:%M:%S} UTC ({age:,.0f} s ago) while newer ones are read; "
-            "the page updates itself.")
+    st.info(as_written(f"Showing the figures read at {shown:%H:%M:%S} UTC ({age:,.0f} s ago) while newer ones are "
+                       "read; the page updates itself."))
 
     @st.fragment(run_every=1.0)
     def watch() -> None:
@@ -529,10 +530,11 @@ def main() -> None:
     if stale:
         _until_newer(spec, v.now)
     filters = v.spec.filters_note()
-    st.caption(f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
-               f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
-               + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
-               + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}")
+    st.caption(as_written(  # its times would otherwise load Streamlit's emoji plugin on every visit
+        f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
+        f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
+        + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
+        + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}"))
     panel_summary(p)
     c1, c2 = st.columns(2)
     with c1:

@@ -1,24 +1,41 @@
-"""The hour x weekday load heatmap as a plain HTML table (the frame from :func:`.occupancy.heatmap` in).
+"""The hour x weekday load heatmap as a table of shaded cells (the frame from :func:`.occupancy.heatmap`
+in), drawn by a Streamlit component (``heatmap.js``, ``st.components.v2``: in the page, no iframe).
 
 Why not Vega: drawn by Vega, 168 cells cost a 100k-run page ~0.8 s of the browser's time on every
 visit (SVG, each cell's description built through Streamlit's expression interpreter), the most of
-any chart on it. A table of 168 coloured cells is laid out in a few milliseconds, and each cell still
-says what it holds: its tooltip (``title``) and ``aria-label`` give the weekday, hour and figures,
-and ``data-*`` attributes carry the raw numbers for scripts and tests. Pure: frame in, HTML out.
+any chart on it. Why not ``st.html``: Streamlit runs its HTML through DOMPurify, a script each new
+visitor fetches and runs for this one table. A table of 168 coloured cells is laid out in a few
+milliseconds, and each cell still says what it holds: its tooltip (``title``) and ``aria-label`` give
+the weekday, hour and figures, and ``data-*`` attributes carry the raw numbers for scripts and tests.
+:func:`heatmap_payload` is pure: frame in, cells out; the script sets every text as text.
 """
 
 from __future__ import annotations
 
-import html
 import math
+from typing import Optional
 
 import pandas as pd
+import streamlit as st
+from pydantic import BaseModel
 
+from prefect_launch.dashboard.component_js import packed, script
 from prefect_launch.dashboard.occupancy import DAYS  # the weekday names the heatmap frame carries
 
 # ColorBrewer "Blues" (9 classes), the scheme the Vega heatmap used: light = idle, dark = busy
 BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b")
 EMPTY = "#ffffff"  # an hour the range does not hold (a range shorter than a week)
+
+CSS = (".lh-heat{border-collapse:collapse;width:100%;table-layout:fixed;font-size:11px;"
+       "font-family:'Source Sans Pro',sans-serif}"
+       ".lh-heat td{height:22px;padding:0;border:1px solid #fff}"
+       ".lh-heat th{font-weight:400;color:#555;padding:0 4px 0 0;text-align:right;white-space:nowrap}"
+       ".lh-heat thead th{text-align:center;padding:0}.lh-heat .lh-day{width:34px}"
+       ".lh-legend{display:flex;align-items:center;gap:6px;font-size:11px;color:#555;margin-top:4px;"
+       "font-family:'Source Sans Pro',sans-serif}"
+       ".lh-legend span.bar{flex:0 0 140px;height:10px}")
+
+_mount = st.components.v2.component("prefect_launch.heatmap", js=script("heatmap.js"), css=CSS, isolate_styles=False)
 
 
 def _mix(a: str, b: str, t: float) -> str:
@@ -45,34 +62,52 @@ def _label(day: str, hour: int, busy: float, gpus: float, hours: int) -> str:
             f"hours averaged: {hours}")
 
 
-def heatmap_html(hm: pd.DataFrame) -> str:
+class HeatCell(BaseModel):
+    """One hour of one weekday the range holds: its shade and what it says (tooltip and screen reader)."""
+
+    colour: str
+    label: str
+    busy: float
+    gpus: float
+
+
+class HeatRow(BaseModel):
+    day: str
+    cells: list[Optional[HeatCell]]  # hours 0..23; None: an hour the range does not hold
+
+
+class HeatmapPayload(BaseModel):
+    rows: list[HeatRow]  # Monday to Sunday
+    top: str  # the legend's top figure
+    legend: list[str] = list(BLUES)
+    empty: str = EMPTY
+
+
+def heatmap_payload(hm: pd.DataFrame) -> HeatmapPayload:
     """One row per weekday, one cell per UTC hour, shaded by the mean runs holding a slot, with a
     legend giving the scale's ends. ``hm``: columns weekday, hour, busy, gpus, hours."""
     top = float(hm["busy"].max()) if len(hm) else 0.0
     cells = {(r.weekday, int(r.hour)): r for r in hm.itertuples(index=False)}
-    css = ("<style>.lh-heat{border-collapse:collapse;width:100%;table-layout:fixed;font-size:11px}"
-           ".lh-heat td{height:22px;padding:0;border:1px solid #fff}"
-           ".lh-heat th{font-weight:400;color:#555;padding:0 4px 0 0;text-align:right;white-space:nowrap}"
-           ".lh-heat thead th{text-align:center;padding:0}.lh-heat .lh-day{width:34px}"
-           ".lh-legend{display:flex;align-items:center;gap:6px;font-size:11px;color:#555;margin-top:4px}"
-           ".lh-legend span.bar{flex:0 0 140px;height:10px;background:linear-gradient(90deg,"
-           + ",".join(BLUES) + ")}</style>")
-    head = "<tr><th class='lh-day'></th>" + "".join(
-        f"<th>{h if h % 3 == 0 else ''}</th>" for h in range(24)) + "</tr>"
     rows = []
     for day in DAYS:
-        tds = []
+        out: list[Optional[HeatCell]] = []
         for hour in range(24):
             r = cells.get((day, hour))
             if r is None:
-                tds.append(f"<td style='background:{EMPTY}' title='{day} {hour:02d}:00: not in the range'></td>")
+                out.append(None)
                 continue
-            busy, gpus, n = float(r.busy), float(r.gpus), int(r.hours)
-            text = html.escape(_label(day, hour, busy, gpus, n), quote=True)
-            tds.append(f"<td class='lh-cell' style='background:{colour(busy, top)}' title='{text}' aria-label='{text}' "
-                       f"data-weekday='{day}' data-hour='{hour}' data-busy='{busy!r}' data-gpus='{gpus!r}'></td>")
-        rows.append(f"<tr><th class='lh-day'>{day}</th>{''.join(tds)}</tr>")
-    legend = (f"<div class='lh-legend'><span>avg runs holding a slot</span><span>0</span><span class='bar'></span>"
-              f"<span>{scale_top(top)}</span></div>")
-    return (f"{css}<table class='lh-heat' role='table' aria-label='held load by hour of day and weekday (UTC)'>"
-            f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>{legend}")
+            busy, gpus = float(r.busy), float(r.gpus)
+            out.append(HeatCell(colour=colour(busy, top), label=_label(day, hour, busy, gpus, int(r.hours)),
+                                busy=busy, gpus=gpus))
+        rows.append(HeatRow(day=day, cells=out))
+    return HeatmapPayload(rows=rows, top=scale_top(top))
+
+
+def payload(hm: pd.DataFrame) -> bytes:
+    """What :func:`draw` mounts for ``hm`` (built once per view)."""
+    return packed(heatmap_payload(hm).model_dump())
+
+
+def draw(data: bytes, key: str) -> None:
+    """Mount a heatmap built by :func:`payload`."""
+    _mount(key=key, data=data)

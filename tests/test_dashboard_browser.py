@@ -84,6 +84,8 @@ def test_every_panel_renders_with_data(dashboard):
         try:
             # tall enough that every panel is laid out (Streamlit scrolls its main block itself)
             page = browser.new_page(viewport={"width": 1600, "height": 7000})
+            fetched: list[str] = []
+            page.on("request", lambda r: fetched.append(r.url))
             page.goto(url, wait_until="domcontentloaded")
             page.wait_for_selector(".st-key-panel-links", timeout=120_000)
             # wait until the script finished (no "running" indicator) and charts drew
@@ -98,6 +100,10 @@ def test_every_panel_renders_with_data(dashboard):
             assert page.locator(f".st-key-panel-summary {TIME_CHART}").count() == 1  # the load chart
             # the hour x weekday heatmap: a table of 7 x 24 shaded cells, each saying what it holds
             assert page.locator(".st-key-panel-summary table.lh-heat td.lh-cell").count() == 168
+            # what a visit need not fetch: Streamlit's emoji plugin (the caption's times looked like shortcodes)
+            # and its HTML sanitiser (the heatmap is its own component, not st.html)
+            assert any("/static/js/" in u for u in fetched)
+            assert not [u for u in fetched if "remark-emoji" in u or "purify" in u]
             link = page.locator('.st-key-panel-links a[href="https://grafana.example.com/d/gpu"]')
             link.first.wait_for(timeout=60_000)  # drawn after the section above it: it streams in last
             assert link.count() == 1 and link.inner_text() == "Grafana GPU board"

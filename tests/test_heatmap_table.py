@@ -1,9 +1,9 @@
-"""The hour x weekday heatmap drawn as an HTML table: pure, no server (the browser test checks the
-drawn cells against occupancy computed from the runs' own state times)."""
+"""The hour x weekday heatmap's cells: pure, no server (the browser test checks the drawn cells against
+occupancy computed from the runs' own state times)."""
 
 from __future__ import annotations
 
-import re
+import json
 
 import pandas as pd
 
@@ -16,26 +16,28 @@ def _frame(days=HT.DAYS, hours=range(24)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _cells(html: str) -> list[dict]:
-    return [dict(re.findall(r"(data-\w+|title|style)='([^']*)'", td)) for td in re.findall(r"<td class='lh-cell'[^>]*>", html)]
+def _cells(p: HT.HeatmapPayload) -> list[tuple[str, int, HT.HeatCell]]:
+    return [(row.day, hour, c) for row in p.rows for hour, c in enumerate(row.cells) if c is not None]
 
 
 def test_every_cell_says_what_it_holds():
     hm = _frame()
-    out = HT.heatmap_html(hm)
-    cells = _cells(out)
+    p = HT.heatmap_payload(hm)
+    cells = _cells(p)
     assert len(cells) == 168
-    by = {(c["data-weekday"], int(c["data-hour"])): c for c in cells}
+    by = {(d, h): c for d, h, c in cells}
     for r in hm.itertuples():
         c = by[(r.weekday, r.hour)]
-        assert float(c["data-busy"]) == r.busy and float(c["data-gpus"]) == r.gpus
-        assert c["title"] == (f"weekday: {r.weekday}; hour: {r.hour}; avg runs holding a slot: {r.busy:.2f}; "
-                              f"avg GPUs held: {r.gpus:.2f}; hours averaged: {r.hours}")
+        assert c.busy == r.busy and c.gpus == r.gpus
+        assert c.label == (f"weekday: {r.weekday}; hour: {r.hour}; avg runs holding a slot: {r.busy:.2f}; "
+                           f"avg GPUs held: {r.gpus:.2f}; hours averaged: {r.hours}")
+        assert c.colour == HT.colour(r.busy, hm["busy"].max())
     # rows run Monday to Sunday, hours 0..23 across
-    order = [(c["data-weekday"], int(c["data-hour"])) for c in cells]
-    assert order == [(d, h) for d in HT.DAYS for h in range(24)]
-    assert "<span>16.70</span>" in out  # the legend's top: the busiest cell (Sun 23:00)
+    assert [row.day for row in p.rows] == list(HT.DAYS) and all(len(row.cells) == 24 for row in p.rows)
+    assert p.top == "16.70"  # the legend's top: the busiest cell (Sun 23:00)
     assert HT.scale_top(0.0013) == "0.0013" and HT.scale_top(0.0) == "0.00"
+    sent = json.loads(HT.payload(hm))  # the bytes the script gets: led by their digest, the same cells
+    assert list(sent)[0] == "sig" and sent["rows"] == json.loads(p.model_dump_json())["rows"]
 
 
 def test_shading_is_monotone_from_idle_to_the_busiest():
@@ -50,13 +52,13 @@ def test_shading_is_monotone_from_idle_to_the_busiest():
 
 
 def test_hours_the_range_does_not_hold_are_blank_not_idle():
-    out = HT.heatmap_html(_frame(days=("Tue", "Wed"), hours=range(6, 18)))
-    cells = _cells(out)
+    p = HT.heatmap_payload(_frame(days=("Tue", "Wed"), hours=range(6, 18)))
+    cells = _cells(p)
     assert len(cells) == 2 * 12
-    assert out.count("not in the range") == 168 - 24
-    assert all(c["data-weekday"] in ("Tue", "Wed") for c in cells)
+    assert sum(c is None for row in p.rows for c in row.cells) == 168 - 24
+    assert {d for d, _h, _c in cells} == {"Tue", "Wed"} and {h for _d, h, _c in cells} == set(range(6, 18))
 
 
 def test_empty_frame_draws_a_blank_week():
-    out = HT.heatmap_html(_frame(days=()))
-    assert _cells(out) == [] and out.count("not in the range") == 168
+    p = HT.heatmap_payload(_frame(days=()))
+    assert _cells(p) == [] and all(c is None for row in p.rows for c in row.cells) and p.top == "0.00"
