@@ -7,6 +7,7 @@ tests start as subprocesses talk to it too.
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 import pytest
@@ -19,6 +20,24 @@ def prefect_server(tmp_path_factory) -> str:
     """A `prefect server start` on 127.0.0.1 for the whole session; yields its API URL."""
     with local_prefect_server(tmp_path_factory.mktemp("prefect-home")) as api_url:
         yield api_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def component_manifests_scanned_once():
+    """Streamlit's AppTest scans every installed package's metadata for component manifests on each run
+    (~1.4 s here, for each of the suite's ~60 page runs; a served monitor scans once, at start). The
+    installed packages do not change during a test session, so the scan's answer is kept for it."""
+    try:
+        from streamlit.components.v2 import manifest_scanner as scanner
+    except ImportError:  # a Streamlit without v2 components: nothing to keep
+        yield
+        return
+    scan = scanner.scan_component_manifests
+    scanner.scan_component_manifests = functools.lru_cache(maxsize=1)(scan)
+    try:
+        yield
+    finally:
+        scanner.scan_component_manifests = scan
 
 
 @pytest.fixture
