@@ -231,12 +231,9 @@ class RunIndex:
                 conn.execute(stmt, values[i : i + 2000])
         return len(values)
 
-    def open_ids(self) -> list[str]:
-        """Runs not in a terminal state: their state can still change."""
-        return [i for ids in self.open_ids_by_type().values() for i in ids]
-
     def open_ids_by_type(self) -> dict[str, list[str]]:
-        """:meth:`open_ids` by the state type the index holds for them."""
+        """Runs not in a terminal state (their state can still change), by the state type the index
+        holds for them."""
         out: dict[str, list[str]] = {}
         with self.store._read() as conn:
             for rid, stype in conn.execute(sa.select(T.c.id, T.c.state_type).where(T.c.state_type.not_in(TERMINAL))):

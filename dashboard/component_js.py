@@ -1,7 +1,7 @@
 """What the monitor's components (``st.components.v2``) are mounted with: their script
 (``component_base.js``'s helpers, then the component's own file: each script is mounted as its own
-module, so the helpers travel with each rather than being imported) and, for the charts and tables,
-their payload as bytes (:func:`packed`)."""
+module, so the helpers travel with each rather than being imported) and their payload as bytes
+(:func:`packed`)."""
 
 from __future__ import annotations
 

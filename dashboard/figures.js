@@ -1,8 +1,11 @@
 // Headline figures in a row: label (with an explanation on hover of its "?"), value. Every text is set
-// as text, never as HTML. Payload: dashboard/figures.py. el: component_base.js.
+// as text, never as HTML. Payload: dashboard/figures.py (bytes). el, sigOf, unpack: component_base.js.
 
 export default function (component) {
-  const { data, parentElement } = component;
+  const { parentElement } = component;
+  const sig = sigOf(component.data);
+  if (parentElement.lfSig === sig) return; // the same figures: leave them drawn
+  const data = unpack(component.data);
   let row = parentElement.querySelector(".lf-row");
   if (!row) { row = el("div", "lf-row"); parentElement.appendChild(row); }
   row.style.gridTemplateColumns = `repeat(${data.columns || 4}, minmax(0, 1fr))`;
@@ -24,4 +27,5 @@ export default function (component) {
     return cell;
   }));
   row.setAttribute("data-drawn", "");
+  parentElement.lfSig = sig;
 }

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import streamlit as st
 from pydantic import BaseModel
 
-from prefect_launch.dashboard.component_js import script
+from prefect_launch.dashboard.component_js import packed, script
 
 COMPONENT = "prefect_launch.figures"
 CSS = """
@@ -40,5 +40,6 @@ class FiguresPayload(BaseModel):
 
 
 def figures(items: Sequence[Figure], key: str, columns: int = 4) -> None:
-    """Draw ``items`` in a row of ``columns`` equal cells (wrapping after that)."""
-    _mount(key=key, data=FiguresPayload(figures=list(items), columns=columns).model_dump())
+    """Draw ``items`` in a row of ``columns`` equal cells (wrapping after that). Sent as bytes, as the charts
+    and tables are (:func:`.component_js.packed`): the script leaves a row it has drawn as it is."""
+    _mount(key=key, data=packed(FiguresPayload(figures=list(items), columns=columns).model_dump()))

@@ -228,22 +228,15 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     cursor = dt.datetime.fromtimestamp((meta.events_cursor_ms or meta.last_sync_ms or 0) / 1000, UTC)
     last = dt.datetime.fromtimestamp((meta.last_sync_ms or 0) / 1000, UTC)
     gap = (now - cursor).total_seconds()
-    f_open = _IO.submit(index.open_ids) if open_runs is True else None
-    f_check = _IO.submit(index.open_ids_by_type) if open_runs == "check" else None
+    f_open = _IO.submit(index.open_ids_by_type) if open_runs else None  # read beside the events
     events = None
     entries = StateEntries()
     if gap <= EVENTS_MAX_GAP_S:
         events = changed_run_ids(api, cursor - dt.timedelta(seconds=EVENTS_OVERLAP_S), now + dt.timedelta(seconds=60), entries)
     mode = "events" if events is not None else "catch-up"
-    if f_open is None and events is None:  # no events to rely on: the open runs are read after all
-        f_open, f_check = _IO.submit(index.open_ids), None
-    checked: list[dict] = []  # the open runs whose state type changed, as the server holds them
-    recheck: list[str] = []  # ... or, when one was deleted, every open run: read again, the missing ones gone
-    if f_check is not None:
-        by_type = f_check.result()
-        checked, complete = changed_open_runs(api, by_type)
-        if not complete:
-            recheck, checked = [i for ids in by_type.values() for i in ids], []
+    if events is None and open_runs is not True:  # no events to rely on: the open runs are read after all
+        f_open, open_runs = f_open or _IO.submit(index.open_ids_by_type), True
+    checked, open_ids = _open_runs(api, f_open.result(), open_runs) if f_open is not None else ([], set())
     slack = dt.timedelta(seconds=NEW_RUN_SLACK_S)
     # new runs due about now (events reveal runs scheduled further ahead, e.g. by deployment
     # schedules, without reading all of those on every sync); after a gap, everything since
@@ -252,7 +245,6 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     have = {r["id"] for r in fresh}
     fresh += [r for r in checked if r["id"] not in have]
     have |= {r["id"] for r in checked}
-    open_ids = set(f_open.result()) if f_open is not None else set(recheck)
     ids = (set(events[0]) if events else set()) | open_ids
     fresh += fetch_runs_by_id(api, sorted(ids - have))
     written = index.upsert(changed_rows(index, [IndexRow.from_flow_run(r) for r in fresh], entries))
@@ -268,6 +260,17 @@ def sync(index: RunIndex, api: Any, now: Optional[dt.datetime] = None, open_runs
     index.set_meta(meta.model_copy(update=dict(update, api_url=api.api_url)))  # the URL it was synced through
     return SyncResult(runs_read=len(fresh), rows_written=written, events=events[1] if events else 0, mode=mode,
                       took_s=time.perf_counter() - t0, deleted=sorted(gone))
+
+
+def _open_runs(api: Any, by_type: dict[str, list[str]], mode: bool | str) -> tuple[list[dict], set[str]]:
+    """(open runs already read as the server holds them, open runs to read by id): with ``mode``
+    "check", only those whose state type changed are read (:func:`changed_open_runs`), unless one
+    was deleted: then every open run is read again, so that the missing ones are known."""
+    if mode == "check":
+        checked, complete = changed_open_runs(api, by_type)
+        if complete:
+            return checked, set()
+    return [], {i for ids in by_type.values() for i in ids}
 
 
 def changed_rows(index: RunIndex, rows: list[IndexRow], entries: Optional[StateEntries] = None) -> list[IndexRow]:

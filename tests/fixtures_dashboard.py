@@ -181,5 +181,5 @@ def figures(at) -> dict:
     out = {m.label: m.value for m in at.metric}
     for e in at.get("bidi_component"):
         if e.proto.component_name == COMPONENT:
-            out.update({f.label: f.value for f in FiguresPayload.model_validate_json(e.proto.json).figures})
+            out.update({f.label: f.value for f in FiguresPayload.model_validate_json(e.proto.bytes).figures})
     return out
