@@ -43,6 +43,9 @@ export default function (component) {
   const bar = el("span", "bar");
   bar.style.background = `linear-gradient(90deg, ${p.legend.join(", ")})`;
   legend.append(el("span", null, "avg runs holding a slot"), el("span", null, "0"), bar, el("span", null, p.top));
-  parentElement.replaceChildren(table, legend);
+  // a box of its own: the parent also holds the component's style element, which must stay
+  let box = parentElement.querySelector(":scope > .lh-box");
+  if (!box) { box = el("div", "lh-box"); parentElement.appendChild(box); }
+  box.replaceChildren(table, legend);
   parentElement.ltSig = sig;
 }

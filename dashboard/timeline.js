@@ -165,15 +165,21 @@ function draw(host, p, setStateValue) {
       ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + pw, y); ctx.stroke(); ctx.setLineDash([]);
     }
   } else {
+    // one path per colour, filled once: marks of a chart never overlap (lanes' segments are merged below
+    // a pixel, bars stack), so the order of colours does not show, and thousands of fillRect calls, each
+    // after a fillStyle set, cost the lanes of a 100k-run week tens of ms per visit
+    const paths = new Map();
     for (let i = 0; i < n; i++) {
       const a = X(it.x[i]), b = Math.max(X(it.x2[i]), a + 1);
-      ctx.fillStyle = p.colors[it.c[i]] || INK;
-      if (lanes) ctx.fillRect(a, top + it.row[i] * rowH + rowH * 0.1, b - a, Math.max(rowH * 0.8, 1));
+      let path = paths.get(it.c[i]);
+      if (!path) { path = new Path2D(); paths.set(it.c[i], path); }
+      if (lanes) path.rect(a, top + it.row[i] * rowH + rowH * 0.1, b - a, Math.max(rowH * 0.8, 1));
       else {
         const y1 = Y(it.y1[i]), y0 = Y(it.y0[i]);
-        ctx.fillRect(a, y1, Math.max(b - a - (b - a > 3 ? 1 : 0), 1), Math.max(y0 - y1, 1));
+        path.rect(a, y1, Math.max(b - a - (b - a > 3 ? 1 : 0), 1), Math.max(y0 - y1, 1));
       }
     }
+    for (const [c, path] of paths) { ctx.fillStyle = p.colors[c] || INK; ctx.fill(path); }
   }
   ctx.restore();
   ctx.strokeStyle = "#c3c6cf"; ctx.beginPath(); ctx.moveTo(left, top + ph + 0.5); ctx.lineTo(left + pw, top + ph + 0.5); ctx.stroke();

@@ -100,6 +100,20 @@ def test_every_panel_renders_with_data(dashboard):
             assert page.locator(f".st-key-panel-summary {TIME_CHART}").count() == 1  # the load chart
             # the hour x weekday heatmap: a table of 7 x 24 shaded cells, each saying what it holds
             assert page.locator(".st-key-panel-summary table.lh-heat td.lh-cell").count() == 168
+            # ... laid out by its own style (which the component's drawing must leave in place): it fills its column
+            widths = page.evaluate("""() => { const t = document.querySelector('.st-key-panel-summary table.lh-heat');
+                return [t.getBoundingClientRect().width, t.closest('.lh-box').parentElement.getBoundingClientRect().width,
+                        getComputedStyle(t.querySelector('th')).fontWeight]; }""")
+            assert widths[0] >= 0.95 * widths[1] > 0 and widths[2] == "400", widths
+            # the bars, steps and lanes are painted (one filled path per colour): each chart holds coloured
+            # pixels (its axes, grid and labels are grey)
+            painted = page.evaluate("""() => [...document.querySelectorAll('.lt-chart[data-drawn] canvas')].map((cv) => {
+                const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+                let n = 0;
+                for (let i = 0; i < px.length; i += 4)
+                    if (Math.max(px[i], px[i + 1], px[i + 2]) - Math.min(px[i], px[i + 1], px[i + 2]) > 60) n++;
+                return n; })""")
+            assert len(painted) >= 4 and all(n >= 20 for n in painted), painted
             # what a visit need not fetch: Streamlit's emoji plugin (the caption's times looked like shortcodes)
             # and its HTML sanitiser (the heatmap is its own component, not st.html)
             assert any("/static/js/" in u for u in fetched)
