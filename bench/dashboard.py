@@ -51,7 +51,8 @@ the browser's caches warm) (null where Chromium or Playwright is missing, or
 with --no-page); page_floor_s: the same timing for a Streamlit page holding only a title and one empty
 panel, in the same browser, its first visit left out (what Streamlit itself costs on the machine, below which
 no page of it draws: compare with page_warm_s; page_floor_return_s likewise in one profile: compare with page_return_s; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
-figure is an upper bound). Progress lines carry the elapsed time and the load average.
+figure is an upper bound); cpu_probe_s: [start, end] seconds of a fixed pure-Python loop on one core (the
+speed the machine gave; it varies by nearly 2x within minutes on a shared virtual machine). Progress lines carry the elapsed time and the load average.
 """
 
 from __future__ import annotations
@@ -336,6 +337,16 @@ def naive_read(api_url: str, since: dt.datetime, until: dt.datetime, max_runs: O
             before = page[-1].expected_start_time
 
 
+def cpu_probe() -> float:
+    """Seconds one core takes for a fixed pure-Python loop (~0.25 s here at its fastest): the speed the
+    machine gave when it was read. On a shared virtual machine it varies by nearly 2x within minutes, which
+    no load average shows; compare runs only where their probes agree."""
+    t, x = time.process_time(), 0
+    for i in range(4_000_000):
+        x += i
+    return round(time.process_time() - t, 3)
+
+
 def loadavg() -> str:
     """The 1, 5 and 15 minute load averages (the box is shared: timings are upper bounds)."""
     try:
@@ -506,7 +517,7 @@ def main() -> None:
                     help="time only the page (after the run index is built); the data-layer figures are null")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    load_start = loadavg()
+    load_start, probe_start = loadavg(), cpu_probe()
 
     def stage(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.1f} s, load {loadavg()}] {msg}")
@@ -514,7 +525,8 @@ def main() -> None:
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     if args.home and (home / "bench-runs.txt").exists():  # the runs the kept home was seeded with, not --runs
         args.runs = int((home / "bench-runs.txt").read_text())
-    stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs)")
+    stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs), "
+          f"CPU probe {probe_start:.3f} s")
     port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
@@ -577,9 +589,10 @@ def main() -> None:
             stage("page timed" if page["page_cold_s"] else "page not timed")
             keys = ["runs", "cold_s", "filter_s", "naive_s", "speedup_cold", "speedup_filter", *(f"{k}_s" for k in changes),
                     "refresh_s", "index_build_s", "api_cold_s", "api_filter_s", "naive_extrapolated", "occupancy_s",
-                    *page, "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end"]
+                    *page, "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end", "cpu_probe_s"]
             out = dict.fromkeys(keys)
-            out.update(runs=args.runs, index_build_s=round(t_build, 1), **page, loadavg_start=load_start, loadavg_end=loadavg())
+            out.update(runs=args.runs, index_build_s=round(t_build, 1), **page, loadavg_start=load_start, loadavg_end=loadavg(),
+                       cpu_probe_s=[probe_start, cpu_probe()])
             print(json.dumps(out))
             return
 
@@ -673,7 +686,7 @@ def main() -> None:
                      occupancy_s=round(occupancy_s, 3), **page,
                      cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
                      filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
-                     loadavg_start=load_start, loadavg_end=loadavg())
+                     loadavg_start=load_start, loadavg_end=loadavg(), cpu_probe_s=[probe_start, cpu_probe()])
             )
         )
     finally:
