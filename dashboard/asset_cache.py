@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, MutableMapping
 
+from prefect_launch.dashboard import streamlit_hook
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+SERVER = "streamlit.web.server.starlette.starlette_server"
 MAX_BYTES = 64 << 20  # Streamlit's static folder is ~20 MB; a bound, so no folder can grow the process without end
 _CONDITIONAL = (b"if-none-match", b"if-modified-since", b"range", b"if-range")
 
@@ -29,7 +32,10 @@ def kept(status: int, headers: list[tuple[bytes, bytes]]) -> bool:
     if status != 200:
         return False
     h = {k.lower(): v for k, v in headers}
-    return b"immutable" in h.get(b"cache-control", b"").lower() and b"content-range" not in h
+    return (b"immutable" in h.get(b"cache-control", b"").lower() and b"content-range" not in h
+            # an answer that depends on the request's headers (compressed for one that accepts gzip) is not one
+            # answer for its path; Streamlit sends its static files plain, and this keeps it so if that changes
+            and b"content-encoding" not in h and b"vary" not in h)
 
 
 class AssetCache:
@@ -79,19 +85,13 @@ class AssetCache:
 def install() -> bool:
     """Put an :class:`AssetCache` in front of the app Streamlit's Starlette server makes (its middleware
     included: a kept asset's path passed its path check the first time, and a replay is then two writes).
-    Returns whether it was put there (False where this Streamlit makes its app some other way: nothing
+    Returns whether it is there (False where this Streamlit makes its app some other way: nothing
     changes)."""
-    try:
-        from streamlit.web.server.starlette import starlette_server as server
-    except ImportError:
-        return False
-    make = getattr(server, "create_starlette_app", None)
-    if make is None or getattr(make, "asset_cache", False):
-        return make is not None
 
-    def create_starlette_app(*args, **kwargs):
-        return AssetCache(make(*args, **kwargs))
+    def around(make: Callable[..., Any]) -> Callable[..., Any]:
+        def create_starlette_app(*args, **kwargs):
+            return AssetCache(make(*args, **kwargs))
 
-    create_starlette_app.asset_cache = True  # type: ignore[attr-defined]
-    server.create_starlette_app = create_starlette_app
-    return True
+        return create_starlette_app
+
+    return streamlit_hook.wrap(SERVER, "create_starlette_app", "asset_cache", around)

@@ -5,7 +5,7 @@
 export default function (component) {
   const { data, parentElement } = component;
   const sig = sigOf(data);
-  if (parentElement.ltSig === sig) return; // the same heatmap: leave it drawn
+  if (parentElement.lhSig === sig) return; // the same heatmap: leave it drawn
   const p = unpack(data);
   const table = el("table", "lh-heat");
   table.setAttribute("role", "table");
@@ -47,5 +47,5 @@ export default function (component) {
   let box = parentElement.querySelector(":scope > .lh-box");
   if (!box) { box = el("div", "lh-box"); parentElement.appendChild(box); }
   box.replaceChildren(table, legend);
-  parentElement.ltSig = sig;
+  parentElement.lhSig = sig;
 }

@@ -14,9 +14,9 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from prefect_launch.dashboard import asset_cache
+from prefect_launch.dashboard import asset_cache, streamlit_hook
 
 APP = Path(__file__).resolve().parent / "app.py"
 DEFAULTS = ["--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -54,25 +54,19 @@ def _accept_with_nodelay() -> bool:
     ~150 scripts a new visit fetches over six connections (about 0.6 s of its wait here). Re-wrapping the
     bound socket lets Python read its real protocol from the kernel; accepted sockets inherit it. Returns
     whether the bind was wrapped (False where this Streamlit binds some other way: nothing changes)."""
-    try:
-        from streamlit.web.server.starlette import starlette_server as ss
-    except ImportError:
-        return False
-    bind = getattr(ss, "_bind_socket", None)
-    if bind is None or getattr(bind, "nodelay", False):
-        return bind is not None
 
-    def _bind_socket(*args, **kwargs) -> socket.socket:
-        sock = bind(*args, **kwargs)
-        if sock.type == socket.SOCK_STREAM and sock.proto != socket.IPPROTO_TCP:
-            blocking = sock.getblocking()
-            sock = socket.socket(fileno=sock.detach())  # family, type and protocol read from the kernel
-            sock.setblocking(blocking)
-        return sock
+    def around(bind: Callable[..., socket.socket]) -> Callable[..., socket.socket]:
+        def _bind_socket(*args, **kwargs) -> socket.socket:
+            sock = bind(*args, **kwargs)
+            if sock.type == socket.SOCK_STREAM and sock.proto != socket.IPPROTO_TCP:
+                blocking = sock.getblocking()
+                sock = socket.socket(fileno=sock.detach())  # family, type and protocol read from the kernel
+                sock.setblocking(blocking)
+            return sock
 
-    _bind_socket.nodelay = True  # type: ignore[attr-defined]
-    ss._bind_socket = _bind_socket
-    return True
+        return _bind_socket
+
+    return streamlit_hook.wrap(asset_cache.SERVER, "_bind_socket", "nodelay", around)
 
 
 def streamlit_args(argv: list[str]) -> list[str]:

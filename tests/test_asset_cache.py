@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from prefect_launch.dashboard import asset_cache
+from prefect_launch.dashboard import asset_cache, streamlit_hook
 
 
 class Counted:
@@ -95,6 +95,32 @@ def test_kept_only_whole_immutable_answers():
     assert not asset_cache.kept(200, [])
     assert not asset_cache.kept(404, [(b"cache-control", b"public, immutable")])
     assert not asset_cache.kept(200, [(b"cache-control", b"immutable"), (b"content-range", b"bytes 0-9/100")])
+    # an answer shaped by the request (compressed for a browser that accepts gzip) is not the path's one answer
+    assert not asset_cache.kept(200, [(b"cache-control", b"immutable"), (b"content-encoding", b"gzip")])
+    assert not asset_cache.kept(200, [(b"cache-control", b"immutable"), (b"Vary", b"Accept-Encoding")])
+
+
+def test_the_size_it_counts_is_what_it_keeps(stack):
+    """``size`` (kept as a running sum for the cap) equals the bodies held, after several assets and repeats."""
+    inner, js = stack
+    cache = asset_cache.AssetCache(inner, max_bytes=1 << 30)
+    paths = [f"/static/js/{name}" for name in js[:6]]
+    got = _get(cache, *[("GET", p, None) for p in paths + paths[:3]])
+    assert all(r.status_code == 200 for r in got)
+    assert len(cache.entries) == len(paths) and len(inner.calls) == len(paths)
+    assert cache.size == sum(len(body) for *_, body in cache.entries.values()) == sum(len(r.content) for r in got[:6])
+
+
+def test_a_gzipped_answer_is_never_replayed_to_another_browser(stack):
+    """If Streamlit ever gzips a hashed asset, a browser that did not ask for gzip must not get those bytes."""
+    inner, js = stack
+    from starlette.middleware.gzip import GZipMiddleware
+
+    cache = asset_cache.AssetCache(GZipMiddleware(inner, minimum_size=10))
+    path = f"/static/js/{js[0]}"
+    zipped, plain = _get(cache, ("GET", path, {"Accept-Encoding": "gzip"}), ("GET", path, {"Accept-Encoding": "identity"}))
+    assert zipped.headers.get("content-encoding") == "gzip"
+    assert "content-encoding" not in plain.headers and len(inner.calls) == 2 and cache.entries == {}
 
 
 def test_installed_in_front_of_the_app_streamlit_serves():
@@ -104,4 +130,5 @@ def test_installed_in_front_of_the_app_streamlit_serves():
     assert asset_cache.install() is True
     assert asset_cache.install() is True  # twice is harmless: one wrapper
     made = server.create_starlette_app
-    assert made.asset_cache and made.__closure__[0].cell_contents is starlette_app.create_starlette_app
+    assert "asset_cache" in streamlit_hook.hooks_of(made)
+    assert made.__closure__[0].cell_contents is starlette_app.create_starlette_app

@@ -551,6 +551,19 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
                 assert page.get_by_text(re.compile(r"^(Cannot read|Showing the figures read at)")).count() == 0
                 assert page.locator(".st-key-panel-summary").count() == 1
                 assert page.locator(TIME_CHART).count() >= 3  # load, job status and queued time drawn again
+                # a new visitor of the new process: its scripts and styles (the asset cache starts empty with the
+                # process) come whole from Streamlit, then from memory, and none fails
+                for _ in range(2):
+                    statics, failed = [], []
+                    fresh = browser.new_page(viewport={"width": 1600, "height": 7000})
+                    fresh.on("response", lambda r: statics.append(r) if "/static/" in r.url else None)
+                    fresh.on("requestfailed", lambda r: failed.append(r.url))
+                    fresh.goto(url, wait_until="domcontentloaded")
+                    fresh.locator(".st-key-panel-links").wait_for(timeout=120_000)
+                    fresh.wait_for_function(IDLE_JS, timeout=60_000)
+                    assert len(statics) > 20 and not failed
+                    assert all(r.status == 200 and len(r.body()) == int(r.headers["content-length"]) for r in statics)
+                    fresh.close()
         finally:
             browser.close()
 
