@@ -83,14 +83,16 @@ class Api:
         r.raise_for_status()
         return r.json()
 
-    def server_id(self) -> str:
+    def server_id(self, fresh: bool = False) -> str:
         """This server's identity, steadier than the URL it is reached by: a UUID kept in the Prefect
         Variable ``SERVER_ID_VARIABLE``, made by the first monitor that asks. The run index is kept per
         server by it, so monitors reaching one server as localhost and 127.0.0.1 (or through a proxy)
-        share one index instead of resetting each other's. Raises when the server cannot be read: a
-        guess here would rebuild the index."""
+        share one index instead of resetting each other's. Read once and kept; ``fresh`` reads it again
+        (the index's owner found no index under the kept id: the Variable may have been deleted and made
+        anew by another monitor). Raises when the server cannot be read: a guess here would rebuild the
+        index."""
         with self._server_id_lock:
-            if self._server_id is None:
+            if self._server_id is None or fresh:
                 self._server_id = self._read_or_make_server_id()
             return self._server_id
 

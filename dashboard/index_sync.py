@@ -319,8 +319,15 @@ class IndexService:
     # -------------------------------------------------------------- coverage
 
     def meta(self) -> Optional[IndexMeta]:
-        """Read each time (one indexed row): another process may be rebuilding the index."""
-        return self.index.meta(self.api.server_id(), self.api.api_url)
+        """Read each time (one indexed row): another process may be rebuilding the index. With no index
+        under the server id this process holds, the id is read again first: had its Variable been deleted
+        while this monitor ran, a monitor started since made a new one and built the index under it, and
+        the two would otherwise reset each other's index on every visit until this one restarted."""
+        held = self.api.server_id()
+        meta = self.index.meta(held, self.api.api_url)
+        if meta is None and self.api.server_id(fresh=True) != held:
+            meta = self.index.meta(self.api.server_id(), self.api.api_url)
+        return meta
 
     def covers(self, since: dt.datetime) -> bool:
         m = self.meta()

@@ -417,6 +417,41 @@ def test_monitors_reaching_one_server_by_two_urls_share_its_index(seeded, prefec
     assert len(RunIndex(store).frame(columns=["id"])) >= rows
 
 
+def test_monitors_agree_again_after_the_server_id_variable_is_deleted(seeded, prefect_server, tmp_path):
+    """The Variable deleted while a monitor runs: a monitor started after it makes a new id and builds
+    the index under it; the first one follows that id at its next view instead of building again under
+    its old one (each build resets the other's index: they fought until the first was restarted)."""
+    from prefect.variables import Variable
+
+    from prefect_launch.dashboard.api import SERVER_ID_VARIABLE, Api
+
+    store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'deleted-id.db'}")
+    since = dt.datetime.now(UTC) - dt.timedelta(hours=23)
+    first = Api(prefect_server)
+    before = first.server_id()
+    X.build(RunIndex(store), first, days=1)
+    running = X.IndexService(RunIndex(store), first)
+    assert running.covers(since)
+    Variable.unset(SERVER_ID_VARIABLE)
+    try:
+        later = Api(prefect_server)
+        made = later.server_id()
+        assert made != before and Variable.get(SERVER_ID_VARIABLE) == made
+        started = X.IndexService(RunIndex(store), later)
+        assert not started.covers(since)  # its id has no index: it builds one
+        X.build(started.index, later, days=1)
+        covered = RunIndex(store).meta(made).covered_since_ms
+        rows = len(RunIndex(store).frame(columns=["id"]))
+        assert running.covers(since)  # the running monitor follows the new id: no build of its own
+        assert first.server_id() == made
+        running.sync_if_due()  # synced under the new id: the index is the one the later monitor built
+        assert started.covers(since) and RunIndex(store).meta(made).covered_since_ms == covered
+        assert RunIndex(store).meta(before) is None and len(RunIndex(store).frame(columns=["id"])) >= rows
+        assert running.status()["built"] and not running.building()
+    finally:  # the other tests' indexes were built for the first id
+        Variable.set(SERVER_ID_VARIABLE, before, overwrite=True)
+
+
 def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
     """A v7 store's meta row names the URL only: the monitor whose URL it names adopts it (the index
     keeps its rows and coverage); a monitor of another URL does not."""
