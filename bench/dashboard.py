@@ -50,7 +50,10 @@ compiled again); page_return_s: a visit right after in the cold visit's profile 
 the browser's caches warm) (null where Chromium or Playwright is missing, or
 with --no-page); page_floor_s: the same timing for a Streamlit page holding only a title and one empty
 panel, in the same browser, its first visit left out (what Streamlit itself costs on the machine, below which
-no page of it draws: compare with page_warm_s; page_floor_return_s likewise in one profile: compare with page_return_s; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+no page of it draws: compare with page_warm_s; page_floor_return_s likewise in one profile: compare with page_return_s;
+page_floor_controls_s / page_floor_controls_return_s: the same with the monitor's own sidebar (its filters offering the
+seed's queues, jobs, owners and presets), section switch and links toggle, and no data: what a page with these controls
+costs before it draws any figure; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
 figure is an upper bound); cpu_probe_s: [start, end] seconds of a fixed pure-Python loop on one core (the
 speed the machine gave; it varies by nearly 2x within minutes on a shared virtual machine). Progress lines carry the elapsed time and the load average.
 """
@@ -384,6 +387,24 @@ with st.container(key="panel-links", border=True):
 """
 FLOOR_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')"""
+# the floor with the monitor's controls: its real sidebar (dashboard/sidebar.py) offering the seed's queues, jobs,
+# owners and presets, the section switch and the links toggle, and no data: what a page with these
+# controls costs before it draws any figure, chart or table
+CONTROLS_APP = """import json
+import streamlit as st
+from prefect_launch.dashboard.sidebar import sidebar
+st.set_page_config(page_title="floor", layout="wide")
+st.set_option("client.toolbarMode", "minimal")
+st.title("Queue monitor")
+sidebar(json.loads(%r), lambda: None)
+st.segmented_control("Section", ["Job runs", "Resource use", "Cost and waste", "Errors"], default="Job runs",
+                     required=True, key="section", label_visibility="collapsed")
+with st.container(key="panel-links", border=True):
+    st.subheader("External Links")
+    st.toggle("Manage Links", key="links_open")
+"""
+CONTROLS_JS = FLOOR_JS + """
+    && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')"""
 
 
 VIEWPORT = {"width": 1600, "height": 7000}
@@ -403,8 +424,9 @@ def visit(target, url: str, drawn_js: str) -> float:
         page.close()
 
 
-def page_floor(home: Path, visits: int = 5) -> tuple[list[float], list[float]]:
-    """Seconds from navigation to a drawn page for a Streamlit app with a title and one empty panel,
+def page_floor(home: Path, visits: int = 5, controls: bool = False) -> tuple[list[float], list[float]]:
+    """Seconds from navigation to a drawn page for a Streamlit app with a title and one empty panel
+    (``controls``: and the monitor's own sidebar, section switch and links toggle, :data:`CONTROLS_APP`),
     timed like the monitor (same browser flags; the first visit left out): what Streamlit itself
     costs on this machine before the monitor draws anything. Two lists: a new browser profile per
     visit, and every visit in one profile (a returning visitor); ([], []) without Chromium."""
@@ -414,13 +436,20 @@ def page_floor(home: Path, visits: int = 5) -> tuple[list[float], list[float]]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         return [], []
-    app = home / "floor_app.py"
-    app.write_text(FLOOR_APP)
+    app = home / ("floor_controls_app.py" if controls else "floor_app.py")
+    if controls:
+        from prefect_launch.dashboard import page_data
+
+        opts = page_data.options()
+        app.write_text(CONTROLS_APP % json.dumps({k: list(opts[k]) for k in ("queues", "jobs", "owners", "presets")}))
+    else:
+        app.write_text(FLOOR_APP)
+    drawn_js = CONTROLS_JS if controls else FLOOR_JS
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
             "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    log = home / "streamlit-floor.log"
+    log = home / ("streamlit-floor-controls.log" if controls else "streamlit-floor.log")
     out: list[float] = []  # the first visit left out (the browser's caches filled)
     back: list[float] = []
     with background_process(args, log, cwd=ROOT) as proc:
@@ -428,16 +457,16 @@ def page_floor(home: Path, visits: int = 5) -> tuple[list[float], list[float]]:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
-                out = [visit(browser, url, FLOOR_JS) for _ in range(visits + 1)][1:]
+                out = [visit(browser, url, drawn_js) for _ in range(visits + 1)][1:]
                 ctx = browser.new_context(viewport=VIEWPORT)
-                back = [visit(ctx, url, FLOOR_JS) for _ in range(visits + 1)][1:]
+                back = [visit(ctx, url, drawn_js) for _ in range(visits + 1)][1:]
             finally:
                 browser.close()
     return out, back
 
 
-def floor_line(floor: list[float], back: list[float]) -> str:
-    return (f"Streamlit floor (title + one empty panel, same browser): median {statistics.median(floor):.3f} s "
+def floor_line(floor: list[float], back: list[float], what: str = "title + one empty panel") -> str:
+    return (f"Streamlit floor ({what}, same browser): median {statistics.median(floor):.3f} s "
             f"({', '.join(f'{x:.3f}' for x in floor)}), returning visit median {statistics.median(back):.3f} s"
             if floor and back else "Streamlit floor: not timed")
 
@@ -490,6 +519,8 @@ def page_figures(home: Path, repeat: int) -> dict:
     cold, warm, back = page_times(home, repeat)
     floor, floor_back = page_floor(home) if cold else ([], [])
     print(floor_line(floor, floor_back))
+    controls, controls_back = page_floor(home, controls=True) if cold else ([], [])
+    print(floor_line(controls, controls_back, "title, the monitor's sidebar and switches, no data"))
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
     if cold:
         line = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
@@ -498,7 +529,8 @@ def page_figures(home: Path, repeat: int) -> dict:
               f"monitor ready {', '.join(f'{x:.1f}' for x in PREPARE_S)} s after its start")
     return dict(page_cold_s=med(cold), page_warm_s=med(warm), page_return_s=med(back),
                 page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None, page_floor_s=med(floor),
-                page_floor_return_s=med(floor_back))
+                page_floor_return_s=med(floor_back), page_floor_controls_s=med(controls),
+                page_floor_controls_return_s=med(controls_back))
 
 
 def main() -> None:
@@ -670,7 +702,8 @@ def main() -> None:
         print(f"speedup: cold {naive / ours['cold']:.1f}x, filter change {naive / ours['filt']:.1f}x"
               + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
         page = page_figures(home, args.page_repeat) if not args.no_page else dict.fromkeys(
-            ["page_cold_s", "page_warm_s", "page_return_s", "page_prepare_s", "page_floor_s", "page_floor_return_s"])
+            ["page_cold_s", "page_warm_s", "page_return_s", "page_prepare_s", "page_floor_s", "page_floor_return_s",
+             "page_floor_controls_s", "page_floor_controls_return_s"])
         stage("page timed" if page["page_cold_s"] else "page not timed")
         if args.keep or args.home:
             print(f"kept {home} (its server stops now)")

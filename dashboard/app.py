@@ -31,6 +31,7 @@ from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
+from prefect_launch.dashboard.sidebar import sidebar
 from prefect_launch.dashboard import timeline
 from prefect_launch.dashboard import view as V
 
@@ -88,34 +89,6 @@ def _links_block():
     from prefect_launch.blocks.queue_links import QueueLinks
 
     return QueueLinks
-
-
-def sidebar(opts: dict) -> S.ViewSpec:
-    sb = st.sidebar
-    sb.header("Queue monitor")
-    queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
-    choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=list(S.RANGES).index(S.DEFAULT_RANGE), key="range")
-    now = S.page_now()  # up to the next step of the page's clock: visits and reruns within it hit the caches
-    custom = None
-    if choice == "Custom":
-        today = now.date()
-        picked = sb.date_input("From / to (UTC)", (today - dt.timedelta(days=3), today), key="custom_range")
-        custom = tuple(picked) if isinstance(picked, (tuple, list)) and len(picked) == 2 else (picked[0], picked[0]) if isinstance(picked, (tuple, list)) else (picked, picked)
-    since, until = S.time_window(choice, now, custom)
-    grouping = sb.selectbox("Grouping", S.GROUPINGS, index=S.GROUPINGS.index(S.DEFAULT_GROUPING), key="grouping")
-    sb.subheader("Filters")
-    jobs = sb.multiselect("Job", opts["jobs"], key="f_jobs")
-    owners = sb.multiselect("Owner", opts["owners"], key="f_owners")
-    statuses = sb.multiselect("Status", list(S.STATUSES), key="f_statuses")
-    presets = sb.multiselect("Preset", opts["presets"], key="f_presets")
-    with sb.expander("Advanced"):
-        limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, S.DEFAULT_DETAIL_LIMIT, step=100,
-                                key="detail_limit")
-        if st.button("Refresh now", key="refresh"):
-            P.refresh()  # runs and history refresh incrementally; metrics rows are read again
-    return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
-                      jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit),
-                      live=choice in S.RANGES)
 
 
 def panel_summary(p: P.PageData) -> None:
@@ -516,7 +489,7 @@ def main() -> None:
     except Exception as exc:  # server down or misconfigured: say so plainly
         st.error(f"Cannot reach the Prefect API: {exc}")
         st.stop()
-    spec = sidebar(opts)
+    spec = sidebar(opts, P.refresh)
     stale = False
     try:
         if P.ready(spec):  # read ahead (dashboard/serve.py keeps the views visited lately ready) or by a rerun
