@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Optional
+from typing import Any, Optional, Sequence
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
@@ -88,14 +88,58 @@ class QueueLinks(Block):
 
     @classmethod
     def for_queue(cls, queue: str) -> "QueueLinks":
-        """The saved links of a queue, or an empty set."""
+        """The saved links of a queue, or an empty set where none are saved. Any other failure (the server
+        not reachable, a stored document that no longer validates) raises: an empty set in its place
+        would be saved over the real links by the next edit."""
+        from prefect.exceptions import ObjectNotFound
+        from pydantic import ValidationError
+
+        name = cls.block_name(queue)
         try:
-            blk = cls.load(cls.block_name(queue))
-            if isinstance(blk, QueueLinks):
-                return blk
-        except (ValueError, Exception):
-            pass
-        return cls(queue=queue, links=[])
+            blk = cls.load(name)
+        except ValueError as exc:
+            if isinstance(exc.__cause__, ObjectNotFound):  # Block.load's "Unable to find block document"
+                return cls(queue=queue, links=[])
+            raise
+        except RuntimeError as exc:  # Block.load's "due to failed validation"
+            if isinstance(exc.__cause__, ValidationError):
+                raise _not_valid(name, exc.__cause__) from None
+            raise
+        if not isinstance(blk, QueueLinks):
+            raise TypeError(f"the block {name!r} is a {type(blk).__name__}, not the queue's links")
+        return blk
+
+    @classmethod
+    def saved_data(cls, api: Any, queues: Sequence[str]) -> dict[str, dict]:
+        """The stored data of each of ``queues`` that has links saved (not validated: see
+        :meth:`from_saved`), read in one request per 200 queues through ``api`` (the monitor's kept
+        HTTP client to Prefect's REST API; ``Block.load`` makes a Prefect client, with its connection
+        pool and SSL context, for every queue it reads)."""
+        names: dict[str, list[str]] = {}
+        for q in queues:
+            names.setdefault(cls.block_name(q), []).append(q)
+        wanted = list(names)
+        found: dict[str, dict] = {}
+        for i in range(0, len(wanted), 200):
+            docs = api.post("/block_documents/filter", {
+                "block_documents": {"name": {"any_": wanted[i:i + 200]}, "is_anonymous": {"eq_": False}},
+                "block_types": {"slug": {"any_": [cls.get_block_type_slug()]}}, "limit": 200})
+            for doc in docs:
+                for q in names.get(doc["name"], []):
+                    found[q] = doc["data"]
+        return found
+
+    @classmethod
+    def from_saved(cls, queue: str, data: dict) -> "QueueLinks":
+        """A queue's stored data (:meth:`saved_data`) as its links, each validated as when saved: a
+        document edited elsewhere (the Prefect UI or API know nothing of these rules) to hold, say, a
+        ``javascript:`` URL raises ValueError naming the field, and is never drawn."""
+        from pydantic import ValidationError
+
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _not_valid(cls.block_name(queue), exc) from None
 
     def store(self) -> None:
         self.save(self.block_name(self.queue), overwrite=True)
@@ -121,3 +165,11 @@ class QueueLinks(Block):
 
     def html(self) -> str:
         return " · ".join(x.html() for x in self.links)
+
+
+def _not_valid(block: str, exc: Any) -> ValueError:
+    """What to tell of a links document that these rules refuse (``exc``: pydantic's ValidationError)."""
+    err = exc.errors()[0]
+    where = ".".join(str(x) for x in err.get("loc", ()))
+    return ValueError(f"the saved links do not validate ({where}: {err.get('msg', 'invalid')}); fix or delete the "
+                      f"block {block!r} in Prefect's Blocks page")

@@ -409,7 +409,12 @@ def panel_links(p: P.PageData, opts: dict) -> None:
         if not _links_unlocked():
             return
         q = st.selectbox("Queue", opts["queues"], key="links_queue")
-        blk = QueueLinks.for_queue(q)
+        try:
+            blk = QueueLinks.for_queue(q)
+        except Exception as exc:  # an empty form saved now would replace the links it could not read
+            st.error(f"Cannot read the links of {html.escape(q)}: {html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)}. "
+                     "Nothing can be changed until they can be read; try again once the Prefect server answers.")
+            return
         labels = [x.label for x in blk.links]
         with st.form("link_form", clear_on_submit=False):
             target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")

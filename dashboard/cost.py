@@ -168,7 +168,8 @@ def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: in
     sm_gpu = (num("gpu_used_s") / 3600.0).where(gpus > 0)
     # each distinct extra parsed once, then looked up (a dict map, not a Python call per run: 100k runs a step)
     extras = {e: (json.loads(e) if e else {}) for e in x["extra"].dropna().unique()}
-    source_of = lambda key: x["extra"].map({e: d.get(key) for e, d in extras.items()})  # noqa: E731
+    # text (object) even where no run recorded one: an all-missing map is float, which a text fill will refuse
+    source_of = lambda key: x["extra"].map({e: d.get(key) for e, d in extras.items()}).astype(object)  # noqa: E731
     gpu_src = source_of("gpu_energy").where(gpus > 0)
     gpu_src = gpu_src.where(gpu_src.notna() | (gpus <= 0), "unavailable: not recorded")
     cpu_src = source_of("cpu_energy").fillna("unavailable: not recorded")

@@ -143,6 +143,33 @@ def test_manage_links_validates_and_persists(seeded):
     assert QueueLinks.for_queue(seeded.pool).links == []
 
 
+def test_links_edited_elsewhere_are_neither_drawn_nor_saved_over(seeded):
+    """A queue's links document edited outside the monitor (Prefect's block editor) to hold a URL the
+    links refuse: External Links says so instead of drawing it, and Manage Links refuses to edit that
+    queue (a form filled with no links would be saved over the document) and says what to do."""
+    from prefect_launch.dashboard.api import get_api
+
+    QueueLinks(queue=seeded.pool, links=[QueueLink(label="ok", url="https://ok.example.com/")]).store()
+    api = get_api()
+    block = QueueLinks.block_name(seeded.pool)
+    doc = api.get(f"block_types/slug/{QueueLinks.get_block_type_slug()}/block_documents/name/{block}")
+    bad = {"queue": seeded.pool, "links": [{"label": "x", "url": "javascript:alert(1)"}]}
+    api.http.patch(f"block_documents/{doc['id']}", json={"data": bad, "merge_existing_data": False}).raise_for_status()
+    try:
+        at = _app().run()
+        shown = "\n".join(m.value for m in at.markdown)
+        assert "not shown: the saved links do not validate" in shown and "javascript" not in shown.split("(links.0.url")[0]
+        assert 'href="javascript' not in shown
+        at.toggle(key="links_open").set_value(True).run()
+        at.selectbox(key="links_queue").set_value(seeded.pool)
+        at.run()
+        assert at.error and "Cannot read the links of" in at.error[0].value and "fix or delete the block" in at.error[0].value
+        assert "link_label" not in {w.key for w in at.text_input}  # no form to save over them
+        assert api.get(f"block_documents/{doc['id']}")["data"] == bad  # untouched
+    finally:
+        api.http.delete(f"block_documents/{doc['id']}")
+
+
 def test_queue_link_validation_unit():
     assert validate_url(" https://a.example/x ") == "https://a.example/x"
     for bad in ("javascript:alert(1)", "data:text/html,x", "//a.example", "http:///x", "https://a b"):
