@@ -7,6 +7,7 @@ a full-page screenshot to test-output/dashboard.png.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import time
@@ -151,6 +152,40 @@ def test_every_panel_renders_with_data(dashboard):
     assert (out / "dashboard.png").stat().st_size > 10_000
 
 
+def _round_half_up(x: float) -> str:
+    """``x`` as the light table writes a number with no decimals (en-US grouping, halves away from zero)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return f"{int(Decimal(repr(x)).quantize(Decimal(1), rounding=ROUND_HALF_UP)):,}"
+
+
+def _check_shown_text(table, runs: dict) -> int:
+    """The text the runs table shows (not only the values it holds) for each drawn row of a finished run:
+    its start to the second (UTC), its duration (end - start) and queued seconds (start - expected start,
+    never below 0) rounded to whole seconds, from the run's own record in Prefect. Returns how many rows
+    were checked."""
+    drawn = table.evaluate("""t => {
+        const heads = [...t.querySelectorAll('.lt-thead .lt-th')].map(h => h.innerText.trim());
+        return [...t.querySelectorAll('.lt-rows .lt-tr')].map(tr => {
+            const cells = [...tr.querySelectorAll('.lt-td')];
+            const row = Object.fromEntries(heads.map((h, i) => [h, cells[i].innerText]));
+            const a = tr.querySelector('a'); row.href = a ? a.href : null;
+            return row; });
+    }""")
+    checked = 0
+    for row in drawn:
+        run = runs[row["href"].rsplit("/", 1)[-1]]
+        if run.end_time is None or run.start_time is None:
+            continue  # still going: its duration counts to the page's now
+        assert row["start"] == run.start_time.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), row
+        assert row["duration s"] == _round_half_up((run.end_time - run.start_time).total_seconds()), row
+        queued = max(0.0, (run.start_time - run.expected_start_time).total_seconds())
+        assert row["queued s"] == _round_half_up(queued), (row, queued)
+        checked += 1
+    assert drawn
+    return checked
+
+
 def _flow_runs_started() -> list:
     """Every run on the server that started (what the page's Gantt can draw), from Prefect itself."""
     from prefect import get_client
@@ -192,7 +227,7 @@ def test_gantt_brush_fills_the_details_table(dashboard):
             panel.locator(TIME_CHART).first.wait_for(timeout=120_000)
             box = panel.locator(TIME_CHART).first.bounding_box()
             y = box["y"] + box["height"] * 0.45
-            proper, last_caption = 0, None
+            proper, last_caption, texts = 0, None, 0
             for a, b in ((0.55, 0.8), (0.25, 0.6), (0.4, 0.97)):
                 page.mouse.click(box["x"] + box["width"] * 0.99, y)  # outside the brush: clears it
                 page.mouse.move(box["x"] + box["width"] * a, y)
@@ -226,8 +261,10 @@ def test_gantt_brush_fills_the_details_table(dashboard):
                         if r.start_time <= hi and (r.end_time is None or r.end_time >= lo)}
                 assert len(rows) == int(n) and shown == want, (lo, hi, sorted(shown ^ want))
                 proper += 0 < len(want) < len(_flow_runs_started())
+                texts += _check_shown_text(table, {str(r.id): r for r in _flow_runs_started()})
             page.screenshot(path=str(out / "dashboard-brush.png"), full_page=True)
             assert proper >= 1, "no brush selected a part of the runs"
+            assert texts >= 1, "no finished run's row was drawn to check its text"
             # at a laptop's width no headline figure is cut off ("1 / 3 que…"): the summary's and the cost panel's
             _show_section(page, "panel-cost")
             page.set_viewport_size({"width": 1280, "height": 7000})
