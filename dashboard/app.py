@@ -68,11 +68,19 @@ def _once(v: V.View, what: Optional[tuple], make: Callable[[], Any]) -> Any:
     return v.drawn[what]
 
 
+def _linked(v: V.View, runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (with their ``id``) and a ``link`` column: each run's page in Prefect's UI."""
+    return runs.assign(link=[A.run_url(v.ui_base, i) for i in runs["id"]])
+
+
+RUN_LINK = dict(labels={"link": "Prefect UI"}, links={"link": "open run"})  # how every runs table shows the link
+
+
 def _runs_table(v: V.View, runs: pd.DataFrame, key: str, title: str, drop_id: bool = False, **kw) -> None:
     """A table of runs (``runs`` has their ``id``) with a link to each in Prefect's UI."""
-    shown = runs.assign(link=[A.run_url(v.ui_base, i) for i in runs["id"]])
+    shown = _linked(v, runs)
     LT.table(shown.drop(columns=["id"]) if drop_id else shown, key, title,
-             labels={"link": "Prefect UI", **kw.pop("labels", {})}, links={"link": "open run"}, **kw)
+             labels={**RUN_LINK["labels"], **kw.pop("labels", {})}, links=RUN_LINK["links"], **kw)
 
 
 def _view_costs(p: P.PageData):
@@ -285,12 +293,13 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
         st.caption(as_written(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"))
 
     def build() -> bytes:
-        table = _with_members(sel.assign(link=[A.run_url(v.ui_base, i) for i in sel["id"]])[
+        # the members column (cluster runs) after the link: the columns are chosen here, the link as every runs table's
+        table = _with_members(_linked(v, sel)[
             ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end",
              "link"]], sel["id"], v.metrics)
-        return LT.payload(table, "Job runs", rows_shown=12, labels={"link": "Prefect UI", "queued_s": "queued s",
-                                                                    "duration_s": "duration s"},
-                          digits={"queued_s": 0, "duration_s": 0}, links={"link": "open run"})
+        return LT.payload(table, "Job runs", rows_shown=12,
+                          labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s"},
+                          digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
 
     LT.draw(_once(v, None if brush else ("runs_table",), build), "runs_table")
 
