@@ -97,9 +97,14 @@ def prefect_client() -> Any:
 def read_waiting(queues: tuple) -> list:
     """Waiting runs of ``queues`` with queue position and predicted start
     (:func:`prefect_launch.deployments.wait_order.waiting_runs`, the same as `queue ls` / `runs ls`)."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
     from prefect_launch.deployments.wait_order import waiting_runs
 
-    return waiting_runs(prefect_client(), list(queues))
+    # no retries: a kept client that has connected once retries a refused connection for about a minute
+    # (Prefect's backoff), holding the page's read; the panel says why now and the next step reads again
+    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
+        return waiting_runs(prefect_client(), list(queues))
 
 
 def read_links(queues: tuple) -> dict[str, str]:

@@ -5,6 +5,7 @@ for "no links" (a form filled from that would save over the real ones)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -82,3 +83,35 @@ def test_an_unreachable_server_is_not_taken_for_no_links(prefect_server, queues)
         with pytest.raises(Exception) as got:
             QueueLinks.for_queue(queues["own"])
     assert not isinstance(got.value, AssertionError)
+
+
+def test_the_kept_prefect_client_reads_again_after_its_server_restarts(tmp_path):
+    """The monitor keeps one Prefect client per API URL (dashboard/page_data.prefect_client): with its
+    server stopped a read fails without Prefect's minute of retries (the page then says why), and once a server answers on that URL again the
+    same client reads, with no restart of the monitor."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_launch.local_server import free_port, local_prefect_server
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        with temporary_settings({PREFECT_API_URL: url}):
+            with local_prefect_server(tmp_path / "home", port, export=False):
+                client = page_data.prefect_client()
+                client.create_work_pool(WorkPoolCreate(name="kept-client", type="launch-process"))
+                assert page_data.read_waiting(("kept-client",)) == []
+            t = time.monotonic()
+            with pytest.raises(Exception) as down:
+                page_data.read_waiting(("kept-client",))
+            # not Prefect's retries of a client that has connected once (~65 s of backoff here): the page's
+            # read gives up at once and says why; a bound on the retry policy, far from any speed
+            assert time.monotonic() - t < 30
+            assert "connect" in f"{type(down.value).__name__} {down.value}".lower()
+            with local_prefect_server(tmp_path / "home", port, export=False):  # the same database, started again
+                assert page_data.prefect_client() is client
+                assert [p.name for p in client.read_work_pools()] == ["kept-client"]
+                assert page_data.read_waiting(("kept-client",)) == []
+    finally:
+        page_data._CLIENTS.pop(url, None)
