@@ -421,8 +421,10 @@ def panel_links(p: P.PageData, opts: dict) -> None:
         try:
             blk = QueueLinks.for_queue(q)
         except Exception as exc:  # an empty form saved now would replace the links it could not read
-            st.error(f"Cannot read the links of {html.escape(q)}: {html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)}. "
-                     "Nothing can be changed until they can be read; try again once the Prefect server answers.")
+            why = html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            # a refused document says how to fix it (ValueError); anything else is the server not answering
+            then = "" if isinstance(exc, ValueError) else " Try again once the Prefect server answers."
+            st.error(f"Cannot read the links of {html.escape(q)}: {why}. Nothing can be changed until they can be read.{then}")
             return
         labels = [x.label for x in blk.links]
         with st.form("link_form", clear_on_submit=False):

@@ -73,38 +73,18 @@ def read_costs(since: dt.datetime, until: dt.datetime, queues: tuple) -> pd.Data
     return COST_ROWS.read(store, since, until, queues, deployments=deployments)
 
 
-_CLIENTS: dict[str, Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def prefect_client() -> Any:
-    """One Prefect sync client per API URL for this process's reads, opened on first use and kept:
-    each page read (every step of the page's clock, for every view kept ready) made its own, and
-    with it a connection pool and an SSL context (~20% of the read-ahead's CPU at 100k runs)."""
-    from prefect import get_client
-    from prefect.settings import PREFECT_API_URL
-
-    url = PREFECT_API_URL.value() or ""
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(url)
-        if client is None:
-            client = get_client(sync_client=True)
-            client.__enter__()  # closed with the process (httpx's client is safe to share between threads)
-            _CLIENTS[url] = client
-        return client
-
-
 def read_waiting(queues: tuple) -> list:
     """Waiting runs of ``queues`` with queue position and predicted start
     (:func:`prefect_launch.deployments.wait_order.waiting_runs`, the same as `queue ls` / `runs ls`)."""
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+    from prefect_launch.dashboard import api as A
     from prefect_launch.deployments.wait_order import waiting_runs
 
     # no retries: a kept client that has connected once retries a refused connection for about a minute
     # (Prefect's backoff), holding the page's read; the panel says why now and the next step reads again
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
-        return waiting_runs(prefect_client(), list(queues))
+        return waiting_runs(A.prefect_client(), list(queues))
 
 
 def read_links(queues: tuple) -> dict[str, str]:

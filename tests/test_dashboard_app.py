@@ -164,6 +164,7 @@ def test_links_edited_elsewhere_are_neither_drawn_nor_saved_over(seeded):
         at.selectbox(key="links_queue").set_value(seeded.pool)
         at.run()
         assert at.error and "Cannot read the links of" in at.error[0].value and "fix or delete the block" in at.error[0].value
+        assert "Prefect server answers" not in at.error[0].value  # the fix is the document's, not the server's
         assert "link_label" not in {w.key for w in at.text_input}  # no form to save over them
         assert api.get(f"block_documents/{doc['id']}")["data"] == bad  # untouched
     finally:

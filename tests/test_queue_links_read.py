@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from prefect_launch.blocks.queue_links import QueueLinks
+from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import page_data
 from prefect_launch.dashboard.api import Api
 
@@ -86,7 +87,7 @@ def test_an_unreachable_server_is_not_taken_for_no_links(prefect_server, queues)
 
 
 def test_the_kept_prefect_client_reads_again_after_its_server_restarts(tmp_path):
-    """The monitor keeps one Prefect client per API URL (dashboard/page_data.prefect_client): with its
+    """The monitor keeps one Prefect client per API URL (dashboard/api.prefect_client): with its
     server stopped a read fails without Prefect's minute of retries (the page then says why), and once a server answers on that URL again the
     same client reads, with no restart of the monitor."""
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -99,7 +100,7 @@ def test_the_kept_prefect_client_reads_again_after_its_server_restarts(tmp_path)
     try:
         with temporary_settings({PREFECT_API_URL: url}):
             with local_prefect_server(tmp_path / "home", port, export=False):
-                client = page_data.prefect_client()
+                client = A.prefect_client()
                 client.create_work_pool(WorkPoolCreate(name="kept-client", type="launch-process"))
                 assert page_data.read_waiting(("kept-client",)) == []
             t = time.monotonic()
@@ -110,8 +111,8 @@ def test_the_kept_prefect_client_reads_again_after_its_server_restarts(tmp_path)
             assert time.monotonic() - t < 30
             assert "connect" in f"{type(down.value).__name__} {down.value}".lower()
             with local_prefect_server(tmp_path / "home", port, export=False):  # the same database, started again
-                assert page_data.prefect_client() is client
+                assert A.prefect_client() is client
                 assert [p.name for p in client.read_work_pools()] == ["kept-client"]
                 assert page_data.read_waiting(("kept-client",)) == []
     finally:
-        page_data._CLIENTS.pop(url, None)
+        A._CLIENTS.pop(url, None)
