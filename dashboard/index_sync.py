@@ -55,6 +55,7 @@ NEW_RUN_SLACK_S = 300.0
 MIN_SYNC_S = 2.0
 OPEN_REREAD_S = float(PAGE_STEP_S)
 OPEN_FULL_REREAD_S = 6 * float(PAGE_STEP_S)
+ID_RECHECK_S = float(PAGE_STEP_S)  # no index under the held server id: read the id again at most this often
 COUNT_IDS = 1000  # ids a count request names
 READ_OVERLAP_MS = 5000
 BUILD_SLICES = 4
@@ -314,6 +315,7 @@ class IndexService:
         self._synced_at = 0.0
         self._open_read_at = float("-inf")  # the open runs last checked (or read)
         self._open_full_at = float("-inf")  # ... and last read in full
+        self._id_read_at = float("-inf")  # the server id last read again for want of an index under it
         self.last_sync: Optional[SyncResult] = None
 
     # -------------------------------------------------------------- coverage
@@ -322,11 +324,15 @@ class IndexService:
         """Read each time (one indexed row): another process may be rebuilding the index. With no index
         under the server id this process holds, the id is read again first: had its Variable been deleted
         while this monitor ran, a monitor started since made a new one and built the index under it, and
-        the two would otherwise reset each other's index on every visit until this one restarted."""
+        the two would otherwise reset each other's index on every visit until this one restarted. Read again
+        at most once per ``ID_RECHECK_S``: on a store never built every check finds no index, and the id
+        has not changed for that."""
         held = self.api.server_id()
         meta = self.index.meta(held, self.api.api_url)
-        if meta is None and self.api.server_id(fresh=True) != held:
-            meta = self.index.meta(self.api.server_id(), self.api.api_url)
+        if meta is None and time.monotonic() - self._id_read_at >= ID_RECHECK_S:
+            self._id_read_at = time.monotonic()
+            if self.api.server_id(fresh=True) != held:
+                meta = self.index.meta(self.api.server_id(), self.api.api_url)
         return meta
 
     def covers(self, since: dt.datetime) -> bool:

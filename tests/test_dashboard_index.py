@@ -452,6 +452,28 @@ def test_monitors_agree_again_after_the_server_id_variable_is_deleted(seeded, pr
         Variable.set(SERVER_ID_VARIABLE, before, overwrite=True)
 
 
+def test_a_never_built_store_reads_the_server_id_again_once_per_recheck(prefect_server, tmp_path, monkeypatch):
+    """No index under the held id on a store never built: every coverage check would read the server-id
+    Variable again (a request on the visit path) though the id has not changed. It is read again at
+    most once per ID_RECHECK_S, and once that has passed, again (a deleted Variable is still followed)."""
+    from prefect_launch.dashboard.api import SERVER_ID_VARIABLE, Api
+
+    api = Api(prefect_server)
+    api.server_id()
+    reads: list[str] = []
+    api.http.event_hooks["request"].append(
+        lambda req: reads.append(req.url.path) if req.url.path.endswith(f"/variables/name/{SERVER_ID_VARIABLE}") else None)
+    service = X.IndexService(RunIndex(RunMetricsStore(url=f"sqlite:///{tmp_path / 'never-built.db'}")), api)
+    since = dt.datetime.now(UTC) - dt.timedelta(hours=1)
+    for _ in range(5):
+        assert not service.covers(since)
+        assert service.status()["built"] is False
+    assert len(reads) == 1  # the first check read it again; the other nine did not
+    monkeypatch.setattr(X, "ID_RECHECK_S", 0.0)
+    assert not service.covers(since)
+    assert len(reads) == 2
+
+
 def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
     """A v7 store's meta row names the URL only: the monitor whose URL it names adopts it (the index
     keeps its rows and coverage); a monitor of another URL does not."""
