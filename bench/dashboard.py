@@ -74,7 +74,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, background_process, free_port, local_prefect_server,
                                          wait_healthy)
@@ -424,32 +424,45 @@ def visit(target, url: str, drawn_js: str) -> float:
         page.close()
 
 
-def page_floor(home: Path, visits: int = 5, controls: bool = False) -> tuple[list[float], list[float]]:
+class Floor(NamedTuple):
+    """A Streamlit page timed as the monitor's floor: its name (in file names), what it holds, its
+    app's text (given the page's options) and the check that it is drawn."""
+    name: str
+    what: str
+    app: Callable[[], str]
+    drawn_js: str
+
+
+def _controls_app() -> str:
+    from prefect_launch.dashboard import page_data
+
+    opts = page_data.options()
+    return CONTROLS_APP % json.dumps({k: list(opts[k]) for k in ("queues", "jobs", "owners", "presets")})
+
+
+BARE = Floor("floor", "title + one empty panel", lambda: FLOOR_APP, FLOOR_JS)
+CONTROLS = Floor("floor-controls", "title, the monitor's sidebar and switches, no data", _controls_app, CONTROLS_JS)
+
+
+def page_floor(home: Path, visits: int = 5, floor: Floor = BARE) -> tuple[list[float], list[float]]:
     """Seconds from navigation to a drawn page for a Streamlit app with a title and one empty panel
-    (``controls``: and the monitor's own sidebar, section switch and links toggle, :data:`CONTROLS_APP`),
-    timed like the monitor (same browser flags; the first visit left out): what Streamlit itself
-    costs on this machine before the monitor draws anything. Two lists: a new browser profile per
-    visit, and every visit in one profile (a returning visitor); ([], []) without Chromium."""
+    (:data:`CONTROLS`: and the monitor's own sidebar, section switch and links toggle), timed like the
+    monitor (same browser flags; the first visit left out): what Streamlit itself costs on this machine
+    before the monitor draws anything. Two lists: a new browser profile per visit, and every visit in
+    one profile (a returning visitor); ([], []) without Chromium."""
     if not Path(CHROMIUM).exists():
         return [], []
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         return [], []
-    app = home / ("floor_controls_app.py" if controls else "floor_app.py")
-    if controls:
-        from prefect_launch.dashboard import page_data
-
-        opts = page_data.options()
-        app.write_text(CONTROLS_APP % json.dumps({k: list(opts[k]) for k in ("queues", "jobs", "owners", "presets")}))
-    else:
-        app.write_text(FLOOR_APP)
-    drawn_js = CONTROLS_JS if controls else FLOOR_JS
+    app = home / f"{floor.name.replace('-', '_')}_app.py"
+    app.write_text(floor.app())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
             "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    log = home / ("streamlit-floor-controls.log" if controls else "streamlit-floor.log")
+    log = home / f"streamlit-{floor.name}.log"
     out: list[float] = []  # the first visit left out (the browser's caches filled)
     back: list[float] = []
     with background_process(args, log, cwd=ROOT) as proc:
@@ -457,9 +470,9 @@ def page_floor(home: Path, visits: int = 5, controls: bool = False) -> tuple[lis
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
-                out = [visit(browser, url, drawn_js) for _ in range(visits + 1)][1:]
+                out = [visit(browser, url, floor.drawn_js) for _ in range(visits + 1)][1:]
                 ctx = browser.new_context(viewport=VIEWPORT)
-                back = [visit(ctx, url, drawn_js) for _ in range(visits + 1)][1:]
+                back = [visit(ctx, url, floor.drawn_js) for _ in range(visits + 1)][1:]
             finally:
                 browser.close()
     return out, back
@@ -517,10 +530,10 @@ def page_figures(home: Path, repeat: int) -> dict:
     """Time the page (:func:`page_times`) and the Streamlit floor, print them, and return their figures
     for the JSON line (None where not timed)."""
     cold, warm, back = page_times(home, repeat)
-    floor, floor_back = page_floor(home) if cold else ([], [])
-    print(floor_line(floor, floor_back))
-    controls, controls_back = page_floor(home, controls=True) if cold else ([], [])
-    print(floor_line(controls, controls_back, "title, the monitor's sidebar and switches, no data"))
+    floor, floor_back = page_floor(home, floor=BARE) if cold else ([], [])
+    print(floor_line(floor, floor_back, BARE.what))
+    controls, controls_back = page_floor(home, floor=CONTROLS) if cold else ([], [])
+    print(floor_line(controls, controls_back, CONTROLS.what))
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
     if cold:
         line = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
