@@ -26,8 +26,11 @@ demo: venv
 	@if [ "$(DB)" = postgres ]; then bash scripts/system-deps.sh; fi
 	@DB=$(DB) bash scripts/demo.sh
 
-# Two workers, one test file per worker at a time: most e2e time is waiting on agents and servers.
-PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
+# One test file per worker at a time. The suite is CPU-bound (its Prefect servers, agents and flow runs):
+# a worker per CPU, at least 2 (the e2e tests also wait on agents and servers) and at most 4 (each worker
+# runs its own Prefect server and browser); PYTEST_WORKERS=N sets it.
+PYTEST_WORKERS ?= $(shell $(PY) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -66,18 +66,53 @@ def why_no_docker() -> Optional[str]:
 
 
 @contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Held by one process at a time across the pytest workers (and benchmarks): starting the private
+    dockerd and building the images each check for the thing and make it, which two at once would
+    both do."""
+    import fcntl
+
+    OWN_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
+    with open(OWN_SOCKET_DIR / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def docker_daemon() -> Iterator[str]:
     """Yield a DOCKER_HOST URL that answers; start (and later stop) a private dockerd when none does."""
     env_host = os.environ.get("DOCKER_HOST")
     if _answers(env_host):
         yield env_host or "unix:///var/run/docker.sock"
         return
-    OWN_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
     url = f"unix://{OWN_SOCKET_DIR}/docker.sock"
-    if _answers(url):  # started by another session of ours (e.g. the other xdist worker): share it
-        with _using(os.getpid()):
+    with contextlib.ExitStack() as users:
+        with _locked("dockerd"):  # decided and marked under the lock: the owner stops it under the same lock
+            if _answers(url):  # started by another session of ours (e.g. another xdist worker): share it
+                users.enter_context(_using(os.getpid()))
+                proc = None
+            else:
+                proc, log = _start_dockerd(url)
+        if proc is None:
             yield url
-        return
+            return
+    try:
+        yield url
+    finally:
+        _wait_for_other_users()  # another pytest worker may still be running its docker tests
+        with _locked("dockerd"):  # no worker starts sharing it while it stops
+            _wait_for_other_users()  # (one that began sharing just before)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def _start_dockerd(url: str) -> tuple[subprocess.Popen, "object"]:
+    """``dockerd`` on ``url``'s socket, its data root in the cache; returned once it answers."""
     data = CACHE / "data-root"
     data.mkdir(parents=True, exist_ok=True)
     log = open(OWN_SOCKET_DIR / "dockerd.log", "ab")
@@ -85,24 +120,17 @@ def docker_daemon() -> Iterator[str]:
         ["dockerd", "--bridge=none", "--iptables=false", "--ip-masq=false", f"--host={url}",
          f"--data-root={data}", f"--exec-root={OWN_SOCKET_DIR}/exec", f"--pidfile={OWN_SOCKET_DIR}/dockerd.pid"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while not _answers(url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"dockerd exited with {proc.returncode}; see {OWN_SOCKET_DIR}/dockerd.log")
-            if time.time() > deadline:
-                raise RuntimeError(f"dockerd did not answer on {url} within 60 s")
-            time.sleep(0.3)
-        yield url
-    finally:
-        _wait_for_other_users()  # the other pytest worker may still be running its docker tests
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+    deadline = time.time() + 60
+    while not _answers(url):
+        problem = (f"dockerd exited with {proc.returncode}; see {OWN_SOCKET_DIR}/dockerd.log" if proc.poll() is not None
+                   else f"dockerd did not answer on {url} within 60 s" if time.time() > deadline else None)
+        if problem:
             proc.kill()
             proc.wait()
-        log.close()
+            log.close()
+            raise RuntimeError(problem)
+        time.sleep(0.3)
+    return proc, log
 
 
 USERS_DIR = OWN_SOCKET_DIR / "users"
@@ -215,6 +243,11 @@ def base_image(client) -> str:
     ``<key>`` hashes the wheel's inputs (pyproject.toml and the packages' source), the pinned
     requirements and the Debian image, so an unchanged project reuses the image in about a second.
     """
+    with _locked("image"):  # another worker building the same image: wait for it, then reuse it
+        return _base_image(client)
+
+
+def _base_image(client) -> str:
     import docker.errors
 
     debian = debian_image(client)
