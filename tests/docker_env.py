@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import IO, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("LAUNCH_DOCKER_CACHE", Path.home() / ".cache" / "prefect-launch" / "docker"))
@@ -111,7 +111,7 @@ def docker_daemon() -> Iterator[str]:
             log.close()
 
 
-def _start_dockerd(url: str) -> tuple[subprocess.Popen, "object"]:
+def _start_dockerd(url: str) -> tuple[subprocess.Popen, IO[bytes]]:
     """``dockerd`` on ``url``'s socket, its data root in the cache; returned once it answers."""
     data = CACHE / "data-root"
     data.mkdir(parents=True, exist_ok=True)
