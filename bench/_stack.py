@@ -1,8 +1,13 @@
-"""A throw-away Prefect server for benchmarks (same set-up as the tests' fixture)."""
+"""What the benchmarks share: a throw-away Prefect server (same set-up as the tests' fixture), background
+processes, a Streamlit app on a free loopback port, a timed browser visit, and a percentile."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,6 +24,37 @@ def background(args: list[str], log_path: Path, env: dict | None = None):
     from prefect_launch.local_server import background_process
 
     return background_process(args, log_path, env)
+
+
+@contextlib.contextmanager
+def streamlit_app(launcher: list[str], log: Path, timeout: float = 120) -> Iterator[str]:
+    """``python -m <launcher>`` (``["streamlit", "run", app]``, or a module that starts Streamlit itself, as
+    ``prefect_launch.dashboard.serve``) headless on a free loopback port, no file watcher, no usage stats;
+    yields its URL once its health check answers, and stops it on exit."""
+    from prefect_launch.local_server import background_process, free_port, wait_healthy
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", *launcher, "--server.port", str(port), "--server.address", "127.0.0.1",
+           "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    with background_process(cmd, log, cwd=ROOT) as proc:
+        wait_healthy(url, proc, timeout=timeout, log=log, health_path="/_stcore/health", what="streamlit")
+        yield url
+
+
+def visit(target, url: str, drawn_js: str, viewport: dict, timeout_s: float) -> float:
+    """Seconds from navigating a new page to ``url`` until ``drawn_js`` (a JS function) holds, polled every
+    50 ms. ``target``: a browser (the page gets a new profile: nothing cached, as Playwright's new_page) or
+    one of its contexts (a new tab of that profile: its HTTP and code caches, as a returning visitor; the
+    context's own viewport)."""
+    page = target.new_page(viewport=viewport) if hasattr(target, "new_context") else target.new_page()
+    try:
+        t = time.perf_counter()
+        page.goto(url, wait_until="commit")
+        page.wait_for_function(drawn_js, timeout=timeout_s * 1000, polling=50)
+        return time.perf_counter() - t
+    finally:
+        page.close()
 
 
 def percentile(values: list[float], q: float) -> float:

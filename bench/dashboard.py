@@ -76,8 +76,11 @@ import uuid
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, background_process, free_port, local_prefect_server,
-                                         wait_healthy)
+from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, free_port, local_prefect_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stack import streamlit_app  # noqa: E402
+from _stack import visit as _stack_visit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -411,17 +414,8 @@ VIEWPORT = {"width": 1600, "height": 7000}
 
 
 def visit(target, url: str, drawn_js: str) -> float:
-    """Seconds from navigating a new page to ``url`` until ``drawn_js`` holds (polled every 50 ms).
-    ``target``: a browser (the page gets a new profile: nothing cached, as Playwright's new_page) or
-    one of its contexts (a new tab of that profile: its HTTP and code caches, as a returning visitor)."""
-    page = target.new_page(viewport=VIEWPORT) if hasattr(target, "new_context") else target.new_page()
-    try:
-        t = time.perf_counter()
-        page.goto(url, wait_until="commit")
-        page.wait_for_function(drawn_js, timeout=PAGE_TIMEOUT_S * 1000, polling=50)
-        return time.perf_counter() - t
-    finally:
-        page.close()
+    """A timed visit of the monitor's page (:func:`_stack.visit`) at :data:`VIEWPORT`, so the whole page is drawn."""
+    return _stack_visit(target, url, drawn_js, VIEWPORT, PAGE_TIMEOUT_S)
 
 
 class Floor(NamedTuple):
@@ -458,15 +452,9 @@ def page_floor(home: Path, visits: int = 5, floor: Floor = BARE) -> tuple[list[f
         return [], []
     app = home / f"{floor.name.replace('-', '_')}_app.py"
     app.write_text(floor.app())
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
-            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    log = home / f"streamlit-{floor.name}.log"
     out: list[float] = []  # the first visit left out (the browser's caches filled)
     back: list[float] = []
-    with background_process(args, log, cwd=ROOT) as proc:
-        wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
+    with streamlit_app(["streamlit", "run", str(app)], home / f"streamlit-{floor.name}.log") as url:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
@@ -500,16 +488,9 @@ def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float], l
     warms: list[float] = []
     returns: list[float] = []
     for k in range(repeat):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        # started as `make dashboard` and the demo start it: ready (the default view read) before it takes visits
-        args = [sys.executable, "-m", "prefect_launch.dashboard.serve", "--server.port", str(port),
-                "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                "--server.fileWatcherType", "none"]
-        log = home / f"streamlit-{k}.log"
         t_start = time.perf_counter()
-        with background_process(args, log, cwd=ROOT) as proc:
-            wait_healthy(url, proc, timeout=300, log=log, health_path="/_stcore/health", what="streamlit")
+        # started as `make dashboard` and the demo start it: ready (the default view read) before it takes visits
+        with streamlit_app(["prefect_launch.dashboard.serve"], home / f"streamlit-{k}.log", timeout=300) as url:
             PREPARE_S.append(time.perf_counter() - t_start)
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)

@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING, background_process, free_port,
-                                         wait_healthy)
+from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stack import streamlit_app  # noqa: E402
 APP = '''
 import altair as alt
 import numpy as np
@@ -91,15 +91,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-heatmap-") as tmp:
         app = Path(tmp) / "heatmap_app.py"
         app.write_text(APP)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
-               "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-        log = Path(tmp) / "streamlit.log"
         cpu: dict[str, list[float]] = {k: [] for k in DRAWN}
         wall: dict[str, list[float]] = {k: [] for k in DRAWN}
-        with background_process(cmd, log, cwd=ROOT) as proc:
-            wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
+        with streamlit_app(["streamlit", "run", str(app)], Path(tmp) / "streamlit.log") as url:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:

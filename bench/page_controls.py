@@ -24,13 +24,13 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING, background_process, free_port,
-                                         wait_healthy)
+from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_MISSING
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stack import percentile, streamlit_app, visit  # noqa: E402
+
 APP = '''
 import streamlit as st
 
@@ -77,21 +77,8 @@ DRAWN = {"bare": BASE, "multiselect": BASE + _has("stMultiSelect"), "selectbox":
 VIEWPORT = {"width": 1600, "height": 1200}
 
 
-def visit(browser, url: str, drawn: str, timeout_s: float = 120) -> float:
-    """Seconds from navigating a page in a new profile to ``url`` until ``drawn`` holds (polled every 50 ms)."""
-    page = browser.new_page(viewport=VIEWPORT)
-    try:
-        t = time.perf_counter()
-        page.goto(url, wait_until="commit")
-        page.wait_for_function(f"() => {drawn}", timeout=timeout_s * 1000, polling=50)
-        return time.perf_counter() - t
-    finally:
-        page.close()
-
-
 def iqr(xs: list[float]) -> float:
-    q = statistics.quantiles(xs, n=4)
-    return q[2] - q[0]
+    return percentile(xs, 0.75) - percentile(xs, 0.25)
 
 
 def main() -> None:
@@ -105,16 +92,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="page-controls-"))
     app = work / "controls_app.py"
     app.write_text(APP)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = work / "streamlit.log"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address",
-           "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
     times: dict[str, list[float]] = {v: [] for v in DRAWN}
     rng = random.Random(3)
-    with background_process(cmd, log, cwd=ROOT) as proc:
-        wait_healthy(url, proc, timeout=120, log=log, health_path="/_stcore/health", what="streamlit")
+    with streamlit_app(["streamlit", "run", str(app)], work / "streamlit.log") as url:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
@@ -122,7 +102,7 @@ def main() -> None:
                     order = list(DRAWN)
                     rng.shuffle(order)
                     for v in order:
-                        s = visit(browser, f"{url}/?v={v}", DRAWN[v])
+                        s = visit(browser, f"{url}/?v={v}", f"() => {DRAWN[v]}", VIEWPORT, 120)
                         if r:
                             times[v].append(s)
                     print(f"round {r}{' (left out)' if not r else ''}: "
