@@ -12,7 +12,8 @@ No registry is reachable from the test machines, so the base image is built here
 `docker_daemon()` uses a daemon that answers (``DOCKER_HOST`` or the default
 socket); otherwise it starts ``dockerd --bridge=none --iptables=false`` on its own
 socket under /tmp with its data root in the cache (images survive between test
-sessions) and stops it afterwards. Containers use host networking.
+sessions), shares it between the pytest workers and stops it afterwards, even when
+the process that started it was killed. Containers use host networking.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("LAUNCH_DOCKER_CACHE", Path.home() / ".cache" / "prefect-launch" / "docker"))
@@ -66,104 +67,162 @@ def why_no_docker() -> Optional[str]:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
+def _locked(name: str, folder: Path = OWN_SOCKET_DIR) -> Iterator[None]:
     """Held by one process at a time across the pytest workers (and benchmarks): starting the private
     dockerd and building the images each check for the thing and make it, which two at once would
-    both do."""
+    both do. A flock: the kernel releases it when its holder dies, even by kill -9."""
     import fcntl
 
-    OWN_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
-    with open(OWN_SOCKET_DIR / f"{name}.lock", "w") as lock:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
 @contextlib.contextmanager
-def docker_daemon() -> Iterator[str]:
-    """Yield a DOCKER_HOST URL that answers; start (and later stop) a private dockerd when none does."""
-    env_host = os.environ.get("DOCKER_HOST")
-    if _answers(env_host):
-        yield env_host or "unix:///var/run/docker.sock"
-        return
-    url = f"unix://{OWN_SOCKET_DIR}/docker.sock"
-    with contextlib.ExitStack() as users:
-        with _locked("dockerd"):  # decided and marked under the lock: the owner stops it under the same lock
-            if _answers(url):  # started by another session of ours (e.g. another xdist worker): share it
-                users.enter_context(_using(os.getpid()))
-                proc = None
-            else:
-                proc, log = _start_dockerd(url)
-        if proc is None:
-            yield url
+def docker_daemon(folder: Optional[Path] = None, data_root: Optional[Path] = None) -> Iterator[str]:
+    """Yield a DOCKER_HOST URL that answers: ``DOCKER_HOST`` or the default socket when a daemon answers
+    there, else our private dockerd (:class:`PrivateDockerd`, under ``folder``) shared by every process
+    of ours that needs it. ``folder``/``data_root`` default to the one the suite shares; a test gives its
+    own to get a daemon no other worker uses."""
+    if folder is None:
+        env_host = os.environ.get("DOCKER_HOST")
+        if _answers(env_host):
+            yield env_host or "unix:///var/run/docker.sock"
             return
-    try:
+    with PrivateDockerd(folder or OWN_SOCKET_DIR, data_root or CACHE / "data-root").used() as url:
         yield url
-    finally:
-        _wait_for_other_users()  # another pytest worker may still be running its docker tests
-        with _locked("dockerd"):  # no worker starts sharing it while it stops
-            _wait_for_other_users()  # (one that began sharing just before)
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+
+
+_HELD: set[Path] = set()  # the private daemons this process uses now
+
+
+class PrivateDockerd:
+    """``dockerd`` on a socket under ``folder``, its data root kept between sessions.
+
+    The first process that needs it starts it and owns it (its pid in ``folder/owner``); later ones
+    share it (a mark each under ``folder/users``); the owner stops it once no sharer is left. An owner
+    killed with -9 cannot stop it, and the daemon (in its own session) would run on with nobody to stop
+    it: so the next process that finds it answering with its owner dead adopts it, and a sharer that
+    leaves last after its owner died stops it. Every decision is taken under one file lock."""
+
+    def __init__(self, folder: Path, data_root: Path) -> None:
+        self.folder = folder
+        self.data_root = data_root
+        self.url = f"unix://{folder}/docker.sock"
+        self.users = folder / "users"
+        self.owner_file = folder / "owner"
+        self.pidfile = folder / "dockerd.pid"
+
+    @contextlib.contextmanager
+    def used(self) -> Iterator[str]:
+        """Start, adopt or share the daemon for the block; stop it on the way out when this process is the
+        last one out and owns it (or its owner is dead)."""
+        if self.folder in _HELD:  # this process already holds it (nested use): the outer block stops it
+            yield self.url
+            return
+        _HELD.add(self.folder)
+        try:
+            with self._held() as url:
+                yield url
+        finally:
+            _HELD.discard(self.folder)
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[str]:
+        proc: Optional[subprocess.Popen] = None
+        with _locked("dockerd", self.folder):  # decided and marked under the lock: the stop takes the same lock
+            if not _answers(self.url):
+                proc = self._start()
+            if proc is not None or not _alive(self._owner()):  # started here, or its owner was killed: ours now
+                self.owner_file.write_text(str(os.getpid()))
+            mark = self.users / str(os.getpid())
+            self.users.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+        try:
+            yield self.url
+        finally:
+            mark.unlink(missing_ok=True)
+            owner = self._owner()
+            if owner == os.getpid() or not _alive(owner):
+                self._wait_for_other_users()  # another pytest worker may still be running its docker tests
+                with _locked("dockerd", self.folder):  # no process starts sharing it while it stops
+                    self._wait_for_other_users()  # (one that began sharing just before)
+                    if self._owner() in (os.getpid(), owner):  # not adopted meanwhile by a newcomer
+                        self._stop(proc)
+                        self.owner_file.unlink(missing_ok=True)
+
+    def _owner(self) -> Optional[int]:
+        try:
+            return int(self.owner_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _start(self) -> subprocess.Popen:
+        """``dockerd`` on this socket; returned once it answers."""
+        self.data_root.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "dockerd.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                ["dockerd", "--bridge=none", "--iptables=false", "--ip-masq=false", f"--host={self.url}",
+                 f"--data-root={self.data_root}", f"--exec-root={self.folder}/exec", f"--pidfile={self.pidfile}"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 60
+        while not _answers(self.url):
+            problem = (f"dockerd exited with {proc.returncode}; see {self.folder}/dockerd.log" if proc.poll() is not None
+                       else f"dockerd did not answer on {self.url} within 60 s" if time.time() > deadline else None)
+            if problem:
                 proc.kill()
                 proc.wait()
-            log.close()
+                raise RuntimeError(problem)
+            time.sleep(0.3)
+        return proc
 
+    def _stop(self, proc: Optional[subprocess.Popen]) -> None:
+        """SIGTERM the daemon (``proc``, or the dockerd its pidfile names when adopted), SIGKILL after 30 s."""
+        import psutil
 
-def _start_dockerd(url: str) -> tuple[subprocess.Popen, IO[bytes]]:
-    """``dockerd`` on ``url``'s socket, its data root in the cache; returned once it answers."""
-    data = CACHE / "data-root"
-    data.mkdir(parents=True, exist_ok=True)
-    log = open(OWN_SOCKET_DIR / "dockerd.log", "ab")
-    proc = subprocess.Popen(
-        ["dockerd", "--bridge=none", "--iptables=false", "--ip-masq=false", f"--host={url}",
-         f"--data-root={data}", f"--exec-root={OWN_SOCKET_DIR}/exec", f"--pidfile={OWN_SOCKET_DIR}/dockerd.pid"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 60
-    while not _answers(url):
-        problem = (f"dockerd exited with {proc.returncode}; see {OWN_SOCKET_DIR}/dockerd.log" if proc.poll() is not None
-                   else f"dockerd did not answer on {url} within 60 s" if time.time() > deadline else None)
-        if problem:
-            proc.kill()
-            proc.wait()
-            log.close()
-            raise RuntimeError(problem)
-        time.sleep(0.3)
-    return proc, log
-
-
-USERS_DIR = OWN_SOCKET_DIR / "users"
-
-
-@contextlib.contextmanager
-def _using(pid: int) -> Iterator[None]:
-    """Mark this process as a user of the private dockerd while the block runs."""
-    USERS_DIR.mkdir(parents=True, exist_ok=True)
-    mark = USERS_DIR / str(pid)
-    mark.touch()
-    try:
-        yield
-    finally:
-        mark.unlink(missing_ok=True)
-
-
-def _wait_for_other_users(timeout: float = 3600) -> None:
-    """The daemon's owner stops it only once no live process that shares it is left."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        live = []
-        for mark in USERS_DIR.glob("*") if USERS_DIR.exists() else []:
+        target: subprocess.Popen | psutil.Process
+        if proc is not None:
+            target = proc
+        else:
             try:
-                os.kill(int(mark.name), 0)
-                live.append(mark)
-            except (ValueError, ProcessLookupError):
-                mark.unlink(missing_ok=True)
-            except PermissionError:
-                live.append(mark)
-        if not live:
-            return
-        time.sleep(1)
+                target = psutil.Process(int(self.pidfile.read_text()))
+                if target.name() != "dockerd":  # the pid was reused: the daemon is already gone
+                    return
+            except (OSError, ValueError, psutil.Error):
+                return
+        target.terminate()
+        try:
+            target.wait(timeout=30)
+        except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
+            target.kill()
+            target.wait()
+
+    def _wait_for_other_users(self, timeout: float = 3600) -> None:
+        """Until no live process that shares the daemon is left (marks of dead ones are removed)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            live = []
+            for mark in self.users.glob("*") if self.users.exists() else []:
+                if _alive(int(mark.name) if mark.name.isdigit() else None):
+                    live.append(mark)
+                else:
+                    mark.unlink(missing_ok=True)
+            if not live:
+                return
+            time.sleep(1)
+
+
+def _alive(pid: Optional[int]) -> bool:
+    """Whether ``pid`` is a running process (a zombie is not: nobody may reap an orphan in a container)."""
+    import psutil
+
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _run(cmd: list[str], **kw) -> None:
