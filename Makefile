@@ -26,11 +26,11 @@ demo: venv
 	@if [ "$(DB)" = postgres ]; then bash scripts/system-deps.sh; fi
 	@DB=$(DB) bash scripts/demo.sh
 
-# One test file per worker at a time. The suite is CPU-bound (its Prefect servers, agents and flow runs):
+# One test file per worker at a time, heaviest first (tests/file_order.py). The suite is CPU-bound (its Prefect servers, agents and flow runs):
 # a worker per CPU, at least 2 (the e2e tests also wait on agents and servers) and at most 4 (each worker
 # runs its own Prefect server and browser); PYTEST_WORKERS=N sets it.
 PYTEST_WORKERS ?= $(shell $(PY) -c "import os; print(max(2, min(4, len(os.sched_getaffinity(0)))))")
-PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -44,3 +44,14 @@ def component_manifests_scanned_once():
 def unique_name() -> str:
     """A short unique suffix so tests sharing one server never collide."""
     return uuid.uuid4().hex[:8]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files heaviest first (tests/file_order.py), so that under ``--dist loadfile
+    --no-loadscope-reorder`` the long docker, browser and end-to-end files start early and the
+    short ones fill the end; the tests within a file keep their order."""
+    from file_order import heaviest_first, load_costs
+
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    rank = {f: i for i, f in enumerate(heaviest_first(files, load_costs()))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
