@@ -81,7 +81,8 @@ def job_names(deployment_ids: pd.Series, deployments: dict[str, dict]) -> pd.Ser
     """Deployment id -> its current name (the job); "(no deployment)" / "unknown" where none / not known."""
     names = {k: v["name"] for k, v in deployments.items()}
     ids = deployment_ids.astype(object)
-    return ids.map(names).where(ids.notna(), NO_DEPLOYMENT).fillna(UNKNOWN).astype("category")
+    # astype(object): a map that matched nothing is float64 (all NaN), and text cannot fill a float column
+    return ids.map(names).astype(object).where(ids.notna(), NO_DEPLOYMENT).fillna(UNKNOWN).astype("category")
 
 
 def select(rows: pd.DataFrame, spec: ViewSpec, *, time: bool = True) -> pd.DataFrame:

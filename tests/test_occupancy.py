@@ -212,3 +212,16 @@ def test_newest_runs_only_never_call_the_unread_past_idle():
     both = part.load.merge(whole.load, on="bucket", suffixes=("_part", "_whole"))
     assert (both["run_s_part"] <= both["run_s_whole"] + 1e-9).all() and len(both) == len(part.load)
     assert part.complete is False and not part.status.empty
+
+
+def test_job_names_where_no_deployment_is_known_fill_as_text_without_a_dtype_warning():
+    """A page of runs whose deployments are all unknown (deleted, or not read yet): the mapped names are all
+    missing, which pandas types as float; filling them with text warns under pandas 3 and raises under 4."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        names = IV.job_names(pd.Series(["gone-1", "gone-2"]), {})  # every run has a deployment, none known
+        mixed = IV.job_names(pd.Series(["gone", None, "d1"]), {"d1": {"name": "train"}})
+    assert list(names) == [IV.UNKNOWN, IV.UNKNOWN]
+    assert list(mixed) == [IV.UNKNOWN, IV.NO_DEPLOYMENT, "train"]
