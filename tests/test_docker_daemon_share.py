@@ -76,8 +76,15 @@ class Holders:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for d in _daemons(self.folder):  # a failing test leaves no daemon behind
+        left = _daemons(self.folder)  # a failing test leaves no daemon behind: stopped, so it unmounts its data root
+        for d in left:
+            d.terminate()
+        _, alive = psutil.wait_procs(left, timeout=30)
+        for d in alive:
             d.kill()
+        for mount in [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]:
+            if mount.startswith((str(self.folder), str(self.data))):  # what a killed daemon leaves mounted
+                subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
