@@ -71,9 +71,9 @@ def _has(testid: str, n: int = 1) -> str:
 
 SWITCHES = _has("stButtonGroup") + _has("stCheckbox")
 SIDEBAR = _has("stMultiSelect", 5) + _has("stRadio") + _has("stSelectbox") + _has("stExpander")
-DRAWN = {"bare": BASE, "multiselect": BASE + _has("stMultiSelect"), "selectbox": BASE + _has("stSelectbox"),
-         "radio": BASE + _has("stRadio"), "expander": BASE + _has("stExpander"), "switches": BASE + SWITCHES,
-         "sidebar": BASE + SIDEBAR, "all": BASE + SIDEBAR + SWITCHES}
+DRAWN = {v: f"() => {BASE}{extra}" for v, extra in (
+    ("bare", ""), ("multiselect", _has("stMultiSelect")), ("selectbox", _has("stSelectbox")), ("radio", _has("stRadio")),
+    ("expander", _has("stExpander")), ("switches", SWITCHES), ("sidebar", SIDEBAR), ("all", SIDEBAR + SWITCHES))}
 VIEWPORT = {"width": 1600, "height": 1200}
 
 
@@ -102,7 +102,7 @@ def main() -> None:
                     order = list(DRAWN)
                     rng.shuffle(order)
                     for v in order:
-                        s = visit(browser, f"{url}/?v={v}", f"() => {DRAWN[v]}", VIEWPORT, 120)
+                        s = visit(browser, f"{url}/?v={v}", DRAWN[v], VIEWPORT, 120)
                         if r:
                             times[v].append(s)
                     print(f"round {r}{' (left out)' if not r else ''}: "

@@ -12,24 +12,13 @@ A file missing from the table is placed as a file of median cost; a stale table 
 from __future__ import annotations
 
 import json
-import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(tests/[^:]+\.py)::")
-OUT = Path(__file__).resolve().parents[1] / "tests" / "file_costs.json"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 
-
-def file_costs(lines: list[str]) -> dict[str, float]:
-    """Seconds per test file: setup, call and teardown of its tests summed (a module fixture's start is
-    its first test's setup)."""
-    costs: dict[str, float] = defaultdict(float)
-    for line in lines:
-        m = LINE.match(line)
-        if m:
-            costs[m.group(3)] += float(m.group(1))
-    return {f: round(s, 1) for f, s in sorted(costs.items(), key=lambda kv: -kv[1])}
+from file_order import COSTS, file_costs  # noqa: E402
 
 
 def main() -> None:
@@ -38,11 +27,10 @@ def main() -> None:
     costs = file_costs(Path(sys.argv[1]).read_text(errors="replace").splitlines())
     if not costs:
         sys.exit(f"no durations in {sys.argv[1]}: run pytest with --durations=0 (and without -q -q)")
-    root = OUT.parents[1]
-    for f in sorted(root.glob("tests/test_*.py")):  # pytest hides tests under 5 ms: such a file costs ~0
-        costs.setdefault(str(f.relative_to(root)), 0.0)
-    OUT.write_text(json.dumps(costs, indent=1) + "\n")
-    print(f"{OUT}: {len(costs)} files, {sum(costs.values()):.0f} s in all; heaviest "
+    for f in sorted(ROOT.glob("tests/test_*.py")):  # pytest hides tests under 5 ms: such a file costs ~0
+        costs.setdefault(str(f.relative_to(ROOT)), 0.0)
+    COSTS.write_text(json.dumps(costs, indent=1) + "\n")
+    print(f"{COSTS}: {len(costs)} files, {sum(costs.values()):.0f} s in all; heaviest "
           + ", ".join(f"{Path(f).name} {s:.0f} s" for f, s in list(costs.items())[:5]))
 
 

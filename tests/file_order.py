@@ -10,7 +10,9 @@ seconds per file (tests/file_costs.json, written by scripts/test_file_costs.py).
 from __future__ import annotations
 
 import json
+import re
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 COSTS = Path(__file__).resolve().parent / "file_costs.json"
@@ -30,3 +32,17 @@ def heaviest_first(files: list[str], costs: dict[str, float]) -> list[str]:
     Ties keep the given order (a stable sort)."""
     default = statistics.median(costs.values()) if costs else 0.0
     return sorted(files, key=lambda f: -costs.get(f, default))
+
+
+DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(tests/[^:]+\.py)::")
+
+
+def file_costs(lines: list[str]) -> dict[str, float]:
+    """Seconds per test file from a ``--durations=0`` report: setup, call and teardown of its tests summed
+    (a module fixture's start is its first test's setup), heaviest first."""
+    costs: dict[str, float] = defaultdict(float)
+    for line in lines:
+        m = DURATION.match(line)
+        if m:
+            costs[m.group(3)] += float(m.group(1))
+    return {f: round(s, 1) for f, s in sorted(costs.items(), key=lambda kv: -kv[1])}

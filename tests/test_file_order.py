@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from file_order import heaviest_first, load_costs
+from file_order import file_costs, heaviest_first, load_costs
 
 
 def test_heaviest_files_first_unknown_as_median_ties_stable():
@@ -31,3 +31,19 @@ def test_the_recorded_table_names_files_that_exist():
     assert costs, "tests/file_costs.json is missing or empty: scripts/test_file_costs.py writes it"
     gone = [f for f in costs if not (root / f).exists()]
     assert not gone, f"tests/file_costs.json names files that no longer exist: {gone}; rerun scripts/test_file_costs.py"
+
+
+def test_file_costs_sum_each_files_phases_from_a_durations_report():
+    report = [
+        "============================= slowest durations =============================",
+        "40.50s setup    tests/test_a.py::test_one",
+        "12.25s call     tests/test_a.py::test_one",
+        "0.25s teardown tests/test_a.py::test_one",
+        "60.00s call     tests/test_b.py::test_two[param-x]",
+        "3.00s call     tests/test_a.py::Klass::test_three",
+        "(12 durations < 0.005s hidden.  Use -vv to show these durations.)",
+        "580 passed in 1107.92s",
+    ]
+    costs = file_costs(report)
+    assert costs == {"tests/test_b.py": 60.0, "tests/test_a.py": 56.0}
+    assert list(costs) == ["tests/test_b.py", "tests/test_a.py"]  # heaviest first
