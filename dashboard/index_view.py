@@ -136,6 +136,9 @@ def group_values(rows: pd.DataFrame, grouping: str, chosen: tuple[str, ...] = ()
     return col.where(col.isin(keep), f"{OTHER} / {UNKNOWN}")
 
 
+_HISTORY_COLUMNS = frozenset({"expected_start_us", "start_us", "end_us", "state_us", "state_type", "run_time_s"})
+
+
 def history(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.datetime) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(total, per group) per bucket and state type: count, run seconds, queued seconds
     (:func:`.frames.history_frame`), buckets aligned as the API path aligns them; runs
@@ -143,7 +146,8 @@ def history(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.datetim
     start, end = aligned_range(spec.since, spec.until, interval_s)
     lo, hi, step = us(start), us(end), interval_s * 1_000_000
     exp = rows["expected_start_us"].to_numpy()
-    r = rows[(exp >= lo) & (exp < hi)]
+    # only the columns read below: a boolean take of every column of 100k rows cost each step of the clock ~0.1 s
+    r = rows.loc[(exp >= lo) & (exp < hi), [c for c in rows.columns if c in _HISTORY_COLUMNS or c == spec.grouping]]
     run_s, late = run_and_late_seconds(r, now)
     idx = ((r["expected_start_us"].to_numpy().astype("int64") - lo) // step).astype("int64")
     base = pd.DataFrame({"idx": idx, "state_type": r["state_type"].astype(object).to_numpy(), "run_s": run_s, "queued_s": late,
@@ -179,7 +183,8 @@ def errors_rows(rows: pd.DataFrame, spec: ViewSpec, limit: int) -> pd.DataFrame:
 def now_counts(rows: pd.DataFrame, pools: list[str], now: dt.datetime) -> pd.DataFrame:
     """Per pool, runs queued (scheduled and due), pending and running now, as long counts
     (queue, status, count) for :func:`.frames.now_counts_frame`."""
-    r = rows[isin(rows["queue"], pools) & isin(rows["state_type"], ("SCHEDULED", "PENDING", "RUNNING"))]
+    r = rows.loc[isin(rows["queue"], pools) & isin(rows["state_type"], ("SCHEDULED", "PENDING", "RUNNING")),
+                 ["queue", "state_type", "expected_start_us"]]
     st = r["state_type"].astype(object)
     due = ((st != "SCHEDULED") | (r["expected_start_us"] <= us(now))).to_numpy()
     status = st.map({"SCHEDULED": "queued", "PENDING": "pending", "RUNNING": "running"})
