@@ -370,15 +370,21 @@ PAGE_TIMEOUT_S = 600
 # Its tables (queue summary, idle periods, the runs under the Gantt; who waits and agents when there
 # are) are light tables (dashboard/light_table.py): drawn once their rows are in the page
 FIRST_PAGE_CHARTS = 4
+# the sidebar drawn: each of its choices as its control (pills or a multiselect for the lists, dashboard/sidebar.pick;
+# pills for the single choices) and its last control, Refresh now
+SIDEBAR_JS = ("['queues', 'f_jobs', 'f_owners', 'f_statuses', 'f_presets', 'range', 'grouping', 'detail_limit'].every(k => "
+              "document.querySelector(`[data-testid=\"stSidebarContent\"] .st-key-${k} "
+              "[data-testid=\"stButtonGroup\"], [data-testid=\"stSidebarContent\"] .st-key-${k} [data-testid=\"stMultiSelect\"]`)) "
+              "&& !!document.querySelector('[data-testid=\"stSidebarContent\"] .st-key-refresh button')")
 FIRST_PAGE_TABLES = 2  # at least: the queue summary and the runs under the Gantt
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')
     && !document.querySelector('[data-testid="stStatusWidget"]')
     && document.querySelectorAll('table.lh-heat td.lh-cell').length > 0
-    && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')
+    && %s
     && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(e => e.querySelector('canvas'))
     && document.querySelectorAll('.lt-table[data-drawn]').length >= %d
     && [...document.querySelectorAll('.lt-table')].every(e => e.hasAttribute('data-drawn'))
-    && document.querySelectorAll('.lt-chart[data-drawn] canvas').length >= %d""" % (FIRST_PAGE_TABLES, FIRST_PAGE_CHARTS)
+    && document.querySelectorAll('.lt-chart[data-drawn] canvas').length >= %d""" % (SIDEBAR_JS, FIRST_PAGE_TABLES, FIRST_PAGE_CHARTS)
 
 
 PREPARE_S: list[float] = []  # each monitor's start until it answered its health check (page_prepare_s)
@@ -406,8 +412,7 @@ with st.container(key="panel-links", border=True):
     st.subheader("External Links")
     st.toggle("Manage Links", key="links_open")
 """
-CONTROLS_JS = FLOOR_JS + """
-    && !!document.querySelector('[data-testid="stSidebarContent"] [data-testid="stMultiSelect"]')"""
+CONTROLS_JS = FLOOR_JS + "\n    && " + SIDEBAR_JS
 
 
 VIEWPORT = {"width": 1600, "height": 7000}

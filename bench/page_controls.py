@@ -4,10 +4,11 @@ under the warm page figure of ``bench/dashboard.py`` (page_warm_s), measured one
     .venv/bin/python bench/page_controls.py [--visits 10]
 
 One Streamlit app draws a title, one empty panel (as ``bench/dashboard.py``'s floor) and, by ``?v=``, nothing
-more (``bare``) or one kind of control the monitor's page uses: a multiselect, a selectbox, a radio, the
-Advanced expander (number input and button), the section switch and links toggle, the monitor's real
-sidebar (``dashboard/sidebar.py``, with synthetic choices) or all the page's controls (that sidebar and the
-switches). Each visit is a new browser profile (nothing cached: as page_warm_s), the variants in a shuffled
+more (``bare``) or one kind of control: a multiselect, a selectbox, a radio, pills, a segmented control, an
+expander (number input and button; the monitor's sidebar had one until it drew its single choices as
+pills), the section switch and links toggle, the monitor's real sidebar
+(``dashboard/sidebar.py``) with 8 synthetic choices per list (drawn as pills) or 20 (``sidebar_long``: as
+multiselects), or all the page's controls (the 8-choice sidebar and the switches). Each visit is a new browser profile (nothing cached: as page_warm_s), the variants in a shuffled
 order per round, the first round left out; a visit ends when the panel and every control the variant holds
 are drawn and Streamlit says it is done. Stock Streamlit is the thing measured here, so there is no stock
 path to compare with: the bare page is the baseline. Each control's own cost is the median over rounds of
@@ -47,12 +48,19 @@ elif v == "selectbox":
     st.sidebar.selectbox("Grouping", CHOICES, key="g")
 elif v == "radio":
     st.sidebar.radio("Time range", ["Last hour", "Last 24 hours", "Last 7 days", "Custom"], index=1, key="r")
+elif v == "pills":
+    st.sidebar.pills("Queues", CHOICES, selection_mode="multi", key="p")
+elif v == "segmented":
+    st.sidebar.segmented_control("Time range", ["Last hour", "Last 24 hours", "Last 7 days", "Custom"], default="Last 7 days",
+                                 required=True, key="s")
 elif v == "expander":
     with st.sidebar.expander("Advanced"):
         st.number_input("Runs shown per run panel (newest)", 100, 10000, 1000, step=100, key="n")
         st.button("Refresh now", key="b")
 if v in ("sidebar", "all"):
     sidebar({k: CHOICES for k in ("queues", "jobs", "owners", "presets")}, lambda: None)
+if v == "sidebar_long":  # more choices than pills are drawn for: multiselects (dashboard/sidebar.pick)
+    sidebar({k: [f"choice-{i}" for i in range(20)] for k in ("queues", "jobs", "owners", "presets")}, lambda: None)
 if v in ("switches", "all"):
     st.segmented_control("Section", ["Job runs", "Resource use", "Cost and waste", "Errors"], default="Job runs",
                          required=True, key="section", label_visibility="collapsed")
@@ -70,10 +78,12 @@ def _has(testid: str, n: int = 1) -> str:
 
 
 SWITCHES = _has("stButtonGroup") + _has("stCheckbox")
-SIDEBAR = _has("stMultiSelect", 5) + _has("stRadio") + _has("stSelectbox") + _has("stExpander")
+SIDEBAR = _has("stButtonGroup", 8) + _has("stButton")  # 8 choices each: five lists and three single choices as pills
+SIDEBAR_LONG = _has("stMultiSelect", 4) + _has("stButtonGroup", 4) + _has("stButton")  # 20 each: four multiselects
 DRAWN = {v: f"() => {BASE}{extra}" for v, extra in (
     ("bare", ""), ("multiselect", _has("stMultiSelect")), ("selectbox", _has("stSelectbox")), ("radio", _has("stRadio")),
-    ("expander", _has("stExpander")), ("switches", SWITCHES), ("sidebar", SIDEBAR), ("all", SIDEBAR + SWITCHES))}
+    ("pills", _has("stButtonGroup")), ("segmented", _has("stButtonGroup")), ("expander", _has("stExpander")),
+    ("switches", SWITCHES), ("sidebar", SIDEBAR), ("sidebar_long", SIDEBAR_LONG), ("all", SIDEBAR + SWITCHES))}
 VIEWPORT = {"width": 1600, "height": 1200}
 
 

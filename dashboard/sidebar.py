@@ -12,13 +12,30 @@ import streamlit as st
 from prefect_launch.dashboard import spec as S
 
 
+PILLS_MAX = 8  # a choice among at most this many is drawn as pills; among more, as a multiselect
+LIMITS = (100, 1000, 5000, 10000)  # runs shown per run panel (the newest)
+
+
+def pick(where, label: str, options: list, key: str, placeholder: str) -> list:
+    """Several of ``options`` (none chosen: all). While they are few, pills: each visible, one click, and
+    no dropdown script for a new visitor's browser to fetch and compile (the monitor's sidebar drew in
+    ~0.1 s less as pills than as multiselects, bench/results/sidebar_kinds.txt); a multiselect beyond
+    :data:`PILLS_MAX`, where pills would fill the sidebar."""
+    if len(options) <= PILLS_MAX:
+        return list(where.pills(label, options, selection_mode="multi", key=key, help=f"None chosen: {placeholder}.") or [])
+    return list(where.multiselect(label, options, key=key, placeholder=placeholder))
+
+
 def sidebar(opts: dict, refresh: Callable[[], None]) -> S.ViewSpec:
     """The sidebar's choices as the view they ask for. ``opts``: the queues, jobs, owners and presets to
-    offer; ``refresh``: what Refresh now does (the page's reads start afresh)."""
+    offer; ``refresh``: what Refresh now does (the page's reads start afresh). Single choices are pills
+    too (one chosen, always one), the kind the page's section switch is made of: a new visitor's browser
+    loads no script for a radio, a selectbox or an expander, and the choices wrap in the narrow sidebar."""
     sb = st.sidebar
     sb.header("Queue monitor")
-    queues = sb.multiselect("Queues", opts["queues"], key="queues", placeholder="all queues")
-    choice = sb.radio("Time range", [*S.RANGES, "Custom"], index=list(S.RANGES).index(S.DEFAULT_RANGE), key="range")
+    queues = pick(sb, "Queues", opts["queues"], "queues", "all queues")
+    ranges = [*S.RANGES, "Custom"]
+    choice = sb.pills("Time range", ranges, default=S.DEFAULT_RANGE, required=True, key="range") or S.DEFAULT_RANGE
     now = S.page_now()  # up to the next step of the page's clock: visits and reruns within it hit the caches
     custom = None
     if choice == "Custom":
@@ -26,17 +43,17 @@ def sidebar(opts: dict, refresh: Callable[[], None]) -> S.ViewSpec:
         picked = sb.date_input("From / to (UTC)", (today - dt.timedelta(days=3), today), key="custom_range")
         custom = tuple(picked) if isinstance(picked, (tuple, list)) and len(picked) == 2 else (picked[0], picked[0]) if isinstance(picked, (tuple, list)) else (picked, picked)
     since, until = S.time_window(choice, now, custom)
-    grouping = sb.selectbox("Grouping", S.GROUPINGS, index=S.GROUPINGS.index(S.DEFAULT_GROUPING), key="grouping")
+    grouping = sb.pills("Grouping", S.GROUPINGS, default=S.DEFAULT_GROUPING, required=True,
+                        key="grouping") or S.DEFAULT_GROUPING
     sb.subheader("Filters")
-    jobs = sb.multiselect("Job", opts["jobs"], key="f_jobs")
-    owners = sb.multiselect("Owner", opts["owners"], key="f_owners")
-    statuses = sb.multiselect("Status", list(S.STATUSES), key="f_statuses")
-    presets = sb.multiselect("Preset", opts["presets"], key="f_presets")
-    with sb.expander("Advanced"):
-        limit = st.number_input("Runs shown per run panel (newest)", 100, 10000, S.DEFAULT_DETAIL_LIMIT, step=100,
-                                key="detail_limit")
-        if st.button("Refresh now", key="refresh"):
-            refresh()  # runs and history refresh incrementally; metrics rows are read again
+    jobs = pick(sb, "Job", opts["jobs"], "f_jobs", "every job")
+    owners = pick(sb, "Owner", opts["owners"], "f_owners", "every owner")
+    statuses = pick(sb, "Status", list(S.STATUSES), "f_statuses", "every status")
+    presets = pick(sb, "Preset", opts["presets"], "f_presets", "every preset")
+    limit = sb.pills("Runs shown per run panel (newest)", LIMITS, default=S.DEFAULT_DETAIL_LIMIT, required=True,
+                     key="detail_limit", format_func=lambda n: f"{n:,}") or S.DEFAULT_DETAIL_LIMIT
+    if sb.button("Refresh now", key="refresh"):
+        refresh()  # runs and history refresh incrementally; metrics rows are read again
     return S.ViewSpec(since=since, until=until, queues=tuple(queues), grouping=grouping, owners=tuple(owners),
                       jobs=tuple(jobs), statuses=tuple(statuses), presets=tuple(presets), detail_limit=int(limit),
                       live=choice in S.RANGES)

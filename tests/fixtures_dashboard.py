@@ -183,3 +183,12 @@ def figures(at) -> dict:
         if e.proto.component_name == COMPONENT:
             out.update({f.label: f.value for f in FiguresPayload.model_validate_json(e.proto.bytes).figures})
     return out
+
+
+def choose(at, key: str, values: list):
+    """Pick ``values`` in the sidebar's multiple choice ``key``: pills while its options are few, a multiselect
+    beyond (dashboard/sidebar.pick); the shared server's queues, jobs and owners are as many as the tests made."""
+    for w in [*at.sidebar.multiselect, *at.sidebar.button_group]:
+        if w.key == key:
+            return w.set_value(values)
+    raise KeyError(f"no sidebar choice {key!r}")

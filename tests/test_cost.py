@@ -248,13 +248,13 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
 
 def test_cost_panel_on_the_page(ran, monkeypatch):
     """The page's "Cost and waste" panel shows the same table for the queue, and says what is unavailable."""
-    from fixtures_dashboard import figures, fresh_app, table_payloads, tables
+    from fixtures_dashboard import choose, figures, fresh_app, table_payloads, tables
 
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
     at = fresh_app().run()
-    at.sidebar.multiselect(key="queues").set_value([ran["queue"]]).run()
-    at.sidebar.radio(key="range").set_value("Last 1 hour").run()
-    at.sidebar.selectbox(key="grouping").set_value("owner").run()
+    choose(at, "queues", [ran["queue"]]).run()
+    at.sidebar.button_group(key="range").set_value("Last 1 hour").run()
+    at.sidebar.button_group(key="grouping").set_value("owner").run()
     at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
     assert "Cost and waste" in [s.value for s in at.subheader]

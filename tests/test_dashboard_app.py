@@ -8,7 +8,7 @@ import uuid
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import figures, fresh_app, seed_runs, tables
+from fixtures_dashboard import choose, figures, fresh_app, seed_runs, tables
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
@@ -70,9 +70,9 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     assert seen | set(FIRST) | {"External Links"} == set(PANELS)
     _section(at, "Job runs")
 
-    at.sidebar.multiselect(key="queues").set_value([seeded.pool]).run()
-    at.sidebar.selectbox(key="grouping").set_value("owner").run()
-    at.sidebar.radio(key="range").set_value("Last 1 hour").run()
+    choose(at, "queues", [seeded.pool]).run()
+    at.sidebar.button_group(key="grouping").set_value("owner").run()
+    at.sidebar.button_group(key="range").set_value("Last 1 hour").run()
     assert not at.exception, [e.value for e in at.exception]
     caps = _captions(at)
     assert "grouping owner" in caps and "interval 1 min" in caps and f"queues {seeded.pool} · read at" in caps
@@ -91,15 +91,15 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     assert len(errors) == len(seeded.failed_ids)
 
     # a filter narrows the panels
-    at.sidebar.multiselect(key="f_owners").set_value(["alice"]).run()
-    at.sidebar.multiselect(key="f_statuses").set_value(["failed"]).run()
+    choose(at, "f_owners", ["alice"]).run()
+    choose(at, "f_statuses", ["failed"]).run()
     assert not at.exception
     assert set(_table(at, "message", "link")["owner"]) == {"alice"}
     runs_table = _table(_section(at, "Job runs"), "priority", "link")
     assert set(runs_table["owner"]) == {"alice"} and set(runs_table["state_name"]) == {"Failed"}
 
     # custom range shows the date picker and still renders
-    at.sidebar.radio(key="range").set_value("Custom").run()
+    at.sidebar.button_group(key="range").set_value("Custom").run()
     assert not at.exception and at.sidebar.date_input(key="custom_range") is not None
 
 

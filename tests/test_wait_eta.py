@@ -47,7 +47,7 @@ def test_waiting_frame_has_position_eta_and_why():
 
 @pytest.mark.usefixtures("prefect_server")
 def test_waiting_runs_show_position_and_eta_in_queue_ls_runs_ls_and_the_monitor(tmp_path, unique_name):
-    from fixtures_dashboard import fresh_app, tables
+    from fixtures_dashboard import choose, fresh_app, tables
 
     q = apply_queue(tmp_path, {"name": f"eta-{unique_name}", "presets": {"one": {"cpu": 1, "memory": "256Mi"}},
                                "default_preset": "one"})
@@ -81,7 +81,7 @@ def test_waiting_runs_show_position_and_eta_in_queue_ls_runs_ls_and_the_monitor(
         assert all(abs((a - b).total_seconds()) < 5 for a, b in zip(run_etas, etas)), (run_etas, etas)
 
         at = fresh_app().run()
-        at.sidebar.multiselect(key="queues").set_value([q]).run()
+        choose(at, "queues", [q]).run()
         assert not at.exception, [e.value for e in at.exception]
         table = next(d for d in tables(at) if {"position", "eta", "why"} <= set(d.columns))
         table = table[table["queue"] == q]
