@@ -18,8 +18,9 @@ LIMITS = (100, 1000, 5000, 10000)  # runs shown per run panel (the newest)
 
 def pick(where, label: str, options: list, key: str, placeholder: str) -> list:
     """Several of ``options`` (none chosen: all). While they are few, pills: each visible, one click, and
-    no dropdown script for a new visitor's browser to fetch and compile (the monitor's sidebar drew in
-    ~0.1 s less as pills than as multiselects, bench/results/sidebar_kinds.txt); a multiselect beyond
+    no dropdown script for a new visitor's browser to fetch and compile (the monitor's sidebar, with the
+    single choices as pills too, drew 0.19 s sooner than with multiselects, a radio, a selectbox and an expander:
+    bench/results/sidebar_pills_ab.txt); a multiselect beyond
     :data:`PILLS_MAX`, where pills would fill the sidebar."""
     if len(options) <= PILLS_MAX:
         return list(where.pills(label, options, selection_mode="multi", key=key, help=f"None chosen: {placeholder}.") or [])
