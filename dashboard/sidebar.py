@@ -21,10 +21,17 @@ def pick(where, label: str, options: list, key: str, placeholder: str) -> list:
     no dropdown script for a new visitor's browser to fetch and compile (the monitor's sidebar, with the
     single choices as pills too, drew 0.19 s sooner than with multiselects, a radio, a selectbox and an expander:
     bench/results/sidebar_pills_ab.txt); a multiselect beyond
-    :data:`PILLS_MAX`, where pills would fill the sidebar."""
+    :data:`PILLS_MAX`, where pills would fill the sidebar. The choice is kept when the options grow past it or
+    shrink back (Streamlit starts a control of another kind empty: the page would show every queue unasked)."""
+    kept = f"{key}__kept"
+    was = [v for v in st.session_state.get(kept, []) if v in options]  # the default of a control made anew
     if len(options) <= PILLS_MAX:
-        return list(where.pills(label, options, selection_mode="multi", key=key, help=f"None chosen: {placeholder}.") or [])
-    return list(where.multiselect(label, options, key=key, placeholder=placeholder))
+        got = where.pills(label, options, selection_mode="multi", default=was or None, key=key,
+                          help=f"None chosen: {placeholder}.")
+    else:
+        got = where.multiselect(label, options, default=was, key=key, placeholder=placeholder)
+    st.session_state[kept] = list(got or [])
+    return list(got or [])
 
 
 def sidebar(opts: dict, refresh: Callable[[], None]) -> S.ViewSpec:

@@ -57,3 +57,28 @@ def test_what_is_picked_is_the_view_read():
     at.sidebar.pills(key="range").set_value("Custom").run()
     assert not at.exception and not at.session_state["spec"].live
     assert at.sidebar.date_input(key="custom_range") is not None
+
+
+def _growing() -> None:
+    import streamlit as st
+
+    from prefect_launch.dashboard.sidebar import pick
+
+    n = st.session_state.get("n", 3)  # how many queues the server holds at this rerun
+    st.session_state["got"] = pick(st.sidebar, "Queues", [f"q{i}" for i in range(n)], "queues", "all queues")
+
+
+def test_a_choice_stays_when_the_options_cross_the_pills_limit():
+    """A queue created elsewhere can take the list past PILLS_MAX: the control becomes a multiselect, and the
+    person's choice stays (Streamlit would start the new control empty: every queue shown, unasked)."""
+    at = AppTest.from_function(_growing).run()
+    at.sidebar.button_group(key="queues").set_value(["q1", "q2"]).run()
+    assert at.session_state["got"] == ["q1", "q2"]
+    at.session_state["n"] = PILLS_MAX + 4
+    at.run()
+    assert [w.key for w in at.sidebar.multiselect] == ["queues"] and at.session_state["got"] == ["q1", "q2"]
+    at.sidebar.multiselect(key="queues").set_value(["q2", "q9"]).run()
+    at.session_state["n"] = 3  # back under the limit: q9 is gone, q2 stays chosen
+    at.run()
+    assert [w.key for w in at.sidebar.pills] == ["queues"] and at.session_state["got"] == ["q2"]
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
