@@ -474,10 +474,11 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
     occ, occ_hi = (D.load_view(spec, now=read + dt.timedelta(seconds=s), source="index").occupancy for s in (0, 1))
     at = lambda t: f"{t:%Y-%m-%d %H:%M:%S} UTC"  # noqa: E731  (a tooltip's "from")
 
-    status = {(at(r.bucket), r.status): int(r.count) for r in occ.status.itertuples()}
+    status, status_hi = ({(at(r.bucket), r.status): int(r.count) for r in o.status.itertuples()} for o in (occ, occ_hi))
     seen = {(f["from"], f["status"]): int(_num(f["runs (at any moment / finished)"])) for f in _tips(found["panel-status"])}
     for key, n in seen.items():
-        assert key in status and status[key] == n, (key, n, status.get(key))
+        # a moment of that second: at its start or its end (a run's phase can begin within it, CI stop 33)
+        assert n in (status.get(key), status_hi.get(key)), (key, n, status.get(key), status_hi.get(key))
     assert len({s for _, s in seen}) >= 2 and len(seen) >= 3, sorted(seen)  # several bars, not one
 
     queued, queued_hi = ({(at(r.bucket), str(r.group)): r for r in o.queued.itertuples()} for o in (occ, occ_hi))
