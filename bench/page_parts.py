@@ -1,14 +1,18 @@
 """Where the monitor's first page spends the browser's time: the page as served, the same page with its
-charts or its tables (or both) drawn as empty placeholders, and Streamlit's floor.
+charts or its tables (or both) drawn as empty placeholders, its headings and captions drawn as Streamlit's
+markdown elements, and Streamlit's floor.
 
-    .venv/bin/python bench/page_parts.py --home DIR [--visits 6]
+    .venv/bin/python bench/page_parts.py --home DIR [--visits 6] [--variants page,markdown-text] [--profiles new]
 
 DIR is a PREFECT_HOME kept by ``bench/dashboard.py --keep`` (its runs, metrics and run index; at 100k
 runs: ``bench/dashboard.py --runs 100000 --keep``). One monitor is started as ``make dashboard`` starts it
 (``prefect_launch.dashboard.serve``: the default view read before it takes visits), on a wrapper script that
 runs ``dashboard/app.py`` unchanged, except that for ``?v=no-charts`` every chart (``timeline.chart``,
 ``st.altair_chart``) and for
-``?v=no-tables`` every ``st.dataframe`` draws an empty placeholder (``neither``: both); ``floor`` is the
+``?v=no-tables`` every ``st.dataframe`` draws an empty placeholder (``neither``: both; the first page's tables
+are its own component now, so ``no-tables`` is the page); for ``?v=markdown-text`` every text block
+(``dashboard/text_block.py``: a heading and captions as plain text in one element) is drawn as the page drew
+it before, a ``st.title``/``st.header``/``st.subheader`` and a ``st.caption`` per line; ``floor`` is the
 title and one empty panel (bench/dashboard.py's floor). The data the page reads, its layout and every
 other element are the same in all of them, so a difference is what the browser spends on those elements.
 
@@ -18,9 +22,11 @@ bench/dashboard.py's page_warm_s) and ``same`` (one profile: a returning visitor
 visit: wall seconds from navigation until the page is drawn (bench/dashboard.py's check; without charts,
 no chart is waited for), and the CPU seconds of the renderer's main thread from a Chromium trace (see
 bench/heatmap_draw.py), which a busy machine inflates far less than wall time. Prints medians and what the
-charts and the tables cost (the page less the page without them); the last line is one JSON object:
-<profile>_<variant>_wall_s and <profile>_<variant>_cpu_s for each, <profile>_charts_cpu_s,
-<profile>_tables_cpu_s, visits.
+charts and the tables cost (the page less the page without them) and, per variant, its own cost: the median
+over rounds of (the variant less the page in the same round and profile), so a round the box ran slow cancels.
+The last line is one JSON object: <profile>_<variant>_wall_s and <profile>_<variant>_cpu_s for each,
+<profile>_<variant>_own_wall_s and <profile>_<variant>_own_cpu_s (paired with the page), <profile>_charts_cpu_s and
+<profile>_tables_cpu_s (when those variants ran), visits.
 """
 
 from __future__ import annotations
@@ -49,10 +55,23 @@ v = st.query_params.get("v", "page")
 if v == "floor":
     exec({floor!r})
     st.stop()
-from prefect_launch.dashboard import timeline
+from prefect_launch.dashboard import text_block, timeline
+from prefect_launch.dashboard.caption_text import as_written
 
-saved = st.altair_chart, st.dataframe, timeline.chart
+
+def as_markdown(key, heading=None, lines=(), level=3, where=None):
+    """A text block drawn as the page drew it before dashboard/text_block.py: Streamlit's markdown elements."""
+    w = where if where is not None else st
+    if heading:
+        (w.title if level == 1 else w.header if level == 2 else w.subheader)(heading)
+    for line in lines:
+        w.caption(as_written(line))
+
+
+saved = st.altair_chart, st.dataframe, timeline.chart, text_block.text
 try:
+    if v == "markdown-text":
+        text_block.text = as_markdown
     if v in ("no-charts", "neither"):
         st.altair_chart = lambda *a, **k: (st.empty(), None)[1]
         timeline.chart = lambda *a, **k: (st.empty(), None)[1]  # the Gantt's brush: none
@@ -60,11 +79,11 @@ try:
         st.dataframe = lambda *a, **k: st.empty()
     runpy.run_path({app!r}, run_name="__main__")
 finally:
-    st.altair_chart, st.dataframe, timeline.chart = saved
+    st.altair_chart, st.dataframe, timeline.chart, text_block.text = saved
 '''
 NO_CHARTS_JS = B.DRAWN_JS.replace(f">= {B.FIRST_PAGE_CHARTS}", ">= 0")
 DRAWN = {"page": B.DRAWN_JS, "no-charts": NO_CHARTS_JS, "no-tables": B.DRAWN_JS, "neither": NO_CHARTS_JS,
-         "floor": B.FLOOR_JS}
+         "floor": B.FLOOR_JS, "markdown-text": B.DRAWN_JS}
 VISIT_TIMEOUT_S = 120
 SERVE = ("import sys; from pathlib import Path; import prefect_launch.dashboard.serve as S; "
          "S.APP = Path(sys.argv[1]); sys.exit(S.main(sys.argv[2:]))")
@@ -88,7 +107,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", required=True, help="a PREFECT_HOME kept by bench/dashboard.py --keep")
     ap.add_argument("--visits", type=int, default=6, help="visits of each variant and profile counted (after one left out)")
+    ap.add_argument("--variants", default=",".join(DRAWN), help=f"which of {', '.join(DRAWN)} (page always)")
+    ap.add_argument("--profiles", default="new,same", help="new (a new profile per visit), same (a returning visitor)")
     args = ap.parse_args()
+    variants = ["page", *(v for v in args.variants.split(",") if v != "page")]
+    profiles = args.profiles.split(",")
+    if not set(variants) <= set(DRAWN) or not set(profiles) <= {"new", "same"}:
+        sys.exit(f"variants are among {', '.join(DRAWN)}; profiles among new, same")
     if not Path(CHROMIUM).exists():
         sys.exit(CHROMIUM_MISSING)
     from playwright.sync_api import sync_playwright
@@ -120,7 +145,7 @@ def main() -> None:
                 try:
                     same = browser.new_context(viewport=B.VIEWPORT)
                     for r in range(args.visits + 1):
-                        order = [(p, v) for p in ("new", "same") for v in DRAWN]
+                        order = [(p, v) for p in profiles for v in variants]
                         random.shuffle(order)
                         for profile, v in order:
                             took, spent = visit(browser, browser if profile == "new" else same, f"{url}/?v={v}", DRAWN[v])
@@ -131,13 +156,23 @@ def main() -> None:
                 finally:
                     browser.close()
     out: dict = {}
-    for profile in ("new", "same"):
+    for profile in profiles:
         print(f"{'a new profile per visit' if profile == 'new' else 'one profile (a returning visitor)'}:")
-        for v in DRAWN:
+        base = f"{profile}_page"
+        for v in variants:
             k = f"{profile}_{v}"
+            name = k.replace("-", "_")
             w, c = statistics.median(wall[k]), statistics.median(cpu[k])
-            out[f"{k.replace('-', '_')}_wall_s"], out[f"{k.replace('-', '_')}_cpu_s"] = round(w, 3), round(c, 3)
-            print(f"  {v:10s} drawn in median {w:.3f} s   renderer CPU median {c:.3f} s   ({len(wall[k])} visits)")
+            out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = round(w, 3), round(c, 3)
+            own = ""
+            if v != "page":  # paired by round: each visit less the page's visit of the same round
+                ow = statistics.median(a - b for a, b in zip(wall[k], wall[base]))
+                oc = statistics.median(a - b for a, b in zip(cpu[k], cpu[base]))
+                out[f"{name}_own_wall_s"], out[f"{name}_own_cpu_s"] = round(ow, 3), round(oc, 3)
+                own = f"   less the page, paired: wall {ow:+.3f} s, CPU {oc:+.3f} s"
+            print(f"  {v:13s} drawn in median {w:.3f} s   renderer CPU median {c:.3f} s   ({len(wall[k])} visits){own}")
+        if not {"no-charts", "no-tables", "neither", "floor"} <= set(variants):
+            continue
         charts = out[f"{profile}_page_cpu_s"] - out[f"{profile}_no_charts_cpu_s"]
         tables = out[f"{profile}_page_cpu_s"] - out[f"{profile}_no_tables_cpu_s"]
         out[f"{profile}_charts_cpu_s"], out[f"{profile}_tables_cpu_s"] = round(charts, 3), round(tables, 3)

@@ -31,6 +31,7 @@ from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
+from prefect_launch.dashboard import text_block as TB
 from prefect_launch.dashboard.sidebar import sidebar
 from prefect_launch.dashboard import timeline
 from prefect_launch.dashboard import view as V
@@ -42,15 +43,15 @@ st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer 
 def panel_waiting(p: P.PageData) -> None:
     """Who waits and why, with queue position and predicted start (inside the summary panel)."""
     if p.waiting_error is not None:  # the rest of the page stands without it
-        st.caption(f"Waiting runs: unavailable ({html.escape(p.waiting_error)})")
+        TB.text("waiting_note", lines=[f"Waiting runs: unavailable ({p.waiting_error})"])
         return
     waits = p.waiting
     if not waits:
-        st.caption("Who waits and why: no run is waiting.")
+        TB.text("waiting_note", lines=["Who waits and why: no run is waiting."])
         return
-    st.caption("Who waits and why: each waiting run's position in its queue (1 = next; empty while its starts-at "
-               "is ahead) and predicted start (ETA, UTC: the agents' placement replayed forward with each run's "
-               "expected length; empty when it cannot be told).")
+    TB.text("waiting_note", lines=["Who waits and why: each waiting run's position in its queue (1 = next; empty while "
+                                   "its starts-at is ahead) and predicted start (ETA, UTC: the agents' placement replayed "
+                                   "forward with each run's expected length; empty when it cannot be told)."])
     LT.table(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), "waiting_table", "Waiting runs",  # as of this visit
              labels={"eta": "ETA (UTC)", "waited_s": "waited s", "eta_in_s": "starts in s"},
              digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
@@ -102,7 +103,7 @@ def _links_block():
 def panel_summary(p: P.PageData) -> None:
     v = p.view
     with st.container(key="panel-summary", border=True):
-        st.subheader("Queue summary")
+        TB.text("summary_head", "Queue summary")
         summary = v.summary
         occ = v.occupancy
         load, idle, share = occ.load, occ.idle, occ.share
@@ -123,37 +124,40 @@ def panel_summary(p: P.PageData) -> None:
                                   help=cap_help.format(what=what, unit=unit)) for label, val, what, unit in figures],
                        key="capacity_figures")
         elif not occ.complete:
-            st.caption("Capacity held and used: shown once the run index covers the range (only the newest runs are "
-                       "read from Prefect's API yet).")
+            TB.text("capacity_note", lines=["Capacity held and used: shown once the run index covers the range (only the "
+                                            "newest runs are read from Prefect's API yet)."])
         else:
-            st.caption("Capacity held and used: n/a (no online agent publishes capacity for these queues).")
+            TB.text("capacity_note", lines=["Capacity held and used: n/a (no online agent publishes capacity for these "
+                                            "queues)."])
         shown = summary if "sharing" in summary and summary["sharing"].astype(bool).any() else summary.drop(
             columns=["sharing"], errors="ignore")  # the column only where a queue shares by owner
         LT.draw(_once(v, ("summary_table",), lambda: LT.payload(shown, "Queue summary")), "summary_table")
         panel_waiting(p)
         if not v.agents.empty:
-            st.caption("Agents (capacity published by launch workers)")
+            TB.text("agents_note", lines=["Agents (capacity published by launch workers)"])
             LT.draw(_once(v, ("agents_table",), lambda: LT.payload(
                 v.agents, "Agents", digits={"memory_gib": 1, "free_memory_gib": 1})), "agents_table")
         left, right = st.columns([3, 2])
         with left:
-            st.caption("Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per interval "
-                       "(red: the agents' GPUs). Idle stretches on fixed capacity are room for low-priority work."
-                       + ("" if occ.complete else " Only the span the newest runs read so far cover is drawn: the run "
-                          "index does not cover the range yet."))
+            TB.text("load_note", lines=["Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per "
+                                        "interval (red: the agents' GPUs). Idle stretches on fixed capacity are room for "
+                                        "low-priority work." + ("" if occ.complete else " Only the span the newest runs "
+                                        "read so far cover is drawn: the run index does not cover the range yet.")])
             timeline.chart(_once(v, ("load_chart",), lambda: CD.load_payload(
                 load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart")
             if not occ.complete:
-                st.caption("Idle periods: shown once the run index covers the range (an interval none of the newest "
-                           "runs touch is not known to be idle).")
+                TB.text("idle_note", lines=["Idle periods: shown once the run index covers the range (an interval none "
+                                            "of the newest runs touch is not known to be idle)."])
             else:
-                st.caption(f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
-                           f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: runs waited meanwhile")
+                TB.text("idle_note", lines=[f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
+                                            f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: "
+                                            "runs waited meanwhile"])
             if not idle.empty:
                 LT.draw(_once(v, ("idle_table",), lambda: LT.payload(idle.head(10), "Idle periods", digits={"hours": 2})),
                         "idle_table")
         with right:
-            st.caption("Held load by hour of day and weekday (UTC): periodic bursts are where scheduled cloud capacity pays.")
+            TB.text("heatmap_note", lines=["Held load by hour of day and weekday (UTC): periodic bursts are where scheduled "
+                                           "cloud capacity pays."])
             if not occ.complete:
                 st.info("Shown once the run index covers the range (averages need every run of it).")
             elif occ.heatmap.empty:
@@ -175,7 +179,7 @@ def panel_cost(p: P.PageData) -> None:
 
     v = p.view
     with st.container(key="panel-cost", border=True):
-        st.subheader("Cost and waste")
+        TB.text("cost_head", "Cost and waste")
         runs, error = _view_costs(p)
         if runs is None:
             st.info(f"Metrics store not readable: {error}")
@@ -206,7 +210,7 @@ def panel_cost(p: P.PageData) -> None:
                            "(n/a: RAPL not readable by the agents; never estimated)")], key="cost_figures")
         notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
         notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
-        st.caption("Allocated vs used over the range, by " + by + ". " + "; ".join(notes))
+        TB.text("cost_note", lines=["Allocated vs used over the range, by " + by + ". " + "; ".join(notes)])
         left, right = st.columns([2, 3])
         with left:
             from prefect_launch.dashboard import charts
@@ -215,7 +219,8 @@ def panel_cost(p: P.PageData) -> None:
         with right:
             LT.table(table, "cost_table", "Cost and waste by " + by, digits={c: 1 for c in table.columns if c.endswith("_h")},
                      empty={c: "unavailable" for c in table.columns})
-        st.caption("Top wasters: runs that left the most of what they held idle (GPU-hours, then core-hours)")
+        TB.text("wasters_note", lines=["Top wasters: runs that left the most of what they held idle (GPU-hours, then "
+                                       "core-hours)"])
         w = C.wasters(runs)
         if w.empty:
             st.success("No run left held hardware idle in this range.")
@@ -230,9 +235,9 @@ def _partial_note(v: V.View) -> str:
 
 def panel_status(v: V.View) -> None:
     with st.container(key="panel-status", border=True):
-        st.subheader("Job status")
-        st.caption("Per interval: runs queued, pending and running at any moment of it, and runs that finished in it by end "
-                   "state; the tooltip gives the time-weighted average number." + _partial_note(v))
+        TB.text("status_head", "Job status", ["Per interval: runs queued, pending and running at any moment of it, and runs "
+                                              "that finished in it by end state; the tooltip gives the time-weighted average "
+                                              "number." + _partial_note(v)])
         counts = v.occupancy.status
         if counts.empty:
             st.info("No runs in this range.")
@@ -243,12 +248,11 @@ def panel_status(v: V.View) -> None:
 
 def panel_queued(v: V.View) -> None:
     with st.container(key="panel-queued", border=True):
-        st.subheader("Queued time")
         qt = v.occupancy.queued
         total = float(qt["queued_s"].sum()) if not qt.empty else 0.0
-        st.caption(f"Seconds runs spent waiting inside each interval (a long wait spreads over the intervals it spans), "
-                   f"by {v.spec.grouping}; the tooltip shows how many waited and their mean. Total: {total:,.0f} s."
-                   + _partial_note(v))
+        TB.text("queued_head", "Queued time", [f"Seconds runs spent waiting inside each interval (a long wait spreads over the "
+                                               f"intervals it spans), by {v.spec.grouping}; the tooltip shows how many waited "
+                                               f"and their mean. Total: {total:,.0f} s." + _partial_note(v)])
         if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
@@ -263,7 +267,6 @@ def _when(t: pd.Timestamp) -> str:
 
 def panel_runs(v: V.View) -> None:
     with st.container(key="panel-runs", border=True):
-        st.subheader("Job runs")
         g = _once(v, ("gantt_frame",), lambda: F.gantt_frame(v.runs, v.now))
         lanes = v.occupancy.lanes
         if lanes is not None:
@@ -272,7 +275,7 @@ def panel_runs(v: V.View) -> None:
         note = f"{len(g)} runs that started"
         if v.truncated:
             note += f" (the newest {len(v.runs):,} of {v.runs_total:,} in range; narrow the range or filters to see older ones)"
-        st.caption(note + ". Drag across the chart to select a span; the table lists the runs in it.")
+        TB.text("runs_head", "Job runs", [note + ". Drag across the chart to select a span; the table lists the runs in it."])
         if g.empty:
             st.info("No run started in this range.")
             return
@@ -290,7 +293,7 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
     if brush:
         lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-        st.caption(as_written(f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"))
+        TB.text("selection_note", lines=[f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"])
 
     def build() -> bytes:
         # the members column (cluster runs) after the link: the columns are chosen here, the link as every runs table's
@@ -320,8 +323,8 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
            "its devices' time in each pixel (more devices than lanes the chart can show)" if lanes.attrs.get("folded") else
            f"one lane per agent and GPU (CPU-only runs: per core) with the runs that held it, coloured by {v.spec.grouping} "
            "(runs closer than a pixel merge)")
-    st.caption(f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to "
-               "select a span; the table lists the runs in it.")
+    TB.text("runs_head", "Job runs", [f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to select a span; "
+                                      "the table lists the runs in it."])
     shown = timeline.brush_of("gantt")
     brush = timeline.chart(_once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
         lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed()), key="gantt")
@@ -345,14 +348,14 @@ def panel_metrics(v: V.View) -> None:
         cols = st.columns(2)
         for c, (y, title, ytitle) in zip(cols, METRICS[i : i + 2]):
             with c, st.container(key=f"panel-{y}", border=True):
-                st.subheader(title)
+                TB.text(f"{y}_head", title)
                 d = m[m[y].notna()] if not m.empty else m
                 if d.empty:
                     st.info("No measured runs in this range" + ("" if v.metrics_available else " (metrics store not reachable)") + ".")
                 else:
                     st.altair_chart(charts.metric_chart(d, y, ytitle, col), width="stretch")
     with st.container(key="panel-waste", border=True):
-        st.subheader("Runs that waste hardware")
+        TB.text("waste_head", "Runs that waste hardware")
         w = M.waste_frame(m) if not m.empty else pd.DataFrame()
         if w.empty:
             st.success("No run flagged as waste in this range.")
@@ -362,12 +365,12 @@ def panel_metrics(v: V.View) -> None:
 
 def panel_errors(v: V.View) -> None:
     with st.container(key="panel-errors", border=True):
-        st.subheader("Errors")
         e = v.errors
+        TB.text("errors_head", "Errors", [] if e.empty else [
+            f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)"])
         if e.empty:
             st.success("No failed or crashed run in this range.")
             return
-        st.caption(f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)")
         _runs_table(v, e, "errors_table", "Errors", drop_id=True)
 
 
@@ -398,17 +401,12 @@ def panel_links(p: P.PageData, opts: dict) -> None:
     QueueLinks = _links_block()
     v = p.view
     with st.container(key="panel-links", border=True):
-        st.subheader("External Links")
-        queues = list(v.spec.queues) or opts["queues"]
-        shown = 0
-        for q in queues:
-            if p.links.get(q):  # anchors built (and escaped) by QueueLinks.html
-                shown += 1
-                st.markdown(f"**{html.escape(q)}**: {p.links[q]}", unsafe_allow_html=True)
-        if p.links_error is not None:
-            st.caption(f"Links: unavailable ({html.escape(p.links_error)})")
-        elif not shown:
-            st.caption("No links yet: add Grafana, Datadog, a cloud console… with Manage Links.")
+        queues = [q for q in (list(v.spec.queues) or opts["queues"]) if p.links.get(q)]
+        TB.text("links_head", "External Links",
+                [f"Links: unavailable ({p.links_error})"] if p.links_error is not None else [] if queues else
+                ["No links yet: add Grafana, Datadog, a cloud console… with Manage Links."])
+        for q in queues:  # anchors built (and escaped) by QueueLinks.html
+            st.markdown(f"**{html.escape(q)}**: {p.links[q]}", unsafe_allow_html=True)
         # the form is drawn only when asked for (its widgets cost every visit a share of the drawing)
         if not st.toggle("Manage Links", key="links_open"):
             return
@@ -499,7 +497,7 @@ def _until_newer(spec: S.ViewSpec, shown: dt.datetime) -> None:
 
 
 def main() -> None:
-    st.title("Queue monitor")
+    TB.text("page_title", "Queue monitor", level=1)
     try:
         opts = P.options()
     except Exception as exc:  # server down or misconfigured: say so plainly
@@ -519,11 +517,11 @@ def main() -> None:
     if stale:
         _until_newer(spec, v.now)
     filters = v.spec.filters_note()
-    st.caption(as_written(  # its times would otherwise load Streamlit's emoji plugin on every visit
+    TB.text("page_note", lines=[
         f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
         f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
         + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
-        + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}"))
+        + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}"])
     panel_summary(p)
     c1, c2 = st.columns(2)
     with c1:

@@ -27,12 +27,12 @@ BLUES = ("#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#217
 EMPTY = "#ffffff"  # an hour the range does not hold (a range shorter than a week)
 
 CSS = """
-.lh-heat { border-collapse: collapse; width: 100%; table-layout: fixed; font: 11px "Source Sans Pro", sans-serif; }
+.lh-heat { border-collapse: collapse; width: 100%; table-layout: fixed; font: 11px "Source Sans", "Source Sans Pro", sans-serif; }
 .lh-heat td { height: 22px; padding: 0; border: 1px solid #fff; }
 .lh-heat th { font-weight: 400; color: #555; padding: 0 4px 0 0; text-align: right; white-space: nowrap; }
 .lh-heat thead th { text-align: center; padding: 0; }
 .lh-heat .lh-day { width: 34px; }
-.lh-legend { display: flex; align-items: center; gap: 6px; font: 11px "Source Sans Pro", sans-serif; color: #555;
+.lh-legend { display: flex; align-items: center; gap: 6px; font: 11px "Source Sans", "Source Sans Pro", sans-serif; color: #555;
              margin-top: 4px; }
 .lh-legend span.bar { flex: 0 0 140px; height: 10px; }
 """

@@ -17,7 +17,7 @@ from prefect_launch.dashboard.table_data import table_payload
 
 COMPONENT = "prefect_launch.table"
 CSS = """
-.lt-table { width: 100%; font: 14px "Source Sans Pro", sans-serif; color: #31333f; }
+.lt-table { width: 100%; font: 14px "Source Sans", "Source Sans Pro", sans-serif; color: #31333f; }
 .lt-table-bar { display: flex; align-items: center; justify-content: space-between; margin: 0 0 4px 0; }
 .lt-table-count { color: #808495; font-size: 12px; }
 .lt-table-csv { font: inherit; font-size: 12px; color: #31333f; background: #fff; border: 1px solid #d0d3da;

@@ -10,6 +10,7 @@ from typing import Callable
 import streamlit as st
 
 from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import text_block as TB
 
 
 PILLS_MAX = 8  # a choice among at most this many is drawn as pills; among more, as a multiselect
@@ -40,7 +41,7 @@ def sidebar(opts: dict, refresh: Callable[[], None]) -> S.ViewSpec:
     too (one chosen, always one), the kind the page's section switch is made of: a new visitor's browser
     loads no script for a radio, a selectbox or an expander, and the choices wrap in the narrow sidebar."""
     sb = st.sidebar
-    sb.header("Queue monitor")
+    TB.text("sidebar_head", "Queue monitor", level=2, where=sb)  # as text: no markdown element to parse
     queues = pick(sb, "Queues", opts["queues"], "queues", "all queues")
     ranges = [*S.RANGES, "Custom"]
     choice = sb.pills("Time range", ranges, default=S.DEFAULT_RANGE, required=True, key="range") or S.DEFAULT_RANGE
@@ -53,7 +54,7 @@ def sidebar(opts: dict, refresh: Callable[[], None]) -> S.ViewSpec:
     since, until = S.time_window(choice, now, custom)
     grouping = sb.pills("Grouping", S.GROUPINGS, default=S.DEFAULT_GROUPING, required=True,
                         key="grouping") or S.DEFAULT_GROUPING
-    sb.subheader("Filters")
+    TB.text("filters_head", "Filters", where=sb)
     jobs = pick(sb, "Job", opts["jobs"], "f_jobs", "every job")
     owners = pick(sb, "Owner", opts["owners"], "f_owners", "every owner")
     statuses = pick(sb, "Status", list(S.STATUSES), "f_statuses", "every status")

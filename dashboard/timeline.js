@@ -5,7 +5,7 @@
 const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
 const STEPS = [60e3, 300e3, 600e3, 900e3, 1800e3, 3600e3, 3 * 3600e3, 6 * 3600e3, 12 * 3600e3,
   86400e3, 2 * 86400e3, 7 * 86400e3, 28 * 86400e3];
-const FONT = '12px "Source Sans Pro", "Source Sans 3", sans-serif';
+const FONT = '12px "Source Sans", "Source Sans Pro", "Source Sans 3", sans-serif'; // Streamlit's font (its CSS names it "Source Sans")
 const INK = "#31333f", GRID = "#e6e9ef", MUTED = "#808495";
 
 function fmt(v, f) {

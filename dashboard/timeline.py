@@ -15,7 +15,7 @@ from prefect_launch.dashboard.chart_data import Payload
 from prefect_launch.dashboard.component_js import script
 
 CSS = """
-.lt-chart { position: relative; width: 100%; font: 12px "Source Sans Pro", sans-serif; color: #31333f; }
+.lt-chart { position: relative; width: 100%; font: 12px "Source Sans", "Source Sans Pro", sans-serif; color: #31333f; }
 .lt-box { position: relative; }
 .lt-canvas { display: block; touch-action: none; }
 .lt-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; margin: 0 0 4px 0; }

@@ -185,6 +185,24 @@ def figures(at) -> dict:
     return out
 
 
+def text_blocks(at) -> list:
+    """Every heading-and-captions block on an AppTest page (dashboard/text_block.py), in page order."""
+    from prefect_launch.dashboard.text_block import COMPONENT, TextBlock
+
+    return [TextBlock.model_validate_json(e.proto.bytes) for e in at.get("bidi_component")
+            if e.proto.component_name == COMPONENT]
+
+
+def headings(at) -> list[str]:
+    """The page's panel headings: Streamlit's subheaders, then the text blocks' (each in page order)."""
+    return [s.value for s in at.subheader] + [b.heading for b in text_blocks(at) if b.heading and b.level == 3]
+
+
+def captions(at) -> str:
+    """Every caption line on an AppTest page: Streamlit's captions, then the text blocks' lines, one a line."""
+    return "\n".join([c.value for c in at.caption] + [line for b in text_blocks(at) for line in b.lines])
+
+
 def choose(at, key: str, values: list):
     """Pick ``values`` in the sidebar's multiple choice ``key``: pills while its options are few, a multiselect
     beyond (dashboard/sidebar.pick); the shared server's queues, jobs and owners are as many as the tests made."""

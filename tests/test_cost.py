@@ -248,7 +248,7 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
 
 def test_cost_panel_on_the_page(ran, monkeypatch):
     """The page's "Cost and waste" panel shows the same table for the queue, and says what is unavailable."""
-    from fixtures_dashboard import choose, figures, fresh_app, table_payloads, tables
+    from fixtures_dashboard import choose, figures, fresh_app, headings, table_payloads, tables
 
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
     at = fresh_app().run()
@@ -257,7 +257,7 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     at.sidebar.button_group(key="grouping").set_value("owner").run()
     at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
-    assert "Cost and waste" in [s.value for s in at.subheader]
+    assert "Cost and waste" in headings(at)
     shown = next(d for d in tables(at) if "gpu_alloc_h" in d.columns)
     # a figure that was not measured reads "unavailable" on the page (an empty cell in the CSV)
     drawn = next(p for p in table_payloads(at) if "gpu_alloc_h" in [c.name for c in p.columns])

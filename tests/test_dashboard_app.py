@@ -8,7 +8,7 @@ import uuid
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import choose, figures, fresh_app, seed_runs, tables
+from fixtures_dashboard import captions, choose, figures, fresh_app, headings, seed_runs, tables
 from prefect_launch.blocks.queue_links import QueueLink, QueueLinks, validate_url
 
 PANELS = ["Queue summary", "Job status", "Queued time", "Job runs", "GPU use by job", "CPU use by job",
@@ -48,7 +48,7 @@ def _pool_runs(pool: str) -> list:
 
 
 def _captions(at: AppTest) -> str:
-    return "\n".join(c.value for c in at.caption)
+    return captions(at)
 
 
 def _section(at: AppTest, name: str) -> AppTest:
@@ -59,13 +59,13 @@ def _section(at: AppTest, name: str) -> AppTest:
 def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     at = _app().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert [s.value for s in at.subheader if s.value in PANELS] == FIRST + SECTIONS["Job runs"] + ["External Links"]
+    assert [h for h in headings(at) if h in PANELS] == FIRST + SECTIONS["Job runs"] + ["External Links"]
     assert "grouping job · read at" in _captions(at)  # nothing filtered: no filter named
     seen = set()
     for name, panels in SECTIONS.items():  # every panel one choice away, only the chosen section drawn
         _section(at, name)
         assert not at.exception, [e.value for e in at.exception]
-        assert [s.value for s in at.subheader if s.value in PANELS] == FIRST + panels + ["External Links"], name
+        assert [h for h in headings(at) if h in PANELS] == FIRST + panels + ["External Links"], name
         seen.update(panels)
     assert seen | set(FIRST) | {"External Links"} == set(PANELS)
     _section(at, "Job runs")
