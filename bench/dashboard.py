@@ -372,11 +372,12 @@ PAGE_TIMEOUT_S = 600
 # Its tables (queue summary, idle periods, the runs under the Gantt; who waits and agents when there
 # are) are light tables (dashboard/light_table.py): drawn once their rows are in the page
 FIRST_PAGE_CHARTS = 4
-# the sidebar drawn: each of its choices as its control (pills or a multiselect for the lists, dashboard/sidebar.pick;
-# pills for the single choices) and its last control, Refresh now
+# the sidebar drawn: each of its choices as its control (buttons, dashboard/choices.py, or a multiselect for a long
+# list, dashboard/sidebar.pick) and its last control, Refresh now
 SIDEBAR_JS = ("['queues', 'f_jobs', 'f_owners', 'f_statuses', 'f_presets', 'range', 'grouping', 'detail_limit'].every(k => "
-              "document.querySelector(`[data-testid=\"stSidebarContent\"] .st-key-${k} "
-              "[data-testid=\"stButtonGroup\"], [data-testid=\"stSidebarContent\"] .st-key-${k} [data-testid=\"stMultiSelect\"]`)) "
+              "document.querySelector(`[data-testid=\"stSidebarContent\"] .ch-box[data-drawn] .ch-group[data-key=\"${k}\"], "
+              "[data-testid=\"stSidebarContent\"] .st-key-${k} [data-testid=\"stButtonGroup\"], "
+              "[data-testid=\"stSidebarContent\"] .st-key-${k} [data-testid=\"stMultiSelect\"]`)) "
               "&& !!document.querySelector('[data-testid=\"stSidebarContent\"] .st-key-refresh button')")
 FIRST_PAGE_TABLES = 2  # at least: the queue summary and the runs under the Gantt
 DRAWN_JS = """() => !!document.querySelector('.st-key-panel-links')

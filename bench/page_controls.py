@@ -78,8 +78,9 @@ def _has(testid: str, n: int = 1) -> str:
 
 
 SWITCHES = _has("stButtonGroup") + _has("stCheckbox")
-SIDEBAR = _has("stButtonGroup", 8) + _has("stButton")  # 8 choices each: five lists and three single choices as pills
-SIDEBAR_LONG = _has("stMultiSelect", 4) + _has("stButtonGroup", 4) + _has("stButton")  # 20 each: four multiselects
+CHOICES_DRAWN = " && document.querySelectorAll('.ch-box[data-drawn] .ch-group').length >= %d"  # dashboard/choices.py
+SIDEBAR = CHOICES_DRAWN % 8 + _has("stButton")  # 8 choices each: five lists and three single choices as buttons
+SIDEBAR_LONG = _has("stMultiSelect", 4) + CHOICES_DRAWN % 4 + _has("stButton")  # 20 each: four multiselects
 DRAWN = {v: f"() => {BASE}{extra}" for v, extra in (
     ("bare", ""), ("multiselect", _has("stMultiSelect")), ("selectbox", _has("stSelectbox")), ("radio", _has("stRadio")),
     ("pills", _has("stButtonGroup")), ("segmented", _has("stButtonGroup")), ("expander", _has("stExpander")),

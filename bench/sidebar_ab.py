@@ -54,10 +54,12 @@ with st.container(key="panel-links", border=True):
     st.subheader("External Links")
 '''
 BASE = "!!document.querySelector('.st-key-panel-links') && !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-# every choice drawn, whatever its kind (the last, Refresh now, sits in the old sidebar's collapsed expander)
+# every choice drawn, whatever its kind (a Streamlit control, or buttons of dashboard/choices.py; the last, Refresh
+# now, sits in an older sidebar's collapsed expander)
 KEYS = ["queues", "range", "grouping", "f_jobs", "f_owners", "f_statuses", "f_presets", "detail_limit"]
 SIDEBAR = (" && !!document.querySelector('.st-key-section [data-testid=\"stButtonGroup\"]') && " + " && ".join(
-    f"!!document.querySelector('[data-testid=\"stSidebarContent\"] .st-key-{k} [data-testid]')" for k in KEYS)
+    f"!!document.querySelector('[data-testid=\"stSidebarContent\"] .st-key-{k} [data-testid], "
+    f"[data-testid=\"stSidebarContent\"] .ch-box[data-drawn] .ch-group[data-key=\"{k}\"]')" for k in KEYS)
     + " && !!document.querySelector('[data-testid=\"stSidebarContent\"] .st-key-refresh button')")
 VIEWPORT = {"width": 1600, "height": 1000}
 

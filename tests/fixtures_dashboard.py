@@ -203,10 +203,23 @@ def captions(at) -> str:
     return "\n".join([c.value for c in at.caption] + [line for b in text_blocks(at) for line in b.lines])
 
 
+def choice_groups(at) -> list:
+    """The sidebar's choices drawn as buttons (dashboard/choices.py), as the browser gets them, in page order."""
+    from prefect_launch.dashboard.choices import COMPONENT, ChoicesPayload
+
+    return [g for e in at.get("bidi_component") if e.proto.component_name == COMPONENT
+            for g in ChoicesPayload.model_validate_json(e.proto.bytes).groups]
+
+
 def choose(at, key: str, values: list):
-    """Pick ``values`` in the sidebar's multiple choice ``key``: pills while its options are few, a multiselect
-    beyond (dashboard/sidebar.pick); the shared server's queues, jobs and owners are as many as the tests made."""
-    for w in [*at.sidebar.multiselect, *at.sidebar.button_group]:
+    """Pick ``values`` in the sidebar's choice ``key`` (several, or one for a single choice): typed into its
+    multiselect while its options are many, else kept as a click on its buttons keeps them (the click itself,
+    sent by the browser, is the browser test's: dashboard/choices.py); the shared server's queues, jobs and
+    owners are as many as the tests made. Returns ``at``, to be run."""
+    for w in at.sidebar.multiselect:
         if w.key == key:
             return w.set_value(values)
-    raise KeyError(f"no sidebar choice {key!r}")
+    if key not in {g.key for g in choice_groups(at)}:
+        raise KeyError(f"no sidebar choice {key!r}")
+    at.session_state[f"{key}__kept"] = [str(v) for v in values]
+    return at

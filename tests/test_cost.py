@@ -253,8 +253,8 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     monkeypatch.setenv("LAUNCH_METRICS_URL", ran["store"].url)
     at = fresh_app().run()
     choose(at, "queues", [ran["queue"]]).run()
-    at.sidebar.button_group(key="range").set_value("Last 1 hour").run()
-    at.sidebar.button_group(key="grouping").set_value("owner").run()
+    choose(at, "range", ["Last 1 hour"]).run()
+    choose(at, "grouping", ["owner"]).run()
     at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
     assert "Cost and waste" in headings(at)

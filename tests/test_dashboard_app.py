@@ -71,8 +71,8 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     _section(at, "Job runs")
 
     choose(at, "queues", [seeded.pool]).run()
-    at.sidebar.button_group(key="grouping").set_value("owner").run()
-    at.sidebar.button_group(key="range").set_value("Last 1 hour").run()
+    choose(at, "grouping", ["owner"]).run()
+    choose(at, "range", ["Last 1 hour"]).run()
     assert not at.exception, [e.value for e in at.exception]
     caps = _captions(at)
     assert "grouping owner" in caps and "interval 1 min" in caps and f"queues {seeded.pool} · read at" in caps
@@ -99,7 +99,7 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
     assert set(runs_table["owner"]) == {"alice"} and set(runs_table["state_name"]) == {"Failed"}
 
     # custom range shows the date picker and still renders
-    at.sidebar.button_group(key="range").set_value("Custom").run()
+    choose(at, "range", ["Custom"]).run()
     assert not at.exception and at.sidebar.date_input(key="custom_range") is not None
 
 

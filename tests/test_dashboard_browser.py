@@ -34,13 +34,21 @@ TABLES = '[data-testid="stDataFrame"], .lt-table[data-drawn]'  # the first page'
 IDLE_JS = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
 
 
+CHOICE = '.ch-box[data-drawn] .ch-group[data-key="%s"]'  # a sidebar choice drawn as buttons (dashboard/choices.js)
+
+
+def choice(page, key: str):
+    """The buttons of the sidebar's choice ``key``."""
+    return page.locator(CHOICE % key)
+
+
 def choose_queue(page, queue: str) -> None:
-    """Choose ``queue`` alone in the sidebar: a pill while the server holds few queues, else typed into the
+    """Choose ``queue`` alone in the sidebar: a button while the server holds few queues, else typed into the
     multiselect (dashboard/sidebar.pick); the shared server holds as many as the tests made."""
-    box = page.locator(".st-key-queues")
-    box.locator('[data-testid="stButtonGroup"], [data-testid="stMultiSelect"]').first.wait_for(timeout=60_000)
-    if box.locator('[data-testid="stButtonGroup"]').count():
-        box.get_by_role("button", name=queue, exact=True).click()
+    buttons, box = choice(page, "queues"), page.locator(".st-key-queues")
+    page.locator(f'{CHOICE % "queues"}, .st-key-queues [data-testid="stMultiSelect"]').first.wait_for(timeout=60_000)
+    if buttons.count():
+        buttons.get_by_role("button", name=queue, exact=True).click()
         return
     box.click()
     page.keyboard.type(queue)
@@ -437,7 +445,7 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             choose_queue(page, seeded.pool)
             # the last hour in 1-minute intervals: the seeded runs span several (on the 7-day default they
             # fall in its newest hour, a pixel or two wide)
-            page.locator(".st-key-range").get_by_text("Last 1 hour", exact=True).click()
+            choice(page, "range").get_by_role("button", name="Last 1 hour", exact=True).click()
             # the caption names the filter once the filtered page is drawn (the unfiltered one's caption,
             # shown until then, does not: a sweep before this read the all-queues chart, CI stop 25)
             filtered = page.get_by_text(re.compile(rf"interval 1 min · grouping job · queues {re.escape(seeded.pool)} · read at "))
@@ -446,7 +454,7 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             # the caption and the charts' tooltips read in one step in the page: the keeper redraws the page
             # at each step of its clock, and a read across a redraw would mix two reads
             caption, *swept = page.evaluate("""(sels) => {
-                const cap = [...document.querySelectorAll('p')].map((p) => p.innerText).find((t) => / · read at /.test(t));
+                const cap = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText).find((t) => / · read at /.test(t));
                 const sweep = %s;
                 return [cap, ...sels.map(([s, dy, dx]) => sweep(document.querySelector(s + ' .lt-chart[data-drawn] canvas'), dy, dx))];
             }""" % SWEEP_JS, list(charts.values()))
@@ -537,7 +545,7 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
                 # the note and the caption as they stand together, read in the page in one step (the newer
                 # read may finish within a second, and the note goes with the redraw)
                 shown = page.wait_for_function("""() => {
-                    const ps = [...document.querySelectorAll('p')].map((p) => p.innerText);
+                    const ps = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText);
                     const note = ps.find((t) => t.startsWith('Showing the figures read at '));
                     const cap = ps.find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
                     return note && cap ? [note, cap] : null;
@@ -591,7 +599,7 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
                              what="streamlit")
                 # no reload: the open page reconnects; the next choice is served by the new process
                 page.wait_for_function(IDLE_JS, timeout=60_000)
-                page.locator(".st-key-range").get_by_text("Last 24 hours", exact=True).click()
+                choice(page, "range").get_by_role("button", name="Last 24 hours", exact=True).click()
                 try:
                     caption = _new_caption(page, before)
                 except Exception:
@@ -622,7 +630,7 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
 def _new_caption(page, before) -> str:
     """The caption under the title once it names a read time other than ``before``'s."""
     return page.wait_for_function("""(shown) => {
-        const cap = [...document.querySelectorAll('p')].map((p) => p.innerText)
+        const cap = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText)
             .find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
         const m = cap && cap.match(/read at (\\d\\d:\\d\\d:\\d\\d) UTC/);
         return m && m[1] !== shown ? cap : null;

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from fixtures_dashboard import fresh_app, tables
+from fixtures_dashboard import choose, fresh_app, tables
 from launch_helpers import restored_prefect_env
 from prefect_launch.local_server import free_port, local_prefect_server
 
@@ -58,7 +58,7 @@ def test_monitor_says_the_server_is_down_shows_its_last_figures_and_recovers(tmp
         assert pool in _queues_shown(down), "the last good figures stay on the page, with their age"
 
         # a sidebar state never read before has no last figures: the error alone, no traceback
-        down.sidebar.button_group(key="grouping").set_value("owner").run()
+        choose(down, "grouping", ["owner"]).run()
         assert not down.exception, [e.value for e in down.exception]
         assert "Cannot read the queues from Prefect's API" in _said(down, "error")
         assert not _queues_shown(down)
