@@ -404,16 +404,21 @@ FLOOR_JS = """() => !!document.querySelector('.st-key-panel-links')
 # controls costs before it draws any figure, chart or table
 CONTROLS_APP = """import json
 import streamlit as st
+from prefect_launch.dashboard import choices
 from prefect_launch.dashboard.sidebar import sidebar
 st.set_page_config(page_title="floor", layout="wide")
 st.set_option("client.toolbarMode", "minimal")
 st.title("Queue monitor")
 sidebar(json.loads(%r), lambda: None)
-st.segmented_control("Section", ["Job runs", "Resource use", "Cost and waste", "Errors"], default="Job runs",
-                     required=True, key="section", label_visibility="collapsed")
+col = choices.Column()  # the section switch and the links switch, as dashboard/app.py draws them
+choices.single(col, "Section", ["Job runs", "Resource use", "Cost and waste", "Errors"], "section", "Job runs",
+               hide_label=True)
+col.flush()
 with st.container(key="panel-links", border=True):
     st.subheader("External Links")
-    st.toggle("Manage Links", key="links_open")
+    col = choices.Column()
+    choices.toggle(col, "Manage Links", "links_open")
+    col.flush()
 """
 CONTROLS_JS = FLOOR_JS + "\n    && " + SIDEBAR_JS
 

@@ -22,6 +22,7 @@ import streamlit as st
 
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard.caption_text import as_written
+from prefect_launch.dashboard import choices as CH
 from prefect_launch.dashboard import chart_data as CD
 from prefect_launch.dashboard import figures as FG
 from prefect_launch.dashboard import frames as F
@@ -407,8 +408,12 @@ def panel_links(p: P.PageData, opts: dict) -> None:
                 ["No links yet: add Grafana, Datadog, a cloud console… with Manage Links."])
         for q in queues:  # anchors built (and escaped) by QueueLinks.html
             st.markdown(f"**{html.escape(q)}**: {p.links[q]}", unsafe_allow_html=True)
-        # the form is drawn only when asked for (its widgets cost every visit a share of the drawing)
-        if not st.toggle("Manage Links", key="links_open"):
+        # the form is drawn only when asked for (its widgets cost every visit a share of the drawing); the switch is
+        # a button of the sidebar's kind (dashboard/choices.py), not a Streamlit toggle with a script of its own
+        col = CH.Column()
+        opened = CH.toggle(col, "Manage Links", "links_open")
+        col.flush()
+        if not opened:
             return
         if not opts["queues"]:
             st.info("No queue exists yet.")
@@ -530,9 +535,9 @@ def main() -> None:
         panel_queued(v)
     # the panels below: one section at a time, only the chosen one drawn (the browser's drawing of
     # charts and grids is most of what a visit waits for; each section stays one click away)
-    names = list(SECTIONS)
-    section = st.segmented_control("Section", names, default=names[0], required=True, key="section",
-                                   label_visibility="collapsed") or names[0]
+    col = CH.Column()  # buttons of the sidebar's kind (dashboard/choices.py): no Streamlit control to load for it
+    section = CH.single(col, "Section", list(SECTIONS), "section", next(iter(SECTIONS)), hide_label=True)
+    col.flush()
     SECTIONS[section](p)
     panel_links(p, opts)
 

@@ -35,7 +35,7 @@ export default function (component) {
       help.setAttribute("aria-label", g.help);
       label.appendChild(help);
     }
-    group.appendChild(label);
+    if (!g.hide_label) group.appendChild(label);
     const row = el("div", "ch-row");
     const chosen = new Set(g.selected);
     chosenOf[g.key] = chosen;

@@ -12,14 +12,16 @@ with the same choice).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import streamlit as st
 from pydantic import BaseModel, Field
 
+from prefect_launch.dashboard import text_block as TB
 from prefect_launch.dashboard.component_js import packed, script
 
 COMPONENT = "prefect_launch.choices"
+PILLS_MAX = 8  # a choice among at most this many is drawn as buttons; among more, as a multiselect
 CSS = """
 .ch-box { font-family: "Source Sans", "Source Sans Pro", sans-serif; color: #31333f; display: flex; flex-direction: column; gap: 1rem; }
 .ch-heading { font-size: 1.25rem; font-weight: 600; line-height: 1.2; margin: 0 0 0.5rem 0; padding: 0.5rem 0 0 0; }
@@ -48,6 +50,7 @@ class Group(BaseModel):
     multi: bool = True
     help: Optional[str] = None
     heading: Optional[str] = None  # a heading drawn above the group (the sidebar's "Filters")
+    hide_label: bool = False  # the label for assistive technology only (the page's section switch)
     selected: list[str] = Field(default_factory=list)
 
 
@@ -94,3 +97,67 @@ def draw(groups: Sequence[Group], instance: str, where=None) -> None:
     with where if where is not None else contextlib.nullcontext():
         _mount(key=instance, data=packed(ChoicesPayload(groups=list(groups)).model_dump()), default={"picked": None},
                on_picked_change=lambda: None)
+
+
+class Column:
+    """Where choices go, in order (``where``: a container such as ``st.sidebar``; None: where the script draws
+    now): consecutive groups of buttons are drawn as one component (one element instead of a control per
+    choice), which another kind of control (a multiselect, the date picker) ends."""
+
+    def __init__(self, where=None) -> None:
+        self.where = where
+        self.run: list[Group] = []
+
+    def add(self, group: Group) -> None:
+        if not self.run:  # the component this run will be drawn as: its click, applied before any of its choices is read
+            take_clicks(f"choices_{group.key}")
+        self.run.append(group)
+
+    def flush(self) -> None:
+        if self.run:
+            draw(self.run, f"choices_{self.run[0].key}", self.where)
+            self.run = []
+
+
+def pick(col: Column, label: str, options: Sequence[str], key: str, placeholder: str, heading: Optional[str] = None) -> list:
+    """Several of ``options`` (none chosen: all). While they are few, buttons: each visible, one click
+    (bench/results/sidebar_pills_ab.txt: the sidebar's choices as Streamlit's pills drew 0.19 s sooner than as
+    multiselects, a radio, a selectbox and an expander; as these buttons, 0.09 s sooner than as pills:
+    bench/results/sidebar_choices_ab.txt); a multiselect beyond :data:`PILLS_MAX`, where buttons would fill the
+    sidebar. The choice is kept in the session, so it stays when the options grow past the limit or shrink back."""
+    options = [str(o) for o in options]
+    if len(options) <= PILLS_MAX:
+        col.add(Group(key=key, label=label, options=options, shown=options, help=f"None chosen: {placeholder}.",
+                      heading=heading))
+        was = [v for v in (kept(key) or []) if v in options]  # an option gone is dropped
+        col.run[-1].selected = was
+        return keep(key, was)
+    col.flush()
+    was = [v for v in (kept(key) or []) if v in options]
+    if heading:
+        TB.text(f"{key}_heading", heading, where=col.where)
+    target = col.where if col.where is not None else st
+    got = target.multiselect(label, options, default=was, key=key, placeholder=placeholder)
+    return keep(key, got or [])
+
+
+def single(col: Column, label: str, options: Sequence, key: str, default, shown: Callable = str,
+           heading: Optional[str] = None, hide_label: bool = False):
+    """One of ``options`` (always one: ``default`` until another is clicked)."""
+    values = [str(o) for o in options]
+    col.add(Group(key=key, label=label, options=values, shown=[shown(o) for o in options], multi=False,
+                  heading=heading, hide_label=hide_label))
+    was = kept(key) or []
+    cur = was[0] if was and was[0] in values else str(default)
+    col.run[-1].selected = [cur]
+    keep(key, [cur])
+    return options[values.index(cur)]
+
+
+def toggle(col: Column, label: str, key: str) -> bool:
+    """An on/off button reading ``label`` (pressed: on), off until clicked."""
+    col.add(Group(key=key, label=label, options=[label], shown=[label], hide_label=True))
+    on = label in (kept(key) or [])
+    col.run[-1].selected = [label] if on else []
+    keep(key, col.run[-1].selected)
+    return on

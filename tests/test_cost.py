@@ -255,7 +255,7 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     choose(at, "queues", [ran["queue"]]).run()
     choose(at, "range", ["Last 1 hour"]).run()
     choose(at, "grouping", ["owner"]).run()
-    at.segmented_control(key="section").set_value("Cost and waste").run()  # one section of the page at a time
+    choose(at, "section", ["Cost and waste"]).run()  # one section of the page at a time
     assert not at.exception, [e.value for e in at.exception]
     assert "Cost and waste" in headings(at)
     shown = next(d for d in tables(at) if "gpu_alloc_h" in d.columns)
@@ -283,7 +283,7 @@ def test_cost_panel_on_the_page(ran, monkeypatch):
     # the usage panels show what the agent measured: the GPU-use chart's data holds each GPU run's summary
     import pyarrow as pa
 
-    at.segmented_control(key="section").set_value("Resource use").run()
+    choose(at, "section", ["Resource use"]).run()
     assert not at.exception, [e.value for e in at.exception]
     frames = []
     for el in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")]:

@@ -52,7 +52,7 @@ def _captions(at: AppTest) -> str:
 
 
 def _section(at: AppTest, name: str) -> AppTest:
-    at.segmented_control(key="section").set_value(name)
+    choose(at, "section", [name])
     return at.run()
 
 
@@ -105,7 +105,7 @@ def test_page_renders_every_panel_and_follows_the_sidebar(seeded):
 
 def _submit(at: AppTest, queue: str, label: str, url: str, target: str = "(new link)", button: int = 0) -> AppTest:
     if "links_queue" not in [s.key for s in at.selectbox]:  # the form is drawn once Manage Links is on
-        at.toggle(key="links_open").set_value(True).run()
+        choose(at, "links_open", ["Manage Links"]).run()
     at.selectbox(key="links_queue").set_value(queue)
     at.run()
     at.selectbox(key="link_target").set_value(target)
@@ -160,7 +160,7 @@ def test_links_edited_elsewhere_are_neither_drawn_nor_saved_over(seeded):
         shown = "\n".join(m.value for m in at.markdown)
         assert "not shown: the saved links do not validate" in shown and "javascript" not in shown.split("(links.0.url")[0]
         assert 'href="javascript' not in shown
-        at.toggle(key="links_open").set_value(True).run()
+        choose(at, "links_open", ["Manage Links"]).run()
         at.selectbox(key="links_queue").set_value(seeded.pool)
         at.run()
         assert at.error and "Cannot read the links of" in at.error[0].value and "fix or delete the block" in at.error[0].value

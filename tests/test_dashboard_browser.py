@@ -60,7 +60,7 @@ def _show_section(page, key: str) -> None:
     """Choose the section that holds panel ``key`` (if it is in one) and wait until it is drawn."""
     if key not in SECTION_OF or page.locator(f".st-key-{key}").count():
         return
-    page.locator(".st-key-section").get_by_text(SECTION_OF[key], exact=True).click()
+    choice(page, "section").get_by_role("button", name=SECTION_OF[key], exact=True).click()
     page.locator(f".st-key-{key}").wait_for(timeout=60_000)
     page.wait_for_function(IDLE_JS, timeout=60_000)
     page.wait_for_function("""() => [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""",
