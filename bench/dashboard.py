@@ -373,7 +373,7 @@ PAGE_TIMEOUT_S = 600
 # are) are light tables (dashboard/light_table.py): drawn once their rows are in the page
 FIRST_PAGE_CHARTS = 4
 # the sidebar drawn: each of its choices as its control (buttons, dashboard/choices.py, or a multiselect for a long
-# list, dashboard/sidebar.pick) and its last control, Refresh now
+# list, dashboard/choices.pick) and its last control, Refresh now
 SIDEBAR_JS = ("['queues', 'f_jobs', 'f_owners', 'f_statuses', 'f_presets', 'range', 'grouping', 'detail_limit'].every(k => "
               "document.querySelector(`[data-testid=\"stSidebarContent\"] .ch-box[data-drawn] .ch-group[data-key=\"${k}\"], "
               "[data-testid=\"stSidebarContent\"] .st-key-${k} [data-testid=\"stButtonGroup\"], "

@@ -59,7 +59,7 @@ elif v == "expander":
         st.button("Refresh now", key="b")
 if v in ("sidebar", "all"):
     sidebar({k: CHOICES for k in ("queues", "jobs", "owners", "presets")}, lambda: None)
-if v == "sidebar_long":  # more choices than pills are drawn for: multiselects (dashboard/sidebar.pick)
+if v == "sidebar_long":  # more choices than pills are drawn for: multiselects (dashboard/choices.pick)
     sidebar({k: [f"choice-{i}" for i in range(20)] for k in ("queues", "jobs", "owners", "presets")}, lambda: None)
 if v in ("switches", "all"):
     st.segmented_control("Section", ["Job runs", "Resource use", "Cost and waste", "Errors"], default="Job runs",

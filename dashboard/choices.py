@@ -5,7 +5,7 @@ Streamlit's pills draw each option of each choice through its markdown pipeline,
 script chunk of its own; the sidebar held some forty options. ``choices.js`` draws the same buttons as
 plain elements. The choice itself is kept in the session (``<key>__kept``): the component only says what
 its groups hold after a click (state ``picked``, with a nonce so that each click is applied once), so the
-choice outlives the component (a list that grows past :data:`.sidebar.PILLS_MAX` becomes a multiselect
+choice outlives the component (a list that grows past :data:`PILLS_MAX` becomes a multiselect
 with the same choice).
 """
 
@@ -18,7 +18,7 @@ import streamlit as st
 from pydantic import BaseModel, Field
 
 from prefect_launch.dashboard import text_block as TB
-from prefect_launch.dashboard.component_js import packed, script
+from prefect_launch.dashboard.component_js import HELP_CSS, packed, script
 
 COMPONENT = "prefect_launch.choices"
 PILLS_MAX = 8  # a choice among at most this many is drawn as buttons; among more, as a multiselect
@@ -26,8 +26,6 @@ CSS = """
 .ch-box { font-family: "Source Sans", "Source Sans Pro", sans-serif; color: #31333f; display: flex; flex-direction: column; gap: 1rem; }
 .ch-heading { font-size: 1.25rem; font-weight: 600; line-height: 1.2; margin: 0 0 0.5rem 0; padding: 0.5rem 0 0 0; }
 .ch-label { font-size: 14px; display: flex; align-items: center; gap: 6px; margin-bottom: 0.25rem; }
-.ch-help { display: inline-flex; align-items: center; justify-content: center; width: 14px; height: 14px;
-           border: 1px solid #808495; border-radius: 50%; color: #808495; font-size: 10px; cursor: help; }
 .ch-row { display: flex; flex-wrap: wrap; gap: 0.5rem; }
 .ch-pill { font: inherit; font-size: 14px; line-height: 1.6; padding: 0.15rem 0.75rem; border-radius: 1rem; cursor: pointer;
            border: 1px solid rgba(49, 51, 63, 0.2); background: #fff; color: #31333f; }
@@ -36,7 +34,7 @@ CSS = """
 .ch-pill[aria-pressed="true"] { border-color: #ff4b4b; background: rgba(255, 75, 75, 0.1); color: #ff4b4b; }
 """
 
-_mount = st.components.v2.component(COMPONENT, js=script("choices.js"), css=CSS, isolate_styles=False)
+_mount = st.components.v2.component(COMPONENT, js=script("choices.js"), css=CSS + HELP_CSS, isolate_styles=False)
 
 
 class Group(BaseModel):
@@ -108,10 +106,15 @@ class Column:
         self.where = where
         self.run: list[Group] = []
 
-    def add(self, group: Group) -> None:
-        if not self.run:  # the component this run will be drawn as: its click, applied before any of its choices is read
+    def add(self, group: Group, choose: Callable[[list], list]) -> list:
+        """Add ``group`` to the run; its selection is ``choose(the kept choice)``, read after the clicks sent by
+        the component this run will be drawn as are applied (the first group of a run applies them). The
+        selection is kept and returned."""
+        if not self.run:
             take_clicks(f"choices_{group.key}")
+        group.selected = keep(group.key, choose(kept(group.key) or []))
         self.run.append(group)
+        return group.selected
 
     def flush(self) -> None:
         if self.run:
@@ -127,11 +130,9 @@ def pick(col: Column, label: str, options: Sequence[str], key: str, placeholder:
     sidebar. The choice is kept in the session, so it stays when the options grow past the limit or shrink back."""
     options = [str(o) for o in options]
     if len(options) <= PILLS_MAX:
-        col.add(Group(key=key, label=label, options=options, shown=options, help=f"None chosen: {placeholder}.",
-                      heading=heading))
-        was = [v for v in (kept(key) or []) if v in options]  # an option gone is dropped
-        col.run[-1].selected = was
-        return keep(key, was)
+        group = Group(key=key, label=label, options=options, shown=options, help=f"None chosen: {placeholder}.",
+                      heading=heading)
+        return col.add(group, lambda was: [v for v in was if v in options])  # an option gone is dropped
     col.flush()
     was = [v for v in (kept(key) or []) if v in options]
     if heading:
@@ -145,19 +146,13 @@ def single(col: Column, label: str, options: Sequence, key: str, default, shown:
            heading: Optional[str] = None, hide_label: bool = False):
     """One of ``options`` (always one: ``default`` until another is clicked)."""
     values = [str(o) for o in options]
-    col.add(Group(key=key, label=label, options=values, shown=[shown(o) for o in options], multi=False,
-                  heading=heading, hide_label=hide_label))
-    was = kept(key) or []
-    cur = was[0] if was and was[0] in values else str(default)
-    col.run[-1].selected = [cur]
-    keep(key, [cur])
+    group = Group(key=key, label=label, options=values, shown=[shown(o) for o in options], multi=False,
+                  heading=heading, hide_label=hide_label)
+    cur = col.add(group, lambda was: was[:1] if was and was[0] in values else [str(default)])[0]
     return options[values.index(cur)]
 
 
 def toggle(col: Column, label: str, key: str) -> bool:
     """An on/off button reading ``label`` (pressed: on), off until clicked."""
-    col.add(Group(key=key, label=label, options=[label], shown=[label], hide_label=True))
-    on = label in (kept(key) or [])
-    col.run[-1].selected = [label] if on else []
-    keep(key, col.run[-1].selected)
-    return on
+    group = Group(key=key, label=label, options=[label], shown=[label], hide_label=True)
+    return bool(col.add(group, lambda was: [label] if label in was else []))

@@ -1,4 +1,4 @@
-// Helpers every component script of the monitor uses (timeline.js, light_table.js, figures.js): put in
+// Helpers the component scripts of the monitor use (timeline.js, light_table.js, figures.js, ...): put in
 // front of each by dashboard/component_js.py, since each script is its own module with no imports.
 
 const pad2 = (n) => String(n).padStart(2, "0");
@@ -21,6 +21,31 @@ function el(tag, cls, text) {
   if (cls) e.className = cls;
   if (text !== undefined) e.textContent = text;
   return e;
+}
+
+// A "?" that explains `text` on hover, by keyboard focus and to assistive technology (its look: HELP_CSS in
+// dashboard/component_js.py)
+function helpIcon(text) {
+  const help = el("span", "pl-help", "?");
+  help.title = text;
+  help.tabIndex = 0;
+  help.setAttribute("aria-label", text);
+  return help;
+}
+
+// Draw a component's payload in its box (a div of class `cls`, made on the first mount, beside the style
+// element Streamlit keeps in the same parent): `draw(box, payload)` runs only for a payload not drawn
+// there already (its sig), so a rerun sending the same one leaves the drawing as it is; the box is then
+// marked data-drawn.
+function drawOnce(component, cls, draw) {
+  const { parentElement } = component;
+  const sig = sigOf(component.data);
+  if (sig && parentElement.drawnSig === sig) return;
+  let box = parentElement.querySelector(`:scope > .${cls}`);
+  if (!box) { box = el("div", cls); parentElement.appendChild(box); }
+  draw(box, unpack(component.data));
+  box.setAttribute("data-drawn", "");
+  parentElement.drawnSig = sig;
 }
 
 // epoch ms as "YYYY-MM-DD HH:MM:SS" in UTC

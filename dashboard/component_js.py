@@ -11,6 +11,13 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 
+# the look of component_base.js's helpIcon (the "?" beside a figure's or a choice's label), added to the CSS
+# of each component that draws one
+HELP_CSS = """
+.pl-help { display: inline-flex; align-items: center; justify-content: center; width: 14px; height: 14px;
+           border: 1px solid #808495; border-radius: 50%; color: #808495; font-size: 10px; cursor: help; }
+"""
+
 
 def packed(payload: dict) -> bytes:
     """``payload`` as the bytes a component gets: JSON whose first key is ``sig``, a digest of the rest.

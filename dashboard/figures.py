@@ -11,18 +11,16 @@ from typing import Optional, Sequence
 import streamlit as st
 from pydantic import BaseModel
 
-from prefect_launch.dashboard.component_js import packed, script
+from prefect_launch.dashboard.component_js import HELP_CSS, packed, script
 
 COMPONENT = "prefect_launch.figures"
 CSS = """
 .lf-row { display: grid; gap: 16px; width: 100%; color: #31333f; font-family: "Source Sans", "Source Sans Pro", sans-serif; }
 .lf-label { font-size: 14px; display: flex; align-items: center; gap: 6px; }
-.lf-help { display: inline-flex; align-items: center; justify-content: center; width: 14px; height: 14px;
-           border: 1px solid #808495; border-radius: 50%; color: #808495; font-size: 10px; cursor: help; }
 .lf-value { font-size: 2.25rem; line-height: 1.25; overflow-wrap: anywhere; }
 """
 
-_mount = st.components.v2.component(COMPONENT, js=script("figures.js"), css=CSS,
+_mount = st.components.v2.component(COMPONENT, js=script("figures.js"), css=CSS + HELP_CSS,
                                     isolate_styles=False)
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 import streamlit as st
 
 from prefect_launch.dashboard import spec as S
-from prefect_launch.dashboard.choices import PILLS_MAX, Column, pick, single  # noqa: F401 (PILLS_MAX: the sidebar's limit)
+from prefect_launch.dashboard.choices import Column, pick, single
 
 
 LIMITS = (100, 1000, 5000, 10000)  # runs shown per run panel (the newest)

@@ -44,7 +44,7 @@ def choice(page, key: str):
 
 def choose_queue(page, queue: str) -> None:
     """Choose ``queue`` alone in the sidebar: a button while the server holds few queues, else typed into the
-    multiselect (dashboard/sidebar.pick); the shared server holds as many as the tests made."""
+    multiselect (dashboard/choices.pick); the shared server holds as many as the tests made."""
     buttons, box = choice(page, "queues"), page.locator(".st-key-queues")
     page.locator(f'{CHOICE % "queues"}, .st-key-queues [data-testid="stMultiSelect"]').first.wait_for(timeout=60_000)
     if buttons.count():
@@ -467,6 +467,15 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             tip.wait_for(state="visible", timeout=5_000)
             # a real pointer shows a tooltip too (its figures may be a newer read's: only its form is checked)
             assert tip.inner_text().startswith("from: ") and "runs (at any moment / finished): " in tip.inner_text()
+            # a second click on the range already chosen keeps it (a single choice is never emptied, which
+            # would read as the default range): still pressed, still the 1-hour page, after any rerun
+            pressed = choice(page, "range").get_by_role("button", name="Last 1 hour", exact=True)
+            pressed.click()
+            page.wait_for_timeout(1_000)
+            page.wait_for_function(IDLE_JS, timeout=60_000)
+            assert pressed.get_attribute("aria-pressed") == "true"
+            assert choice(page, "range").locator('button[aria-pressed="true"]').count() == 1
+            assert page.get_by_text(re.compile(r"interval 1 min · grouping job · ")).count() >= 1
         finally:
             browser.close()
     assert seeded.pool in caption, caption

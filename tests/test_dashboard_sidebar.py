@@ -10,13 +10,14 @@ from streamlit.testing.v1 import AppTest
 from fixtures_dashboard import choice_groups, choose
 from prefect_launch.dashboard import choices as CH
 from prefect_launch.dashboard import spec as S
-from prefect_launch.dashboard.sidebar import PILLS_MAX
+from prefect_launch.dashboard.choices import PILLS_MAX
 
 
 def _app() -> None:
     import streamlit as st
 
-    from prefect_launch.dashboard.sidebar import PILLS_MAX, sidebar
+    from prefect_launch.dashboard.choices import PILLS_MAX
+    from prefect_launch.dashboard.sidebar import sidebar
 
     many = [f"job-{i:02d}" for i in range(PILLS_MAX + 1)]  # one more than buttons are drawn for
     st.session_state["spec"] = sidebar({"queues": ["q-a", "q-b", "q-c"], "jobs": many, "owners": ["alice", "bob"],
@@ -83,10 +84,47 @@ def test_a_click_is_applied_once():
     assert CH.applied({"picked": {"values": {"queues": "x"}, "nonce": "n2"}}, "n1") == ({"queues": []}, "n2")
 
 
+
+def _click(at: AppTest, instance: str, nonce: str, **values: list) -> AppTest:
+    """The browser's message for a click on the buttons of the component ``instance`` (dashboard/choices.js):
+    every group it draws, as drawn after the click (``values``: those changed; the rest as drawn now)."""
+    drawn = {g.key: g.selected for g in choice_groups(at)}
+    at.session_state[instance] = {"picked": {"values": {**drawn, **values}, "nonce": nonce}}
+    return at
+
+
+def test_clicks_in_two_groups_before_a_rerun_are_both_read():
+    """Two quick clicks in one component (a queue, then the range) reach the server as one message: both
+    choices are read, and the message is not applied again at the next rerun."""
+    at = AppTest.from_function(_app).run()
+    _click(at, "choices_queues", "n1", queues=["q-b"], range=["Last 1 hour"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = at.session_state["spec"]
+    assert spec.queues == ("q-b",) and spec.until - spec.since == S.RANGES["Last 1 hour"]
+    drawn = {g.key: g.selected for g in choice_groups(at)}
+    assert drawn["queues"] == ["q-b"] and drawn["range"] == ["Last 1 hour"]
+    choose(at, "range", ["Last 24 hours"]).run()  # a later choice, made another way, stands
+    assert at.session_state["spec"].until - at.session_state["spec"].since == S.RANGES["Last 24 hours"]
+
+
+def test_a_single_choice_clicked_twice_reads_the_last_click():
+    """Two clicks on the range, each a message with its own nonce: the page reads the last; the range is
+    never left empty."""
+    at = AppTest.from_function(_app).run()
+    _click(at, "choices_queues", "n1", range=["Last 1 hour"]).run()
+    _click(at, "choices_queues", "n2", range=["Last 24 hours"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = at.session_state["spec"]
+    assert spec.until - spec.since == S.RANGES["Last 24 hours"]
+    assert {g.key: g.selected for g in choice_groups(at)}["range"] == ["Last 24 hours"]
+    _click(at, "choices_queues", "n3", range=[]).run()  # not sent by the buttons; read as the default
+    assert at.session_state["spec"].until - at.session_state["spec"].since == S.RANGES[S.DEFAULT_RANGE]
+
+
 def _growing() -> None:
     import streamlit as st
 
-    from prefect_launch.dashboard.sidebar import Column, pick
+    from prefect_launch.dashboard.choices import Column, pick
 
     n = st.session_state.get("n", 3)  # how many queues the server holds at this rerun
     col = Column(st.sidebar)
@@ -96,9 +134,10 @@ def _growing() -> None:
 
 def test_a_choice_stays_when_the_options_cross_the_pills_limit():
     """A queue created elsewhere can take the list past PILLS_MAX: the buttons become a multiselect, and the
-    person's choice stays (Streamlit would start the new control empty: every queue shown, unasked)."""
+    person's choice stays (Streamlit would start the new control empty: every queue shown, unasked), and the
+    click that made it is not applied again when the buttons come back."""
     at = AppTest.from_function(_growing).run()
-    choose(at, "queues", ["q1", "q2"]).run()
+    _click(at, "choices_queues", "n1", queues=["q1", "q2"]).run()
     assert at.session_state["got"] == ["q1", "q2"]
     at.session_state["n"] = PILLS_MAX + 4
     at.run()
