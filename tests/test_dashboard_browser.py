@@ -286,7 +286,8 @@ def test_gantt_brush_fills_the_details_table(dashboard):
                         if r.start_time <= hi and (r.end_time is None or r.end_time >= lo)}
                 assert len(rows) == int(n) and shown == want, (lo, hi, sorted(shown ^ want))
                 proper += 0 < len(want) < len(_flow_runs_started())
-                texts += _check_shown_text(table, {str(r.id): r for r in _flow_runs_started()})
+                if int(n):  # a brush over no run (the runs crowd to the left edge as the module runs on) draws no row
+                    texts += _check_shown_text(table, {str(r.id): r for r in _flow_runs_started()})
             page.screenshot(path=str(out / "dashboard-brush.png"), full_page=True)
             assert proper >= 1, "no brush selected a part of the runs"
             assert texts >= 1, "no finished run's row was drawn to check its text"
