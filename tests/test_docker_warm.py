@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import CLI, apply_queue, wait_agent_free, wait_agent_online, wait_final, wait_for
-from prefect_launch.workers.warm_containers import ORDER_PATH, WARM_LABEL, WARM_NAME_PREFIX, run_container_name
+from prefect_launch.workers.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, WARM_NAME_PREFIX,
+                                                    run_container_name)
 from test_docker_backend import MiB, PRESETS, agent, deploy_container_probe, record, submit
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
 
@@ -73,6 +74,7 @@ def test_warm_container_takes_the_runs_limits_and_env_and_survives_an_agent_kill
         assert inside["shm_bytes"] == 64 * MiB
         assert not any(e.startswith(("WARM_PROBE=", "PREFECT__FLOW_RUN_ID=")) for e in c.attrs["Config"]["Env"])
         assert c.exec_run(["test", "-e", ORDER_PATH]).exit_code == 1  # the order (the run's env) was removed
+        assert c.exec_run(["test", "-e", ORDER_DONE_PATH]).exit_code == 0  # its empty done marker stays
         assert f"run {rid} starts in warm container" in log1.read_text()
         left = wait_for(lambda: warm_containers(docker_client, name), 120, "no refill after the hand-over")
         os.killpg(first.pid, signal.SIGKILL)

@@ -9,8 +9,8 @@ import tarfile
 import pytest
 
 from prefect_launch.workers.queue_spec import QueueSpec
-from prefect_launch.workers.warm_containers import (ORDER_PATH, WARM_LABEL, order_archive, shape_key, shape_of,
-                                                    update_body, warm_settings)
+from prefect_launch.workers.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, order_archive, shape_key,
+                                                    shape_of, update_body, warm_settings)
 
 SETTINGS = {"image": "img:1", "network_mode": "host", "volumes": ["/a:/a:ro"], "shm_size": "67108864",
             "environment": {"PREFECT__FLOW_RUN_ID": "r1", "SECRET": "s"}, "labels": {"x": "1"}, "name": "run-a",
@@ -44,19 +44,45 @@ def test_update_body_sets_cpus_cores_and_memory_without_extra_swap():
 
 def test_warm_settings_carry_no_run_env_and_name_the_agent():
     ws = warm_settings(shape_of(SETTINGS, False), "agent-a", "q", {"io.prefect-launch.agent": "agent-a"})
-    assert ws["environment"] == {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_APPS": "0"}
+    assert ws["environment"] == {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_ORDER_DONE": ORDER_DONE_PATH,
+                                 "LAUNCH_WARM_APPS": "0"}
     assert ws["labels"][WARM_LABEL] == "agent-a" and ws["name"].startswith("launch-warm-")
     assert ws["command"][-1] == "prefect_launch.workers.warm_engine" and "nano_cpus" not in ws
 
 
-def test_order_archive_is_one_private_file_owned_by_the_engines_user():
+def test_order_archive_is_a_private_order_then_its_done_marker_owned_by_the_engines_user():
     data = order_archive({"A": "1", "B": None}, uid=1000, gid=100)
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-        (member,) = tf.getmembers()
-        assert member.name == ORDER_PATH.rsplit("/", 1)[1]
-        assert (member.uid, member.gid, member.mode) == (1000, 100, 0o600)
-        order = json.loads(tf.extractfile(member).read())
+        order_member, done_member = tf.getmembers()  # Docker extracts them in this order
+        assert order_member.name == ORDER_PATH.rsplit("/", 1)[1] and done_member.name == ORDER_DONE_PATH.rsplit("/", 1)[1]
+        for m in (order_member, done_member):
+            assert (m.uid, m.gid, m.mode) == (1000, 100, 0o600)
+        assert done_member.size == 0
+        order = json.loads(tf.extractfile(order_member).read())
     assert order == {"env": {"A": "1"}, "replace_env": False, "cwd": None}
+
+
+def test_the_engine_reads_the_order_only_once_its_done_marker_exists(tmp_path, capsys):
+    """The order is left alone while Docker may still be setting its owner (no marker yet): removing it
+    then failed the upload ("lchown ...: no such file or directory", seen with three test workers). Once the
+    marker exists the order is read and removed; the marker stays."""
+    import threading
+    import time
+
+    from prefect_launch.workers.warm_engine import _wait_for_order
+
+    order, done = tmp_path / "order.json", tmp_path / "order.json.done"
+    order.write_text(json.dumps({"env": {"A": "1"}}))
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(_wait_for_order(str(order), str(done), poll_s=0.01)))
+    reader.start()
+    time.sleep(0.3)  # 30 polls: a whole, parseable order without its marker
+    assert not got and order.exists()
+    done.write_bytes(b"")
+    reader.join(10)
+    assert got == [{"env": {"A": "1"}}]
+    assert not order.exists() and done.exists()
+    assert "launch-warm-ready uid=" in capsys.readouterr().out
 
 
 def test_warm_containers_is_a_docker_queue_setting():

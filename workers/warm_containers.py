@@ -33,6 +33,12 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 ORDER_PATH = "/tmp/.launch-warm-order.json"
+# Written after the order, in the same archive: Docker extracts an archive's files in order, each with its owner,
+# mode and times set before the next begins, so once this exists the order file is whole and Docker is done
+# with it; the engine may then read and remove the order (removed earlier, while Docker still sets its owner,
+# the upload fails with "lchown ...: no such file or directory", and the run with it). The marker is empty
+# and stays.
+ORDER_DONE_PATH = ORDER_PATH + ".done"
 WARM_LABEL = "io.prefect-launch.warm"  # the agent that keeps it
 WARM_NAME_PREFIX = "launch-warm-"
 READY_RE = re.compile(rb"launch-warm-ready uid=(\d+) gid=(\d+)")
@@ -61,7 +67,8 @@ def shape_key(shape: dict[str, Any]) -> str:
 def warm_settings(shape: dict[str, Any], agent: str, queue: str, labels: dict[str, str]) -> dict[str, Any]:
     """docker-py ``containers.create`` arguments for a warm container of ``shape`` (pure)."""
     return {**shape, "init": True, "command": ENGINE_COMMAND, "name": f"{WARM_NAME_PREFIX}{uuid.uuid4().hex[:12]}",
-            "environment": {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_APPS": "0"},
+            "environment": {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_ORDER_DONE": ORDER_DONE_PATH,
+                            "LAUNCH_WARM_APPS": "0"},
             "labels": {**labels, WARM_LABEL: agent}, "auto_remove": False}
 
 
@@ -81,14 +88,16 @@ def update_body(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def order_archive(env: dict[str, Any], uid: int, gid: int) -> bytes:
-    """A tar holding the order file, owned by the engine's user so it can read and remove it."""
+    """A tar holding the order file, then its done marker (see :data:`ORDER_DONE_PATH`), both owned by the
+    engine's user so it can read and remove them."""
     data = json.dumps({"env": {k: v for k, v in env.items() if v is not None}, "replace_env": False,
                        "cwd": None}).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo(ORDER_PATH.rsplit("/", 1)[1])
-        info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, gid, int(time.time())
-        tf.addfile(info, io.BytesIO(data))
+        for path, body in ((ORDER_PATH, data), (ORDER_DONE_PATH, b"")):
+            info = tarfile.TarInfo(path.rsplit("/", 1)[1])
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(body), 0o600, uid, gid, int(time.time())
+            tf.addfile(info, io.BytesIO(body))
     return buf.getvalue()
 
 

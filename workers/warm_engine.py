@@ -14,6 +14,7 @@ import json
 import os
 import runpy
 import sys
+from typing import Optional
 
 
 PRELOAD = ("prefect.engine", "prefect.flow_engine", "prefect.flows", "prefect.deployments.steps",
@@ -42,7 +43,7 @@ def main() -> None:
             break
     order_path = os.environ.get("LAUNCH_WARM_ORDER")
     if order_path:  # a warm container (workers/warm_containers.py): the order arrives as a file
-        order = _wait_for_order(order_path)
+        order = _wait_for_order(order_path, os.environ.get("LAUNCH_WARM_ORDER_DONE"))
     else:
         line = sys.stdin.readline()
         if not line:  # the agent went away before using us
@@ -83,16 +84,22 @@ def main() -> None:
     runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 
 
-def _wait_for_order(path: str, poll_s: float = 0.02) -> dict:
+def _wait_for_order(path: str, done_path: Optional[str] = None, poll_s: float = 0.02) -> dict:
     """Say we are ready (with our uid/gid, so the agent writes a file we can read and remove), then wait.
 
-    The agent writes the order with Docker's archive API; a half-written file fails to parse and is
-    read again. The file is removed at once: it holds the run's environment.
+    The agent writes the order with Docker's archive API, then a done marker in the same archive
+    (``done_path``, workers/warm_containers.ORDER_DONE_PATH): the order is read once the marker exists, when
+    Docker is done with the order file. The order is then removed at once (it holds the run's environment);
+    the empty marker stays, as Docker may still be setting its owner. Without ``done_path`` (an agent of an
+    older version) the order is read as soon as it parses.
     """
     import time
 
     print(f"launch-warm-ready uid={os.getuid()} gid={os.getgid()}", flush=True)
     while True:
+        if done_path and not os.path.exists(done_path):
+            time.sleep(poll_s)
+            continue
         try:
             with open(path) as fh:
                 order = json.loads(fh.read())
