@@ -71,6 +71,13 @@ def all_reduce_sum(vector: list[float], rank: int, world: int, addr: str, port: 
             return _recv(f)["sum"]
 
 
+def _write_record(path: Path, record: dict) -> None:
+    """Whole or not at all (written aside, then renamed): a test polling for the file never reads half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
 @flow(name="allreduce")
 def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float = 0.0) -> dict:
     """Rank r contributes [r+1, 2(r+1), ...]; the sum is checked against world*(world+1)/2 * [1, 2, ...].
@@ -87,7 +94,7 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float 
                                           "LAUNCH_CLUSTER_MEMBER", "LAUNCH_CLUSTER_HOSTS",
                                           "LAUNCH_CLUSTER_MAIN_ADDR", "LAUNCH_CLUSTER_MODE", "LAUNCH_AGENT",
                                           "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
-    (out / f"{run_id}-{member}.started.json").write_text(json.dumps({"pid": os.getpid(), "env": env}))
+    _write_record(out / f"{run_id}-{member}.started.json", {"pid": os.getpid(), "env": env})
     time.sleep(hold_s)  # e.g. to be killed by a test before the collective
     spin_until = time.process_time() + burn_s * (rank + 1)
     while time.process_time() < spin_until:
@@ -98,7 +105,7 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float 
     want = [world * (world + 1) / 2 * (i + 1) for i in range(length)]
     record = {"member": member, "rank": rank, "world": world, "sum": got, "expected": want, "ok": got == want,
               "pid": os.getpid(), "env": env, "cpu_s": time.process_time()}
-    (out / f"{run_id}-{member}.json").write_text(json.dumps(record))
+    _write_record(out / f"{run_id}-{member}.json", record)
     if got != want:
         raise ValueError(f"all-reduce gave {got}, expected {want}")
     return record

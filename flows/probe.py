@@ -26,6 +26,13 @@ def _wait(seconds: float, release_file: str) -> None:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+def _write_record(path: Path, record: dict) -> None:
+    """Whole or not at all (written aside, then renamed): a test polling for the file never reads half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
 @flow(name="probe")
 def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "", release_file: str = "") -> dict:
     start = time.time()
@@ -49,5 +56,5 @@ def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "
         "env_extra": {k: v for k, v in os.environ.items() if k.startswith("JOB_")},
     }
     Path(record_dir).mkdir(parents=True, exist_ok=True)
-    Path(record_dir, f"{flow_run.id}.json").write_text(json.dumps(record))
+    _write_record(Path(record_dir, f"{flow_run.id}.json"), record)
     return record

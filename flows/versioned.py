@@ -19,6 +19,13 @@ from prefect.runtime import flow_run
 VERSION = "tree"
 
 
+def _write_record(path: Path, record: dict) -> None:
+    """Whole or not at all (written aside, then renamed): a test polling for the file never reads half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
 @flow(name="versioned", persist_result=True, log_prints=True)
 def versioned(note: str = "", record_dir: str = "") -> dict:
     record = {
@@ -31,5 +38,5 @@ def versioned(note: str = "", record_dir: str = "") -> dict:
     print(f"versioned job: version {VERSION!r} from {record['file']}")
     if record_dir:
         Path(record_dir).mkdir(parents=True, exist_ok=True)
-        Path(record_dir, f"{flow_run.id}.json").write_text(json.dumps(record))
+        _write_record(Path(record_dir, f"{flow_run.id}.json"), record)
     return record
