@@ -551,17 +551,23 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
                 page.wait_for_function(IDLE_JS, timeout=60_000)
                 first = read_re.search(page.get_by_text(caption_re).first.inner_text())[1]
                 page.wait_for_timeout(11_000)  # the page's clock moves on (10-s steps): a new view to read
-                page.reload(wait_until="domcontentloaded")
-                # the note and the caption as they stand together, read in the page in one step (the newer
-                # read may finish within a second, and the note goes with the redraw)
-                try:
-                    shown = page.wait_for_function("""() => {
-                        const ps = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText);
+                # the note and the caption as they stand together, taken as the page draws them: the newer read may
+                # finish within a second, and a browser slowed by a busy box can draw the note and its removal in
+                # one frame (seen with three test workers), so a poll of the page could miss it
+                page.add_init_script("""(() => {
+                    const take = () => {
+                        if (window.__olderShown) return;
+                        const ps = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.textContent);
                         const note = ps.find((t) => t.startsWith('Showing the figures read at '));
                         const cap = ps.find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
-                        return note && cap ? [note, cap] : null;
-                    }""", timeout=60_000).json_value()
-                except Exception:  # seen once with three test workers: what the page showed instead
+                        if (note && cap) window.__olderShown = [note, cap];
+                    };
+                    new MutationObserver(take).observe(document, {childList: true, subtree: true, characterData: true});
+                })()""")
+                page.reload(wait_until="domcontentloaded")
+                try:
+                    shown = page.wait_for_function("() => window.__olderShown || null", timeout=60_000).json_value()
+                except Exception:
                     page.screenshot(path=str(ROOT / "test-output" / "monitor-slow-view.png"), full_page=True)
                     texts = page.evaluate("() => [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText)")
                     raise AssertionError(f"no note of older figures after the reload (first read at {first}); "
