@@ -12,7 +12,7 @@ is read back with docker inspect (``limits_ok``).
 
 Our queue keeps one warm container (``--warm 1``, the queue setting ``warm_containers``):
 the first run starts cold and each later one in the container its predecessor's start
-left warm (workers/warm_containers.py); ``--warm 0`` times cold starts only. Stock
+left warm (workers/backends/warm_containers.py); ``--warm 0`` times cold starts only. Stock
 prefect-docker has no such thing, so it starts every run cold.
 
 Each phase waits (up to --timeout s) for all its runs to end, then stops its containers so they
@@ -145,7 +145,7 @@ def wait_worker(pool: str, timeout: float = 300) -> None:
 
 
 def limits_ok(containers: dict) -> bool:
-    from prefect_launch.workers.resources import parse_size
+    from prefect_launch.workers.scheduling.resources import parse_size
 
     mem = parse_size(PRESET["memory"])
     ok = bool(containers)

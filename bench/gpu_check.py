@@ -41,7 +41,7 @@ def via_agent(args) -> int:
 
     from _stack import ROOT, background, prefect_server
 
-    from prefect_launch.workers.nvml import get_nvml
+    from prefect_launch.workers.metrics.nvml import get_nvml
 
     nvml = get_nvml()
     if not nvml.detect_gpus():
@@ -127,8 +127,8 @@ def main() -> int:
         return via_agent(args)
 
     from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
-    from prefect_launch.workers.nvml import get_nvml
-    from prefect_launch.workers.sampler import RunSampler
+    from prefect_launch.workers.metrics.nvml import get_nvml
+    from prefect_launch.workers.metrics.sampler import RunSampler
 
     nvml = get_nvml()
     gpus = nvml.detect_gpus()

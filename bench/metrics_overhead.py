@@ -34,7 +34,7 @@ from pathlib import Path
 from uuid import uuid4
 
 from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord, dispose_engines
-from prefect_launch.workers.sampler import RunSampler
+from prefect_launch.workers.metrics.sampler import RunSampler
 
 BUSY = """
 import time

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from prefect_launch.blocks import metrics_schema as S
 from prefect_launch.blocks.metrics_store import RunMetricsStore
-from prefect_launch.workers.run_tags import tag_value
+from prefect_launch.workers.agent.tags import tag_value
 
 # Schema v4 of the run index (occupancy): the time a run entered its queue for its latest
 # scheduling, its first Pending after it, and the agent's placement label. They are part of

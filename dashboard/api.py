@@ -24,7 +24,7 @@ import pandas as pd
 
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard.spec import UTC, ViewSpec, iso
-from prefect_launch.workers.run_tags import LAUNCH_TAG, OWNER, PRESET, tag
+from prefect_launch.workers.agent.tags import LAUNCH_TAG, OWNER, PRESET, tag
 
 PAGE = 200  # the API's maximum page size for flow runs
 SERVER_ID_VARIABLE = "prefect_launch_server_id"  # the server's identity (Api.server_id)

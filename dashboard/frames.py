@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_launch.dashboard.spec import MAX_GROUPS, STATUS_OF_TYPE, TERMINAL_TYPES, UNKNOWN, UTC, us
-from prefect_launch.workers.agent_registry import ONLINE_WINDOW_S
+from prefect_launch.workers.agent.registry import ONLINE_WINDOW_S
 
 HIST_COLUMNS = ["bucket", "group", "state_type", "status", "count", "run_s", "queued_s"]
 RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "preset", "state_type", "state_name", "status",
@@ -192,7 +192,7 @@ def now_counts_frame(counts: pd.DataFrame, pools: Sequence[str]) -> pd.DataFrame
 def sharing_of(pool: dict) -> str:
     """How a launch queue shares its agents between owners (its declared fair share, quotas, preemptible
     levels), from the work pool's JSON; '' for a plain pool or a queue without them."""
-    from prefect_launch.workers.queue_spec import QueueSpec
+    from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 
     data = ((pool.get("base_job_template") or {}).get("job_configuration") or {}).get("launch")
     if not data:

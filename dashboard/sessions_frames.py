@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pandas as pd
 
 from prefect_launch.deployments.sessions import NAME_RE, SessionRequest
-from prefect_launch.workers.queued_state import WAITING_NAMES
+from prefect_launch.workers.agent.queued_state import WAITING_NAMES
 
 STEPS = ("Type and name", "Environment and resources", "Data and storage", "Network", "Review and launch")
 REVIEW = len(STEPS) - 1

@@ -33,7 +33,7 @@ def client() -> Iterator[Any]:
 
 def launch_queues(c: Any) -> list[dict[str, Any]]:
     """Launch queues (work pools with a prefect-launch declaration): name, presets, default preset."""
-    from prefect_launch.workers.queue_spec import queue_spec_of
+    from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
 
     out, offset = [], 0
     while True:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.resources import Resources
+from prefect_launch.workers.scheduling.resources import Resources
 
 
 class Running(BaseModel):

@@ -15,11 +15,11 @@ from typing import Any, Callable, Optional
 
 from prefect_launch.deployments.eta import (AgentCap, PastRun, Running, Waiting, expected_runtime,
                                             job_shape, learn_overhead, predict)
-from prefect_launch.workers.agent_registry import read_agents_sync
-from prefect_launch.workers.queue_spec import queue_spec_of
-from prefect_launch.workers.resolve import resolve_request
-from prefect_launch.workers.run_journal import parse_alloc_label
-from prefect_launch.workers.run_tags import ALLOC_LABEL, WORKER_LABEL
+from prefect_launch.workers.agent.registry import read_agents_sync
+from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
+from prefect_launch.workers.scheduling.resolve import resolve_request
+from prefect_launch.workers.agent.journal import parse_alloc_label
+from prefect_launch.workers.agent.tags import ALLOC_LABEL, WORKER_LABEL
 
 HISTORY_LIMIT = 200
 HISTORY_TTL_S = 5.0

@@ -7,11 +7,11 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.agent_registry import AgentState, read_agents_sync
-from prefect_launch.workers.fair_share import OwnerUsage, owner_usage
-from prefect_launch.workers.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
-from prefect_launch.workers.resources import Resources
-from prefect_launch.workers.template import build_base_job_template
+from prefect_launch.workers.agent.registry import AgentState, read_agents_sync
+from prefect_launch.workers.scheduling.fair_share import OwnerUsage, owner_usage
+from prefect_launch.workers.scheduling.queue_spec import PRIORITIES, QueueSpec, queue_spec_of
+from prefect_launch.workers.scheduling.resources import Resources
+from prefect_launch.workers.scheduling.template import build_base_job_template
 
 WAITING_SHOWN = 10  # waiting runs listed per queue (all are counted)
 LAUNCH_POOL_TYPES = ("launch-process", "launch-docker", "docker", "kubernetes")
@@ -149,8 +149,8 @@ def _owners(client: Any, queue: str, spec: Any, capacity: Optional[Resources]) -
                                                 WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
 
-    from prefect_launch.workers.run_journal import parse_alloc_label
-    from prefect_launch.workers.run_tags import ALLOC_LABEL
+    from prefect_launch.workers.agent.journal import parse_alloc_label
+    from prefect_launch.workers.agent.tags import ALLOC_LABEL
 
     live = client.read_flow_runs(
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(

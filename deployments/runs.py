@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.run_tags import LAUNCH_TAG, tag_value
-from prefect_launch.workers.run_tags import PLACED_LABEL, WAIT_LABEL
+from prefect_launch.workers.agent.tags import LAUNCH_TAG, tag_value
+from prefect_launch.workers.agent.tags import PLACED_LABEL, WAIT_LABEL
 
 
 class RunRow(BaseModel):

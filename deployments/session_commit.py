@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.resources import LaunchValidationError
-from prefect_launch.workers.run_tags import AGENT_LABEL, QUEUE_LABEL, RUN_ID_LABEL, tag_value
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
+from prefect_launch.workers.agent.tags import AGENT_LABEL, QUEUE_LABEL, RUN_ID_LABEL, tag_value
 
 IMAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{4,32}$")
 REPOSITORY_PREFIX = "launch"
@@ -104,7 +104,7 @@ def commit_container(container: Any, owner: str, image_name: str, session: str, 
 def commit_session(client: Any, docker_client: Any, session: str, image_name: str, owner: str) -> Committed:
     """Find the owner's running session ``session`` (name or id) and commit its container."""
     from prefect_launch.deployments.session_view import find_session
-    from prefect_launch.workers.queue_spec import queue_spec_of
+    from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
 
     problem = check_image_name(image_name)  # before anything is read
     if problem:

@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from prefect_launch.deployments.sessions import SESSION_TAG
 from prefect_launch.deployments.wait_order import by_run, positions, waiting_runs  # noqa: F401  (positions: moved there)
-from prefect_launch.workers.queued_state import WAITING_NAMES
-from prefect_launch.workers.run_tags import IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
+from prefect_launch.workers.agent.queued_state import WAITING_NAMES
+from prefect_launch.workers.agent.tags import IDLE_LABEL, PLACED_LABEL, WAIT_LABEL, tag_value
 
 
 class SessionRow(BaseModel):
@@ -66,7 +66,7 @@ def idle_checks_of(fr: Any, now: datetime) -> Optional[dict[str, Any]]:
     """
     import json
 
-    from prefect_launch.workers.idle_checks import describe_status
+    from prefect_launch.workers.metrics.idle_checks import describe_status
 
     raw = (fr.labels or {}).get(IDLE_LABEL)
     if not raw or not fr.state or fr.state.type.value != "RUNNING":

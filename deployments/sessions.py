@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from prefect_launch.local_server import free_port
 from prefect_launch.deployments.submit import SubmitRequest, Submitted, parse_env, submit
 from prefect_launch.workers.durations import parse_duration
-from prefect_launch.workers.resources import LaunchValidationError
-from prefect_launch.workers.run_tags import tag
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
+from prefect_launch.workers.agent.tags import tag
 
 SESSION_FLOW = "launch-session"
 SESSION_TAG = "launch-session"
@@ -269,7 +269,7 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
 
 
 def _queue_spec(client: Any, queue: str) -> Any:
-    from prefect_launch.workers.queue_spec import queue_spec_of
+    from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
 
     try:
         return queue_spec_of(client.read_work_pool(queue))

@@ -15,14 +15,14 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, Field
 
 from prefect_launch.deployments.submit_retry import create_runs
-from prefect_launch.workers.cluster_spec import check_fits_one_agent
-from prefect_launch.workers.queue_spec import queue_spec_of
-from prefect_launch.workers.queued_state import queued
-from prefect_launch.workers.agent_registry import read_agents_sync
-from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
-from prefect_launch.workers.resources import LaunchValidationError
-from prefect_launch.workers.run_tags import launch_tags
-from prefect_launch.workers.secret_env import check_secret_blocks, parse_secret_env
+from prefect_launch.workers.cluster.spec import check_fits_one_agent
+from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
+from prefect_launch.workers.agent.queued_state import queued
+from prefect_launch.workers.agent.registry import read_agents_sync
+from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
+from prefect_launch.workers.agent.tags import launch_tags
+from prefect_launch.workers.agent.secrets import check_secret_blocks, parse_secret_env
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

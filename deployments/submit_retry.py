@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import httpx
 
-from prefect_launch.workers.resources import LaunchValidationError
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.run_tags import WAIT_LABEL, tag_value
+from prefect_launch.workers.agent.tags import WAIT_LABEL, tag_value
 
 WAIT_LIMIT = 200  # waiting runs read per call (the same bound as the predictor's own read)
 

@@ -40,8 +40,8 @@ def _jsonschema_without_iri_grammar() -> None:
 _jsonschema_without_iri_grammar()
 
 _LAZY = {
-    "LaunchProcessWorker": "prefect_launch.workers.worker",
-    "LaunchDockerWorker": "prefect_launch.workers.docker_worker",
+    "LaunchProcessWorker": "prefect_launch.workers.backends.process",
+    "LaunchDockerWorker": "prefect_launch.workers.backends.docker",
     "RunMetricsStore": "prefect_launch.blocks.metrics_store",
     "QueueLinks": "prefect_launch.blocks.queue_links",
 }

@@ -75,8 +75,8 @@ def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
                 as_json: bool = typer.Option(False, "--json", help="Print results as JSON.")) -> None:
     """Create or update the queues declared in FILE (idempotent)."""
     from prefect_launch.deployments.queues import apply_queue
-    from prefect_launch.workers.queue_spec import load_queues_file
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.queue_spec import load_queues_file
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
         spec_file = load_queues_file(file)
@@ -105,7 +105,7 @@ def queue_ls(names: Optional[List[str]] = typer.Argument(None, help="Only these 
              as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Each queue: presets, online agents, queued / running, free capacity, why runs wait."""
     from prefect_launch.deployments.queues import list_queue_status
-    from prefect_launch.workers.resources import format_size
+    from prefect_launch.workers.scheduling.resources import format_size
 
     with _client() as client:
         try:
@@ -211,7 +211,7 @@ def submit_cmd(
 ) -> None:
     """Validate and enqueue run(s) of JOB; nothing is enqueued when anything is wrong."""
     from prefect_launch.deployments.submit import SubmitRequest, parse_params, submit
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
         req = SubmitRequest(job=job, queue=queue, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
@@ -255,8 +255,8 @@ def agent_start(
         return
     if not queue:
         _fail("give at least one --queue (or use `prefect-launch agent ls`)")
-    from prefect_launch.workers.agent_runner import run_agent
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.agent.runner import run_agent
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
         run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit)
@@ -267,8 +267,8 @@ def agent_start(
 @agent_app.command("ls")
 def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Agents: queues, capacity, free resources, what they run."""
-    from prefect_launch.workers.agent_registry import read_agents_sync
-    from prefect_launch.workers.resources import format_size
+    from prefect_launch.workers.agent.registry import read_agents_sync
+    from prefect_launch.workers.scheduling.resources import format_size
 
     with _client() as client:
         agents = read_agents_sync(client)
@@ -320,7 +320,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     """A run's measured resources: summary, allocated vs used, waste flag, sparklines."""
     from prefect_launch.blocks.metrics_store import RunMetricsStore
     from prefect_launch.deployments.runs import resolve_run_id
-    from prefect_launch.workers.run_report import render_run_report, report_dict
+    from prefect_launch.workers.metrics.report import render_run_report, report_dict
 
     with _client() as client:
         try:
@@ -365,7 +365,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
 
 def _members_table(members: list[dict[str, Any]]) -> Table:
     """A cluster run's figures per member (the run's own figures are their sum)."""
-    from prefect_launch.workers.resources import format_size
+    from prefect_launch.workers.scheduling.resources import format_size
 
     table = Table(title="per member (the run's figures are their sum)")
     for col in ("member", "process", "GPUs", "CPU s", "peak memory", "GPU util"):
@@ -417,7 +417,7 @@ def _when(text: Optional[str], what: str):
     from datetime import datetime, timedelta, timezone
 
     from prefect_launch.workers.durations import parse_duration
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     if not text:
         return None

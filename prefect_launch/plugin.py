@@ -6,8 +6,8 @@ types, so `prefect worker start --type launch-process` finds them. It is not imp
 does not pay for the worker stack (docker-py, SQLAlchemy, the agent) at every start.
 """
 
-from prefect_launch.workers.worker import LaunchProcessWorker  # noqa: F401  (registers launch-process)
-from prefect_launch.workers.docker_worker import LaunchDockerWorker  # noqa: F401  (registers launch-docker)
+from prefect_launch.workers.backends.process import LaunchProcessWorker  # noqa: F401  (registers launch-process)
+from prefect_launch.workers.backends.docker import LaunchDockerWorker  # noqa: F401  (registers launch-docker)
 from prefect_launch.blocks.metrics_store import RunMetricsStore  # noqa: F401  (registers the block types)
 from prefect_launch.blocks.queue_links import QueueLinks  # noqa: F401
 

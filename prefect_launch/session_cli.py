@@ -65,7 +65,7 @@ def session_start(
 ) -> None:
     """Start COUNT sessions (all or none); `--dry-run` shows what would start and every problem at once."""
     from prefect_launch.deployments.sessions import SessionRequest, start_session
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     C = _c()
     if type_ not in ("batch", "interactive"):
@@ -321,7 +321,7 @@ def session_relaunch(entry: str = typer.Argument(..., help="Recent entry id"),
     """Start a session again from a recent launch configuration."""
     from prefect_launch.deployments.session_recent import find, load
     from prefect_launch.deployments.sessions import SessionRequest, start_session
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     C = _c()
     with C._client() as client:
@@ -342,7 +342,7 @@ def session_images(owner: Optional[str] = typer.Option(None, "--owner"),
                    as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """List the images the owner committed from sessions (`session commit`), newest first, on this Docker host."""
     from prefect_launch.deployments.session_commit import list_owner_images
-    from prefect_launch.workers.resources import format_size
+    from prefect_launch.workers.scheduling.resources import format_size
 
     C = _c()
     try:
@@ -378,7 +378,7 @@ def session_commit(session: str = typer.Argument(..., help="Name or id of a runn
     """Commit a running docker session's container to an image of its owner (launch/OWNER/IMAGE-NAME);
     mounted folders are volumes and are not part of it. Start a new session on it with --image."""
     from prefect_launch.deployments.session_commit import check_image_name, commit_session
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     C = _c()
     problem = check_image_name(image_name)

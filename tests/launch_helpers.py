@@ -107,7 +107,7 @@ def _agents() -> list[dict]:
     """What `agent ls --json` prints, read in process (tests poll this often)."""
     from prefect import get_client
 
-    from prefect_launch.workers.agent_registry import read_agents_sync
+    from prefect_launch.workers.agent.registry import read_agents_sync
 
     with get_client(sync_client=True) as client:
         return [dict(a.model_dump(mode="json"), online=a.online()) for a in read_agents_sync(client)]

@@ -187,8 +187,8 @@ def test_timeout_from_queue_default_and_per_run(tmp_path: Path, unique_name: str
 def test_pinned_run_to_offline_agent_says_so(tmp_path: Path, unique_name: str):
     from prefect import get_client
 
-    from prefect_launch.workers.agent_registry import AgentState, publish
-    from prefect_launch.workers.resources import Resources
+    from prefect_launch.workers.agent.registry import AgentState, publish
+    from prefect_launch.workers.scheduling.resources import Resources
 
     q = apply_queue(tmp_path, {"name": f"pin-{unique_name}", "presets": PRESETS, "default_preset": "c1"})
     job = deploy_probe(q, f"probe-{unique_name}")

@@ -154,7 +154,7 @@ def test_python_api_refuses_the_same_way(site):
     from pydantic import ValidationError
 
     from prefect_launch.deployments.submit import SubmitRequest, submit
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     with pytest.raises(ValidationError, match="count"):
         SubmitRequest(job=site["job"], count=0)

@@ -14,14 +14,14 @@ from uuid import uuid4
 
 import pytest
 
-from prefect_launch.workers.cluster_env import free_port, member_env
-from prefect_launch.workers.cluster_process import describe_exit
-from prefect_launch.workers.cluster_spec import MAX_CLUSTER_SIZE, check_fits_one_agent, cluster_of
-from prefect_launch.workers.dispatch import DispatchHooks, dispatch_cycle
-from prefect_launch.workers.ledger import Ledger
-from prefect_launch.workers.queue_spec import Preset, QueueSpec
-from prefect_launch.workers.resolve import resolve_request
-from prefect_launch.workers.resources import LaunchValidationError, Resources
+from prefect_launch.workers.cluster.env import free_port, member_env
+from prefect_launch.workers.cluster.process import describe_exit
+from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE, check_fits_one_agent, cluster_of
+from prefect_launch.workers.scheduling.dispatch import DispatchHooks, dispatch_cycle
+from prefect_launch.workers.scheduling.ledger import Ledger
+from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.scheduling.resolve import resolve_request
+from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources
 
 SPEC = QueueSpec(name="q", presets={"g1": Preset(cpu=1, memory="1Gi", gpu=1)}, default_preset="g1")
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -143,7 +143,7 @@ def test_a_restarted_agent_finds_and_stops_sub_members_by_command_line():
     import subprocess
     import sys
 
-    from prefect_launch.workers.cluster_process import MEMBER_MODULE, find_members, stop_found
+    from prefect_launch.workers.cluster.process import MEMBER_MODULE, find_members, stop_found
 
     run_id = str(uuid4())
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", MEMBER_MODULE, run_id],
@@ -165,7 +165,7 @@ def test_a_restarted_agent_finds_and_stops_sub_members_by_command_line():
 
 
 def test_multi_node_plan_puts_main1_on_the_leader_and_spreads_the_rest():
-    from prefect_launch.workers.cluster_placement import multi_node_plan
+    from prefect_launch.workers.cluster.placement import multi_node_plan
 
     one = Resources(cpu=1, memory=GIB, gpu=1)
     free = {"a": Resources(cpu=2, memory=4 * GIB, gpu=1), "b": Resources(cpu=2, memory=4 * GIB, gpu=2),
@@ -180,7 +180,7 @@ def test_multi_node_plan_puts_main1_on_the_leader_and_spreads_the_rest():
 
 
 def test_gang_plan_label_round_trip_and_answers():
-    from prefect_launch.workers.gang_protocol import GangPlan, ack_key, answers, plan_of
+    from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, answers, plan_of
 
     plan = GangPlan(leader="a", port=29500, size=3, members={"main1": "a", "sub1": "b", "sub2": "c"})
     labels = {**plan.label(), ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"}
@@ -215,7 +215,7 @@ class _Labels:
 
 
 def _leader(answer):
-    from prefect_launch.workers.cluster_lifecycle import ClusterRunMixin
+    from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin
 
     class Leader(ClusterRunMixin):
         name = "a"
@@ -233,9 +233,9 @@ def _leader(answer):
 
 
 def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(monkeypatch):
-    from prefect_launch.workers import cluster_lifecycle
-    from prefect_launch.workers.cluster_lifecycle import GangAborted
-    from prefect_launch.workers.gang_protocol import ack_key, plan_of
+    from prefect_launch.workers.cluster import lifecycle as cluster_lifecycle
+    from prefect_launch.workers.cluster.lifecycle import GangAborted
+    from prefect_launch.workers.cluster.protocol import ack_key, plan_of
 
     def all_ok(labels, reads):
         if reads >= 2:
@@ -261,7 +261,7 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
 
 
 def test_a_restarted_follower_adopts_only_live_runs_it_had_answered():
-    from prefect_launch.workers.gang_protocol import (GangPlan, booking_key, decide_followed, run_of_booking)
+    from prefect_launch.workers.cluster.protocol import (GangPlan, booking_key, decide_followed, run_of_booking)
 
     plan = GangPlan(leader="a", port=1234, size=3, members={"main1": "a", "sub1": "b", "sub2": "b"})
     rid = str(uuid4())
@@ -285,16 +285,16 @@ def test_adopted_members_read_their_exit_status_from_their_exit_file(tmp_path):
     import sys
     import time
 
-    from prefect_launch.workers.cluster_member import record_exit
-    from prefect_launch.workers.cluster_process import (MEMBER_MODULE, NO_EXIT_STATUS, adopt_members, describe_exit,
+    from prefect_launch.workers.cluster.member import record_exit
+    from prefect_launch.workers.cluster.process import (MEMBER_MODULE, NO_EXIT_STATUS, adopt_members, describe_exit,
                                                         exit_file)
-    from prefect_launch.workers.ledger import MemberAlloc
+    from prefect_launch.workers.scheduling.ledger import MemberAlloc
 
     run_id = str(uuid4())
     log_of = lambda m: tmp_path / f"{run_id}.{m}.log"  # noqa: E731
     members = [MemberAlloc(rank=i, name=n, resources=Resources(cpu=1, memory=GIB)) for i, n in ((1, "sub1"), (2, "sub2"))]
     env = lambda n: {**os.environ, "LAUNCH_CLUSTER_MEMBER": n, "LAUNCH_MEMBER_EXIT_FILE": str(exit_file(log_of(n)))}  # noqa: E731
-    code = "import sys, time; from prefect_launch.workers.cluster_member import record_exit; time.sleep(float(sys.argv[1])); record_exit(3)"
+    code = "import sys, time; from prefect_launch.workers.cluster.member import record_exit; time.sleep(float(sys.argv[1])); record_exit(3)"
     p1 = subprocess.Popen([sys.executable, "-c", code, "1.5", MEMBER_MODULE, run_id], env=env("sub1"), start_new_session=True)
     p2 = subprocess.Popen([sys.executable, "-c", code, "60", MEMBER_MODULE, run_id], env=env("sub2"), start_new_session=True)
     try:

@@ -12,8 +12,8 @@ from uuid import uuid4
 import pytest
 
 from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
-from prefect_launch.workers.nvml import FakeNVML
-from prefect_launch.workers.sampler import RunSampler
+from prefect_launch.workers.metrics.nvml import FakeNVML
+from prefect_launch.workers.metrics.sampler import RunSampler
 
 
 def _run(tmp_path, fake: FakeNVML, indices: list[int], seconds: float = 1.5):

@@ -12,11 +12,11 @@ from uuid import uuid4
 
 import pytest
 
-from prefect_launch.workers.dispatch import OTHER_QUEUE_TOOK_IT, DispatchHooks, WaitNotes, dispatch_cycle
-from prefect_launch.workers.ledger import Ledger
-from prefect_launch.workers.queue_spec import Preset, QueueSpec
-from prefect_launch.workers.resources import Resources
-from prefect_launch.workers.run_tags import RUN_ID_LABEL, WAIT_LABEL
+from prefect_launch.workers.scheduling.dispatch import OTHER_QUEUE_TOOK_IT, DispatchHooks, WaitNotes, dispatch_cycle
+from prefect_launch.workers.scheduling.ledger import Ledger
+from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.scheduling.resources import Resources
+from prefect_launch.workers.agent.tags import RUN_ID_LABEL, WAIT_LABEL
 
 SPEC = QueueSpec(name="q", presets={"one": Preset(cpu=1, memory="1Gi", gpu=1, shm_size="256Mi"),
                                     "two": Preset(cpu=2, memory="2Gi", gpu=2)}, default_preset="one")
@@ -98,8 +98,8 @@ def test_wait_notes_write_a_reason_only_when_it_changes():
 
 
 def test_container_kwargs_carry_the_allocation():
-    from prefect_launch.workers.docker_worker import container_kwargs
-    from prefect_launch.workers.ledger import Allocation
+    from prefect_launch.workers.backends.docker import container_kwargs
+    from prefect_launch.workers.scheduling.ledger import Allocation
 
     res = Resources(cpu=1.5, memory=512 << 20, gpu=2, shm_size=64 << 20)
     alloc = Allocation(run_id="r", resources=res, gpu_indices=[1, 3], cpu_cores=[0, 1])

@@ -25,7 +25,7 @@ import pytest
 from docker_env import base_image, docker_daemon, why_no_docker
 from launch_helpers import CLI, apply_queue, cli_json, read_runs, wait_agent_free, wait_agent_online, wait_final
 from launch_helpers import agent as _agent
-from prefect_launch.workers.run_tags import RUN_ID_LABEL
+from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 
 # generous: the first test also builds the base image when the project changed (minutes on a busy machine)
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(1500)]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import ROOT, apply_queue, cli_json, wait_agent_free, wait_final, wait_for
-from prefect_launch.workers.cluster_docker import MEMBER_LABEL
-from prefect_launch.workers.run_tags import RUN_ID_LABEL
+from prefect_launch.workers.cluster.docker import MEMBER_LABEL
+from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 from test_docker_backend import MiB, agent
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
 
@@ -100,7 +100,7 @@ def test_docker_multi_node_run_spreads_its_member_containers_over_two_agents(
     """Two agents with one GPU each serve one docker queue: a 2-member multi-node all-reduce puts main1 in a
     container of the agent that placed it and sub1 in a container of the other, both limited to one
     member's share; the sum is right, and both agents end with their GPU free and no container left."""
-    from prefect_launch.workers.run_tags import AGENT_LABEL
+    from prefect_launch.workers.agent.tags import AGENT_LABEL
 
     name = f"dkm-{unique_name}"
     out = tmp_path / "out"

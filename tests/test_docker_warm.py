@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import CLI, apply_queue, wait_agent_free, wait_agent_online, wait_final, wait_for
-from prefect_launch.workers.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, WARM_NAME_PREFIX,
+from prefect_launch.workers.backends.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, WARM_NAME_PREFIX,
                                                     run_container_name)
 from test_docker_backend import MiB, PRESETS, agent, deploy_container_probe, record, submit
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures

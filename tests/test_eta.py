@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from prefect_launch.deployments.eta import (AgentCap, Overhead, PastRun, Running, Waiting, expected_runtime,
                                             job_shape, learn_overhead, predict)
-from prefect_launch.workers.resources import Resources
+from prefect_launch.workers.scheduling.resources import Resources
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 ONE = Resources(cpu=1, memory=2**30)

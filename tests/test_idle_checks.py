@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_launch.workers.idle_checks import IdleChecker, IdlePolicy, UtilizationPolicy
+from prefect_launch.workers.metrics.idle_checks import IdleChecker, IdlePolicy, UtilizationPolicy
 
 
 def test_lifetime_applies_to_every_session_type():

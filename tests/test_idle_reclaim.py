@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prefect_launch.workers.idle_checks import (IdleChecker, IdlePolicy, UtilizationPolicy, app_activity,
+from prefect_launch.workers.metrics.idle_checks import (IdleChecker, IdlePolicy, UtilizationPolicy, app_activity,
                                                 describe_status)
 
 from launch_helpers import agent, apply_queue, cli, cli_json, read_runs, wait_final

@@ -9,17 +9,17 @@ import sys
 
 import pytest
 
-from prefect_launch.workers.cluster_env import member_env
-from prefect_launch.workers.cluster_spec import cluster_of
-from prefect_launch.workers.kubernetes_cluster import (INDEX_ANNOTATION, LAUNCHER, ClusterJob, check_dns_label,
+from prefect_launch.workers.cluster.env import member_env
+from prefect_launch.workers.cluster.spec import cluster_of
+from prefect_launch.workers.cluster.kubernetes import (INDEX_ANNOTATION, LAUNCHER, ClusterJob, check_dns_label,
                                                        cluster_job_name, member_of_index, owned_by, render_cluster)
-from prefect_launch.workers.kubernetes_cluster_events import index_of_pod_name, member_index, observe_cluster
-from prefect_launch.workers.kubernetes_manifest import GPU_RESOURCE, job_manifest, quantity_bytes, quantity_cpu
-from prefect_launch.workers.kubernetes_member import MEMBER_MODULE, main as launcher_main
-from prefect_launch.workers.ledger import Ledger
-from prefect_launch.workers.queue_spec import load_queues_file
-from prefect_launch.workers.resources import LaunchValidationError, Resources
-from prefect_launch.workers.run_tags import RUN_ID_LABEL
+from prefect_launch.workers.cluster.kubernetes_events import index_of_pod_name, member_index, observe_cluster
+from prefect_launch.workers.backends.kubernetes.manifest import GPU_RESOURCE, job_manifest, quantity_bytes, quantity_cpu
+from prefect_launch.workers.cluster.kubernetes_member import MEMBER_MODULE, main as launcher_main
+from prefect_launch.workers.scheduling.ledger import Ledger
+from prefect_launch.workers.scheduling.queue_spec import load_queues_file
+from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources
+from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 
 from launch_helpers import ROOT
 
@@ -317,7 +317,7 @@ def test_every_preset_through_the_pool_template_renders_a_valid_cluster(spec):
 def test_the_worker_reads_the_cluster_from_the_runs_job_variables():
     from test_kubernetes_manifest import _pool_template
 
-    from prefect_launch.workers.resolve import resolve_request
+    from prefect_launch.workers.scheduling.resolve import resolve_request
 
     spec = _k8s_specs_list()[-1]
     assert "cluster_size" in _pool_template(spec)["variables"]["properties"]  # in the pool's form

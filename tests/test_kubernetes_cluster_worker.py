@@ -8,8 +8,8 @@ import asyncio
 
 from typing import Any
 
-from prefect_launch.workers.kubernetes_cluster import INDEX_ANNOTATION, LAUNCHER
-from prefect_launch.workers.run_tags import PLACED_LABEL, WAIT_LABEL
+from prefect_launch.workers.cluster.kubernetes import INDEX_ANNOTATION, LAUNCHER
+from prefect_launch.workers.agent.tags import PLACED_LABEL, WAIT_LABEL
 
 import pytest
 
@@ -163,10 +163,10 @@ def test_restarted_worker_follows_a_cluster_job_again(prefect_server, fake):
     member, fails the run naming the member, and deletes both."""
     from prefect.states import Pending, Running
 
-    from prefect_launch.workers.kubernetes_cluster import ClusterJob, owned_by, render_cluster
-    from prefect_launch.workers.kubernetes_manifest import job_manifest
-    from prefect_launch.workers.resources import Resources
-    from prefect_launch.workers.run_tags import WORKER_LABEL
+    from prefect_launch.workers.cluster.kubernetes import ClusterJob, owned_by, render_cluster
+    from prefect_launch.workers.backends.kubernetes.manifest import job_manifest
+    from prefect_launch.workers.scheduling.resources import Resources
+    from prefect_launch.workers.agent.tags import WORKER_LABEL
 
     from test_kubernetes_worker import AGENT
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_launch.workers.kubernetes_events import observe
+from prefect_launch.workers.backends.kubernetes.events import observe
 
 JOB = {"metadata": {"name": "run-abcde", "namespace": "default"}, "status": {"active": 1}}
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_launch.workers.kubernetes_manifest import (GPU_RESOURCE, job_manifest, pod_event_outcome,
+from prefect_launch.workers.backends.kubernetes.manifest import (GPU_RESOURCE, job_manifest, pod_event_outcome,
                                                          quantity_bytes, quantity_cpu)
-from prefect_launch.workers.queue_spec import load_queues_file
-from prefect_launch.workers.resources import Resources
-from prefect_launch.workers.run_tags import RUN_ID_LABEL
+from prefect_launch.workers.scheduling.queue_spec import load_queues_file
+from prefect_launch.workers.scheduling.resources import Resources
+from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 
 from launch_helpers import ROOT
 
@@ -79,7 +79,7 @@ def test_manifests_deserialise_into_kubernetes_models():
 
 
 def _pool_template(spec) -> dict:
-    from prefect_launch.workers.kubernetes_worker import LaunchKubernetesWorker
+    from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker
 
     template = LaunchKubernetesWorker.get_default_base_job_template()
     template["job_configuration"]["launch"] = spec.model_dump(mode="json")
@@ -88,7 +88,7 @@ def _pool_template(spec) -> dict:
 
 def _k8s_specs():
     """Every queue of queues.yaml as a Kubernetes queue (same presets), plus one with selectors and tolerations."""
-    from prefect_launch.workers.queue_spec import QueueSpec
+    from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 
     for q in load_queues_file(str(ROOT / "deployments" / "queues.yaml")).queues:
         yield q.model_copy(update={"target": "kubernetes"})
@@ -115,7 +115,7 @@ def _render(spec, template: dict, job_variables: dict, pool_type: str = "launch-
 
     from prefect.client.schemas.objects import FlowRun, WorkPool
 
-    from prefect_launch.workers.kubernetes_worker import (LaunchKubernetesJobConfiguration,
+    from prefect_launch.workers.backends.kubernetes.worker import (LaunchKubernetesJobConfiguration,
                                                           kubernetes_run_environment)
 
     cfg = asyncio.run(LaunchKubernetesJobConfiguration.from_template_and_values(
@@ -172,7 +172,7 @@ def test_every_preset_through_the_pool_template_is_a_valid_v1job(spec):
 
 def test_queue_apply_template_of_today_works_too():
     """A pool made by `queue apply` from prefect-kubernetes's own template (type kubernetes) renders the same."""
-    from prefect_launch.workers.template import build_base_job_template
+    from prefect_launch.workers.scheduling.template import build_base_job_template
 
     spec = list(_k8s_specs())[-1]
     template = build_base_job_template(spec)
@@ -186,7 +186,7 @@ def test_queue_apply_template_of_today_works_too():
 
 def test_apply_run_keeps_what_the_pool_template_adds():
     """A user-edited pool manifest keeps its own limits, volumes and tolerations; the run's are added."""
-    from prefect_launch.workers.kubernetes_manifest import apply_run
+    from prefect_launch.workers.backends.kubernetes.manifest import apply_run
 
     m = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"labels": {"team": "vision"}},
          "spec": {"template": {"spec": {
@@ -226,7 +226,7 @@ def test_pod_events_become_waiting_or_end_reasons():
 
 
 def test_preset_node_selector_and_tolerations_reach_the_pod():
-    from prefect_launch.workers.queue_spec import QueueSpec
+    from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 
     spec = QueueSpec.model_validate({
         "name": "k8s", "target": "kubernetes", "default_preset": "a100",

@@ -20,8 +20,8 @@ from typing import Any, Optional
 import anyio
 import pytest
 
-from prefect_launch.workers.kubernetes_worker import LaunchKubernetesWorker, pull_secret_name
-from prefect_launch.workers.run_tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL
+from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker, pull_secret_name
+from prefect_launch.workers.agent.tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL
 
 from kube_fake import fake_kube
 
@@ -290,7 +290,7 @@ def test_only_the_verbs_of_the_documented_rbac_are_used(prefect_server, kube):
 def test_agent_picks_the_kubernetes_worker_for_kubernetes_queues():
     from types import SimpleNamespace
 
-    from prefect_launch.workers.agent_runner import worker_for, worker_types
+    from prefect_launch.workers.agent.runner import worker_for, worker_types
 
     backends = worker_types()
     spec = {"job_configuration": {"launch": _spec("q")}}
@@ -377,9 +377,9 @@ def test_restarted_worker_follows_its_running_jobs_again(prefect_server, kube):
     """A run whose Job a previous life of the agent created: the new worker finds it and records its eviction."""
     from prefect.states import Pending, Running
 
-    from prefect_launch.workers.kubernetes_manifest import job_manifest
-    from prefect_launch.workers.resources import Resources
-    from prefect_launch.workers.run_tags import WORKER_LABEL
+    from prefect_launch.workers.backends.kubernetes.manifest import job_manifest
+    from prefect_launch.workers.scheduling.resources import Resources
+    from prefect_launch.workers.agent.tags import WORKER_LABEL
 
     async def body(s: Scene):
         fr = await s.client.create_flow_run_from_deployment(s.deployment_id)

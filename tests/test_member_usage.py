@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_launch.workers.member_usage import cpu_by_member, member_of
+from prefect_launch.workers.cluster.usage import cpu_by_member, member_of
 
 
 def test_a_cluster_run_keeps_one_row_with_its_members_in_a_column():

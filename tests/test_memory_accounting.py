@@ -21,11 +21,11 @@ from uuid import uuid4
 import pytest
 
 from prefect_launch.blocks.metrics_store import RunRecord
-from prefect_launch.workers import limits as L
-from prefect_launch.workers.ledger import Allocation
-from prefect_launch.workers.limits import MemoryGroup, RunLimits, tree_rss
-from prefect_launch.workers.resources import Resources, parse_size
-from prefect_launch.workers.sampler import RunSampler
+from prefect_launch.workers.agent import limits as L
+from prefect_launch.workers.scheduling.ledger import Allocation
+from prefect_launch.workers.agent.limits import MemoryGroup, RunLimits, tree_rss
+from prefect_launch.workers.scheduling.resources import Resources, parse_size
+from prefect_launch.workers.metrics.sampler import RunSampler
 
 MiB = 1 << 20
 

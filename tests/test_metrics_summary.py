@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from prefect_launch.blocks.metrics_store import MetricSample, RunRecord, RunSummary
-from prefect_launch.workers import nvml as nv
-from prefect_launch.workers.run_report import render_run_report, report_dict, sparkline, summary_artifact_rows
-from prefect_launch.workers.run_summary import SummaryAccumulator, WasteThresholds, summarize, waste_reasons
+from prefect_launch.workers.metrics import nvml as nv
+from prefect_launch.workers.metrics.report import render_run_report, report_dict, sparkline, summary_artifact_rows
+from prefect_launch.workers.metrics.summary import SummaryAccumulator, WasteThresholds, summarize, waste_reasons
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 GiB = 1 << 30

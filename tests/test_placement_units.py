@@ -6,12 +6,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from prefect_launch.workers.ledger import Ledger
-from prefect_launch.workers.placement import Candidate, plan
-from prefect_launch.workers.queue_spec import QueueSpec
-from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
-from prefect_launch.workers.resources import LaunchValidationError, Resources, format_size, parse_capacity, parse_size
-from prefect_launch.workers.template import build_base_job_template
+from prefect_launch.workers.scheduling.ledger import Ledger
+from prefect_launch.workers.scheduling.placement import Candidate, plan
+from prefect_launch.workers.scheduling.queue_spec import QueueSpec
+from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources, format_size, parse_capacity, parse_size
+from prefect_launch.workers.scheduling.template import build_base_job_template
 
 GI = 1024**3
 
@@ -83,7 +83,7 @@ def test_strict_fifo_head_blocks_and_explains():
 
 
 def test_deep_fifo_reasons_do_not_change_with_the_head():
-    from prefect_launch.workers.placement import FIFO_NAMED
+    from prefect_launch.workers.scheduling.placement import FIFO_NAMED
 
     free = Resources(cpu=4, memory=8 * GI, gpu=0)
     runs = [_cand(i, 1) for i in range(1, 20)]
@@ -100,8 +100,8 @@ def test_deep_fifo_reasons_do_not_change_with_the_head():
 def test_a_waiting_label_is_written_only_when_no_agent_wrote_it_yet():
     from types import SimpleNamespace
 
-    from prefect_launch.workers.dispatch import WaitNotes
-    from prefect_launch.workers.run_tags import WAIT_LABEL
+    from prefect_launch.workers.scheduling.dispatch import WaitNotes
+    from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     notes = WaitNotes()
     fresh = SimpleNamespace(id="r1", labels={})
@@ -118,8 +118,8 @@ def test_agents_of_one_queue_do_not_overwrite_each_others_waiting_labels_every_c
     replaces at once (one agent's label follows its decisions as before)."""
     from types import SimpleNamespace
 
-    from prefect_launch.workers.dispatch import WaitNotes
-    from prefect_launch.workers.run_tags import WAIT_LABEL
+    from prefect_launch.workers.scheduling.dispatch import WaitNotes
+    from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     now = [100.0]
     notes = WaitNotes(hold_s=10, clock=lambda: now[0])
@@ -148,8 +148,8 @@ def test_an_agents_own_waiting_label_moves_at_once_in_kind_and_once_per_hold_in_
     every second); FIFO -> short of capacity -> quota is written at once."""
     from types import SimpleNamespace
 
-    from prefect_launch.workers.dispatch import WaitNotes, reason_kind
-    from prefect_launch.workers.run_tags import WAIT_LABEL
+    from prefect_launch.workers.scheduling.dispatch import WaitNotes, reason_kind
+    from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     assert reason_kind("waiting: queued behind r1 (FIFO)") == reason_kind("waiting: queued behind earlier runs (FIFO)")
     assert reason_kind("waiting: needs gpu=1, agent w1 has 0 free") == reason_kind("waiting: needs cpu=1, agent w1 has 0.5 free")
@@ -175,7 +175,7 @@ def test_an_agents_own_waiting_label_moves_at_once_in_kind_and_once_per_hold_in_
 def test_waiting_label_writes_per_cycle_are_budgeted_front_first():
     from types import SimpleNamespace
 
-    from prefect_launch.workers.dispatch import WaitNotes
+    from prefect_launch.workers.scheduling.dispatch import WaitNotes
 
     notes = WaitNotes(budget=3)
     runs = [SimpleNamespace(id=f"r{i}", labels={}) for i in range(5)]
@@ -274,8 +274,8 @@ def _owned(i: int, owner: str, gpu: int = 1, prio: int = 3, pre: bool = False) -
 
 
 def test_quota_makes_an_owner_wait_without_holding_the_queue():
-    from prefect_launch.workers.fair_share import Quota
-    from prefect_launch.workers.placement import Quotas
+    from prefect_launch.workers.scheduling.fair_share import Quota
+    from prefect_launch.workers.scheduling.placement import Quotas
 
     q = Quotas(default=Quota(gpu=1), held={"alice": Resources(gpu=1)})
     d = {x.run_id: x for x in plan([_owned(1, "alice"), _owned(2, "bob")], TOTAL, TOTAL, "w1", quotas=q)}
@@ -287,7 +287,7 @@ def test_quota_makes_an_owner_wait_without_holding_the_queue():
 
 
 def test_fair_share_interleaves_owners_in_a_priority_level():
-    from prefect_launch.workers.placement import FairShare
+    from prefect_launch.workers.scheduling.placement import FairShare
 
     flood = [_owned(i, "alice") for i in range(4)] + [_owned(10, "bob")]  # bob submitted last
     fair = FairShare(capacity=TOTAL, held={"alice": Resources(gpu=1)})

@@ -11,7 +11,7 @@ import pytest
 
 from launch_helpers import agent, apply_queue, cli_json, deploy_probe, read_runs, wait_final, wait_running
 
-from prefect_launch.workers.run_tags import ALLOC_LABEL, WAIT_LABEL
+from prefect_launch.workers.agent.tags import ALLOC_LABEL, WAIT_LABEL
 
 GPU_PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from prefect_launch.workers.idle_checks import IdleChecker
-from prefect_launch.workers.queue_spec import load_queues_file
+from prefect_launch.workers.metrics.idle_checks import IdleChecker
+from prefect_launch.workers.scheduling.queue_spec import load_queues_file
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -11,15 +11,15 @@ from datetime import datetime, timedelta, timezone
 import psutil
 import pytest
 
-from prefect_launch.workers.agent_registry import AgentState, offline_reasons
+from prefect_launch.workers.agent.registry import AgentState, offline_reasons
 from prefect_launch.workers.durations import format_duration, parse_duration
-from prefect_launch.workers.ledger import Allocation, Ledger
-from prefect_launch.workers.placement import Candidate, plan
-from prefect_launch.workers.recovery import Found, decide, find_run_processes, pid_start_time, process_is_run
-from prefect_launch.workers.resolve import ResolvedRequest, resolve_request
-from prefect_launch.workers.queue_spec import Preset, QueueSpec
-from prefect_launch.workers.resources import LaunchValidationError, Resources
-from prefect_launch.workers.run_journal import RunJournal, alloc_label, parse_alloc_label
+from prefect_launch.workers.scheduling.ledger import Allocation, Ledger
+from prefect_launch.workers.scheduling.placement import Candidate, plan
+from prefect_launch.workers.agent.recovery import Found, decide, find_run_processes, pid_start_time, process_is_run
+from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
+from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec
+from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources
+from prefect_launch.workers.agent.journal import RunJournal, alloc_label, parse_alloc_label
 
 
 def _alloc(run_id: str, gpus: list[int]) -> Allocation:

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from fixtures_pg import pg_server, pg_url  # noqa: F401  (fixtures)
 from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
-from prefect_launch.workers.nvml import FakeNVML
-from prefect_launch.workers.sampler import RunSampler
+from prefect_launch.workers.metrics.nvml import FakeNVML
+from prefect_launch.workers.metrics.sampler import RunSampler
 
 MiB = 1 << 20
 

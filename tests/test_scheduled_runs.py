@@ -8,7 +8,7 @@ from uuid import uuid4
 
 import anyio
 
-from prefect_launch.workers.scheduled_runs import due_runs, needs_server_limits, read_due_runs, runnable_queues
+from prefect_launch.workers.agent.scheduled_runs import due_runs, needs_server_limits, read_due_runs, runnable_queues
 
 
 def _q(name: str, paused: bool = False, limit=None):

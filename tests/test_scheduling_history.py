@@ -134,10 +134,10 @@ def test_dispatch_cycle_records_each_decision_with_its_sub_steps():
     from types import SimpleNamespace
     from uuid import uuid4
 
-    from prefect_launch.workers.dispatch import DispatchHooks, dispatch_cycle
-    from prefect_launch.workers.ledger import Ledger
-    from prefect_launch.workers.queue_spec import Preset, QueueSpec
-    from prefect_launch.workers.resources import Resources
+    from prefect_launch.workers.scheduling.dispatch import DispatchHooks, dispatch_cycle
+    from prefect_launch.workers.scheduling.ledger import Ledger
+    from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec
+    from prefect_launch.workers.scheduling.resources import Resources
 
     spec = QueueSpec(name="q", presets={"one": Preset(cpu=1, memory="1Gi"), "two": Preset(cpu=2, memory="1Gi")},
                      default_preset="one")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from prefect_launch.workers.fair_share import Quota, dominant_share, drf_order, over_quota
-from prefect_launch.workers.gang import gang_plan, member_names
-from prefect_launch.workers.preemption import Holder, choose_victims
-from prefect_launch.workers.resources import Resources
+from prefect_launch.workers.scheduling.fair_share import Quota, dominant_share, drf_order, over_quota
+from prefect_launch.workers.cluster.fit import gang_plan, member_names
+from prefect_launch.workers.scheduling.preemption import Holder, choose_victims
+from prefect_launch.workers.scheduling.resources import Resources
 
 T0 = datetime(2026, 11, 30, 12, tzinfo=timezone.utc)
 GI = 2**30
@@ -110,9 +110,9 @@ def test_two_half_size_gangs_do_not_deadlock():
 
 
 def test_quotas_count_what_other_agents_hold():
-    from prefect_launch.workers.dispatch import _quotas, held_elsewhere
-    from prefect_launch.workers.ledger import Allocation, Ledger
-    from prefect_launch.workers.queue_spec import QueueSpec
+    from prefect_launch.workers.scheduling.dispatch import _quotas, held_elsewhere
+    from prefect_launch.workers.scheduling.ledger import Allocation, Ledger
+    from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 
     placed = [("a1", Allocation(run_id="r1", resources=R(1, GI, 1), queue="q", owner="alice")),
               ("a2", Allocation(run_id="r2", resources=R(0.5, GI, 1), queue="q", owner="alice")),
@@ -131,8 +131,8 @@ def test_quotas_count_what_other_agents_hold():
 
 def test_how_a_queue_shares_and_what_each_owner_holds():
     from prefect_launch.dashboard.frames import pools_frame
-    from prefect_launch.workers.fair_share import owner_usage
-    from prefect_launch.workers.queue_spec import QueueSpec
+    from prefect_launch.workers.scheduling.fair_share import owner_usage
+    from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 
     spec = QueueSpec.model_validate({"name": "q", "presets": {"g1": {"cpu": 1, "memory": "1Gi", "gpu": 1}},
                                      "default_preset": "g1", "fair_share": True, "owner_quota": {"gpu": 2},

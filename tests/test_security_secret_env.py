@@ -236,7 +236,7 @@ def test_secret_env_from_python_api_stores_the_reference_only(env):
     from prefect import get_client
 
     from prefect_launch.deployments.submit import SubmitRequest, submit
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     with get_client(sync_client=True) as client:
         with pytest.raises(LaunchValidationError, match="no Secret block named 'nope'"):

@@ -125,7 +125,7 @@ def test_interactive_docker_session_serves_jupyter_with_token_then_terminates(tm
     import httpx
 
     from docker_env import session_image
-    from prefect_launch.workers.run_tags import RUN_ID_LABEL
+    from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 
     t0 = time.time()
     lab_image = session_image(docker_client, image)

@@ -180,8 +180,8 @@ def test_idle_rows_from_session_show_and_from_the_end_reason():
     import json
 
     from prefect_launch.deployments.session_view import idle_checks_of
-    from prefect_launch.workers.idle_checks import IdleChecker, IdlePolicy, UtilizationPolicy
-    from prefect_launch.workers.run_tags import IDLE_LABEL
+    from prefect_launch.workers.metrics.idle_checks import IdleChecker, IdlePolicy, UtilizationPolicy
+    from prefect_launch.workers.agent.tags import IDLE_LABEL
 
     assert F.idle_rows({}).empty and F.idle_note({}) == ""
     t0 = NOW.timestamp()

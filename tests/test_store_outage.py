@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from launch_helpers import agent, apply_queue, cli_json, deploy_probe, records, wait_final, wait_running
 from prefect_launch import cli as launch_cli
 from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
-from prefect_launch.workers.sampler import RunSampler
+from prefect_launch.workers.metrics.sampler import RunSampler
 
 
 def _wait_for(what: str, fn, timeout: float, every: float = 0.3):

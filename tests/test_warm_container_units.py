@@ -8,8 +8,8 @@ import tarfile
 
 import pytest
 
-from prefect_launch.workers.queue_spec import QueueSpec
-from prefect_launch.workers.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, order_archive, shape_key,
+from prefect_launch.workers.scheduling.queue_spec import QueueSpec
+from prefect_launch.workers.backends.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, order_archive, shape_key,
                                                     shape_of, update_body, warm_settings)
 
 SETTINGS = {"image": "img:1", "network_mode": "host", "volumes": ["/a:/a:ro"], "shm_size": "67108864",
@@ -47,7 +47,7 @@ def test_warm_settings_carry_no_run_env_and_name_the_agent():
     assert ws["environment"] == {"LAUNCH_WARM_ORDER": ORDER_PATH, "LAUNCH_WARM_ORDER_DONE": ORDER_DONE_PATH,
                                  "LAUNCH_WARM_APPS": "0"}
     assert ws["labels"][WARM_LABEL] == "agent-a" and ws["name"].startswith("launch-warm-")
-    assert ws["command"][-1] == "prefect_launch.workers.warm_engine" and "nano_cpus" not in ws
+    assert ws["command"][-1] == "prefect_launch.workers.backends.warm_engine" and "nano_cpus" not in ws
 
 
 def test_order_archive_is_a_private_order_then_its_done_marker_owned_by_the_engines_user():
@@ -69,7 +69,7 @@ def test_the_engine_reads_the_order_only_once_its_done_marker_exists(tmp_path, c
     import threading
     import time
 
-    from prefect_launch.workers.warm_engine import _wait_for_order
+    from prefect_launch.workers.backends.warm_engine import _wait_for_order
 
     order, done = tmp_path / "order.json", tmp_path / "order.json.done"
     order.write_text(json.dumps({"env": {"A": "1"}}))

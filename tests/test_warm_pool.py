@@ -10,7 +10,7 @@ import time
 import anyio
 import psutil
 
-from prefect_launch.workers.warm_start import WarmPool
+from prefect_launch.workers.backends.warm_start import WarmPool
 
 
 def _env_of(pid: int) -> dict[str, str]:

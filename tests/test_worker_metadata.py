@@ -10,11 +10,11 @@ import sys
 
 from prefect.workers.base import BaseWorker
 
-from prefect_launch.workers.worker_metadata import installed_integrations
+from prefect_launch.workers.agent.metadata import installed_integrations
 
 PROBE = """
 import asyncio, json, sys
-from prefect_launch.workers.worker import LaunchProcessWorker
+from prefect_launch.workers.backends.process import LaunchProcessWorker
 before = "prefect_kubernetes" in sys.modules
 meta = asyncio.run(LaunchProcessWorker(work_pool_name="probe")._worker_metadata())
 print(json.dumps({"before": before, "after": "prefect_kubernetes" in sys.modules,

@@ -1,9 +1,15 @@
-"""workers of prefect-launch: the launch worker types and what they share.
+"""workers of prefect-launch: the launch worker types and what they share, by role.
 
-Back ends (each a Prefect worker type): `worker.LaunchProcessWorker` (``launch-process``),
-`docker_worker.LaunchDockerWorker` (``launch-docker``), both registered by importing
-``prefect_launch`` (entry point ``prefect_launch``), and
-`kubernetes_worker.LaunchKubernetesWorker` (``launch-kubernetes``), registered by
-`kubernetes_plugin` (entry point ``prefect_launch_kubernetes``) where prefect-kubernetes is
-installed. This package imports nothing itself, so importing one worker module stays cheap.
+- ``agent/``: intake, one run's life (``core``), stops, recovery, publishing, journal, limits, secrets.
+- ``scheduling/``: resources, queue specs, resolution, the ledger, placement, dispatch, fair share, preemption.
+- ``backends/``: ``process`` (``launch-process``), ``docker`` (``launch-docker``, with warm containers),
+  the warm engines, and ``kubernetes/`` (``launch-kubernetes``, registered by its ``plugin`` where
+  prefect-kubernetes is installed, entry point ``prefect_launch_kubernetes``).
+- ``cluster/``: cluster runs (spec, env, placement, protocol, followers, lifecycle, each back end's members).
+- ``metrics/``: sampler, summaries, NVML, RAPL, idle checks.
+
+The process and docker workers are registered by importing ``prefect_launch`` (entry point
+``prefect_launch``). This package imports nothing itself, so importing one worker module stays cheap.
+A few old module paths (``warm_engine``, ``engine_zygote``, ``cluster_member``, ``kubernetes_member``,
+``kubernetes_plugin``) remain as shims for one release.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Union
 
-from prefect_launch.workers.resources import LaunchValidationError
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")

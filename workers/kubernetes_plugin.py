@@ -1,17 +1,12 @@
-"""Registers the `launch-kubernetes` worker type with Prefect where prefect-kubernetes is installed.
+"""Old path of :mod:`prefect_launch.workers.backends.kubernetes.plugin`, kept one release for ``python -m`` commands and entry points
+written before the workers/ package was split by role (installed metadata, running containers)."""
 
-It is the ``prefect_launch_kubernetes`` entry point of the ``prefect.collections`` group
-(pyproject.toml), which Prefect imports before it looks a worker type up (``prefect worker
-start --type launch-kubernetes``, ``prefect work-pool create --type launch-kubernetes``). Without
-the ``kubernetes`` extra it registers nothing and says nothing; `launch-process` and
-`launch-docker` are registered by the ``prefect_launch`` entry point.
-"""
+import runpy
+import sys
 
-from __future__ import annotations
-
-try:
-    import prefect_kubernetes  # noqa: F401
-except ImportError:  # extra 'kubernetes' not installed
-    LaunchKubernetesWorker = None
+if __name__ == "__main__":
+    runpy.run_module("prefect_launch.workers.backends.kubernetes.plugin", run_name="__main__", alter_sys=True)
 else:
-    from prefect_launch.workers.kubernetes_worker import LaunchKubernetesWorker  # noqa: F401  (registers the type)
+    import importlib
+
+    sys.modules[__name__] = importlib.import_module("prefect_launch.workers.backends.kubernetes.plugin")

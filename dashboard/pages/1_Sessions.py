@@ -129,7 +129,7 @@ def _validate() -> tuple[object, dict]:
 
 
 def _dry_run(req) -> None:
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     S.sl_planned = None
     try:
@@ -163,7 +163,7 @@ def _goto(step: int) -> None:
 
 
 def _launch() -> None:
-    from prefect_launch.workers.resources import LaunchValidationError
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     _collect()
     req, errors = _validate()

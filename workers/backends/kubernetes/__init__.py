@@ -1,0 +1,2 @@
+"""The launch-kubernetes back end: the worker, its Job manifest, its pod events, its entry point.
+"""

@@ -1,0 +1,201 @@
+"""The `launch-process` worker: Prefect's process worker made resource-aware.
+
+Start it with ``prefect worker start --pool Q --type launch-process`` or
+``prefect-launch agent --queue Q``. Everything a launch back end shares -
+placement against one ledger per agent, pinning, limits, sampling, timeouts,
+ends, restart recovery - is `lifecycle.LaunchWorkerCore`; this module is only
+the process back end: the job variables, warm engines, and the run's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import anyio
+from pydantic import Field
+
+from prefect.workers.process import (
+    ProcessJobConfiguration,
+    ProcessVariables,
+    ProcessWorker,
+    ProcessWorkerResult,
+)
+
+from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, GangAborted
+from prefect_launch.workers.agent.core import (  # noqa: F401  (re-exported for older importers)
+    DEFAULT_SPEC, HEARTBEAT_S, PUBLISH_DEBOUNCE_S, TIMEOUT_GRACE_S, LaunchWorkerCore, PidHook, RunHandle,
+)
+from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
+from prefect_launch.workers.agent.limits import RunLimits
+from prefect_launch.workers.agent.recovery import pid_start_time
+from prefect_launch.workers.agent.tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL  # noqa: F401
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+SIZE_PATTERN = r"^\d+(\.\d+)?\s*([KMGTP]i?|[kmgtp]i?|B|b)?$"
+TIMEOUT_PATTERN = r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?[smhd])+)\s*$"
+
+
+
+class LaunchProcessJobConfiguration(ProcessJobConfiguration):
+    """Process job configuration plus the run's requested resources (as the UI form shows them)."""
+
+    preset: Optional[str] = Field(default=None)
+    cpu: Optional[float] = Field(default=None)
+    memory: Optional[str] = Field(default=None)
+    gpu: Optional[int] = Field(default=None)
+    shm_size: Optional[str] = Field(default=None)
+    agent: Optional[str] = Field(default=None)
+    timeout: Optional[str] = Field(default=None)
+    secret_env: Optional[dict[str, str]] = Field(default=None)
+    launch: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def json_template(cls) -> dict[str, Any]:
+        template = super().json_template()
+        template.pop("launch", None)  # a literal written by `queue apply`, not a variable
+        return template
+
+
+class LaunchVariables(ProcessVariables):
+    """Variables shown in the Prefect UI's job-variables form for a launch queue (every back end)."""
+
+    preset: Optional[str] = Field(default=None, description="Resource preset of the queue.")
+    cpu: Optional[float] = Field(default=None, gt=0, description="CPUs; overrides the preset.")
+    memory: Optional[str] = Field(
+        default=None, pattern=SIZE_PATTERN, description="Memory limit, e.g. 4Gi; overrides the preset."
+    )
+    gpu: Optional[int] = Field(default=None, ge=0, description="GPUs; overrides the preset.")
+    shm_size: Optional[str] = Field(
+        default=None, pattern=SIZE_PATTERN, description="Shared memory, e.g. 1Gi; overrides the preset."
+    )
+    agent: Optional[str] = Field(default=None, description="Run only on the agent with this name.")
+    timeout: Optional[str] = Field(
+        default=None, pattern=TIMEOUT_PATTERN,
+        description="End the run Failed after it has run this long, e.g. 90s, 30m, 2h.",
+    )
+    preemptible: Optional[bool] = Field(
+        default=None, description="May use idle capacity and be preempted (SIGTERM, grace, back to the queue) "
+        "when a regular run needs it.",
+    )
+    secret_env: Optional[dict[str, str]] = Field(
+        default=None, description="Environment from Prefect Secret blocks: NAME -> Secret block name "
+        "(the agent reads the value at start; only the name is stored).",
+    )
+    cluster_size: Optional[int] = Field(
+        default=None, ge=1, le=MAX_CLUSTER_SIZE,
+        description="Members of a cluster run (main1, sub1, ...), each with the run's preset, placed all or none.",
+    )
+    cluster_mode: Optional[str] = Field(
+        default=None, description="single-node (every member on one agent) or multi-node.",
+    )
+
+
+LaunchProcessVariables = LaunchVariables
+
+
+class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
+    type = "launch-process"
+    job_configuration = LaunchProcessJobConfiguration
+    job_configuration_variables = LaunchProcessVariables
+    _description = (
+        "Resource-aware process worker of prefect-launch: claims runs only when their cpu, "
+        "memory and GPUs fit, pins GPUs and CPUs, and explains why runs wait."
+    )
+    _display_name = "Launch Process"
+    _documentation_url = "https://github.com/prefect-launch/prefect-launch"
+
+    async def run(
+        self,
+        flow_run: "FlowRun",
+        configuration: LaunchProcessJobConfiguration,
+        task_status: Optional[anyio.abc.TaskStatus[int]] = None,
+    ) -> ProcessWorkerResult:
+        alloc = self._allocation_of(flow_run)
+        configuration.env.update(await self._run_env(alloc, configuration.secret_env))
+        cluster = None
+        if alloc.members:
+            try:
+                cluster = await self._start_cluster(flow_run, alloc, configuration)
+            except GangAborted as exc:  # multi-node: another agent refused; back to the queue, nothing held
+                await self._requeue_gang(flow_run, str(exc))
+                return ProcessWorkerResult(status_code=0, identifier="gang-incomplete")
+        limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
+
+        def on_pid(pid: Any) -> None:
+            if isinstance(pid, int):
+                self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid)), limits)
+                if cluster is not None:
+                    self._on_cluster_main(flow_run, alloc, cluster, pid, limits)
+
+        hooked = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
+        status_code: Optional[int] = None
+        try:
+            if self.warm_pool is not None and not configuration._command_configured:
+                result = await self._run_warm(flow_run, configuration, hooked)
+            else:
+                result = await super().run(flow_run, configuration, hooked)
+            status_code = result.status_code
+            return result
+        finally:
+            if cluster is not None:  # main1 is gone: the other members end with it
+                with anyio.CancelScope(shield=True):
+                    await self._end_cluster(flow_run, cluster, status_code)
+            await self._on_finished(flow_run, status_code, limits)
+
+    async def _run_warm(self, flow_run: "FlowRun", configuration: LaunchProcessJobConfiguration,
+                        task_status: Any) -> ProcessWorkerResult:
+        """Prefect's process-worker run, with the engine process taken from the warm pool.
+
+        The engine runs the deployment's pull steps itself (`load_flow_from_flow_run`),
+        so code-, git- and storage-based jobs behave as with a cold start.
+        """
+        from prefect.flows import load_flow_from_flow_run
+        from prefect.runner._flow_run_executor import FlowRunExecutorContext
+        from prefect.utilities.processutils import command_to_string, get_sys_executable
+
+        from prefect_launch.workers.backends.warm_start import WarmEngineStarter
+
+        working_dir_ctx = (
+            tempfile.TemporaryDirectory(suffix="prefect") if not configuration.working_dir
+            else contextlib.nullcontext(configuration.working_dir)
+        )
+        execution = None
+        with working_dir_ctx as working_dir:
+            async with FlowRunExecutorContext() as ctx:
+                starter = WarmEngineStarter(
+                    pool=self.warm_pool, refill=self._refill_warm_pool,
+                    before_order=lambda pid: self.journal.set_pid(str(flow_run.id), pid, pid_start_time(pid)),
+                    log_path=str(self.journal.log_path(str(flow_run.id))),
+                    command=command_to_string([get_sys_executable(), "-m", "prefect.engine"]),
+                    cwd=Path(working_dir).resolve(), env=configuration.env,
+                    stream_output=configuration.stream_output, control_channel=ctx.control_channel,
+                )
+                executor = ctx.create_executor(flow_run, starter, resolve_flow=load_flow_from_flow_run,
+                                               propose_submitting=False)
+
+                async def execute(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+                    nonlocal execution
+                    execution = await executor.submit(task_status=task_status)
+
+                async with anyio.create_task_group() as tg:
+                    handle = await tg.start(execute)
+                    if handle.pid is None:
+                        raise RuntimeError("Flow run process has no PID")
+                    task_status.started(handle.pid)
+        if execution is None or execution.status_code is None:
+            raise RuntimeError("Failed to start flow run process.")
+        return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))
+
+    def _refill_warm_pool(self) -> None:
+        if self.warm_pool is not None and self._runs_task_group is not None:
+            self._runs_task_group.start_soon(self.warm_pool.fill)
+
+    async def teardown(self, *exc_info: Any) -> None:
+        if self.warm_pool is not None:
+            await self.warm_pool.close()
+        await super().teardown(*exc_info)

@@ -1,0 +1,117 @@
+"""A pre-imported Prefect engine process waiting for its flow run.
+
+The agent keeps one of these ready. It pays Prefect's import cost (about a
+second, more on a busy box) before any run exists; when a run is placed the
+agent writes one JSON line to its stdin - the run's environment and working
+directory - and it becomes ``python -m prefect.engine`` for that run. Nothing
+is forked: it is a real child of the agent, in its own session, so pinning,
+memory limits, output streaming and cancellation work as for a cold start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from typing import Optional
+
+
+PRELOAD = ("prefect.engine", "prefect.flow_engine", "prefect.flows", "prefect.deployments.steps",
+           "prefect._internal.control_listener", "prefect.client.orchestration")
+# What an interactive session serves (flows/session.py forks its server from this interpreter when
+# it is imported). Where installed; skipped as soon as a run is waiting; only when the pool asks for them
+# (LAUNCH_WARM_APPS=1: it does after the agent placed an interactive session, see warm_start.WarmPool).
+PRELOAD_APPS = ("jupyter_server.serverapp", "jupyter_server_terminals", "jupyterlab.labapp")
+
+
+def main() -> None:
+    import importlib
+    import select
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    for name in PRELOAD_APPS if os.environ.get("LAUNCH_WARM_APPS", "1") != "0" else ():
+        if select.select([sys.stdin], [], [], 0)[0]:  # the order is here: a job does not wait for the apps
+            break
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            break
+    order_path = os.environ.get("LAUNCH_WARM_ORDER")
+    if order_path:  # a warm container (workers/backends/warm_containers.py): the order arrives as a file
+        order = _wait_for_order(order_path, os.environ.get("LAUNCH_WARM_ORDER_DONE"))
+    else:
+        line = sys.stdin.readline()
+        if not line:  # the agent went away before using us
+            return
+        order = json.loads(line)
+    if order.get("log_path"):
+        # Write to a file the agent tails, not to a pipe held by the agent: if the agent dies
+        # (SIGKILL, OOM) the run goes on and is re-adopted, instead of dying of a broken pipe.
+        fd = os.open(order["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    if order.get("replace_env", True):
+        os.environ.clear()
+    os.environ.update({k: v for k, v in order["env"].items() if v is not None})
+    if order.get("cwd"):
+        os.chdir(order["cwd"])
+    # Settings were read at import time from the agent's environment; re-read them from the run's.
+    from prefect.context import SettingsContext
+    from prefect.settings import Settings
+
+    ctx = SettingsContext.get()
+    SettingsContext(profile=ctx.profile if ctx else None, settings=Settings()).__enter__()
+    from prefect_launch.api_retry import install
+
+    install()  # a 503 from a busy SQLite server costs the run milliseconds, not Prefect's 2 s back-off
+    if order_path:  # a warm container: the engine must not get the agent's SIGTERM (see container_engine)
+        from prefect_launch.workers.backends.container_engine import shield_from_sigterm
+
+        shield_from_sigterm()
+    import warnings
+
+    # runpy's notice that prefect.engine is already imported: that is the point of a warm engine
+    warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
+    sys.argv = ["prefect.engine"]
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+def _wait_for_order(path: str, done_path: Optional[str] = None, poll_s: float = 0.02) -> dict:
+    """Say we are ready (with our uid/gid, so the agent writes a file we can read and remove), then wait.
+
+    The agent writes the order with Docker's archive API, then a done marker in the same archive
+    (``done_path``, workers/warm_containers.ORDER_DONE_PATH): the order is read once the marker exists, when
+    Docker is done with the order file. The order is then removed at once (it holds the run's environment);
+    the empty marker stays, as Docker may still be setting its owner. Without ``done_path`` (an agent of an
+    older version) the order is read as soon as it parses.
+    """
+    import time
+
+    print(f"launch-warm-ready uid={os.getuid()} gid={os.getgid()}", flush=True)
+    while True:
+        if done_path and not os.path.exists(done_path):
+            time.sleep(poll_s)
+            continue
+        try:
+            with open(path) as fh:
+                order = json.loads(fh.read())
+        except (OSError, ValueError):
+            time.sleep(poll_s)
+            continue
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        return order
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The other agents of a multi-node cluster run: book, start and watch the members the leader asked for.
+
+Mixed into the process and docker workers (after `ClusterRunMixin`); the docker worker starts its
+members as containers (`_follower_members`, `_adopt_followed_members`). Every ``LAUNCH_GANG_POLL_SECONDS`` the
+agent reads its queue's Pending runs; one whose ``launch.gang`` plan names it gets its answer
+(`gang_protocol`): its members booked in this agent's ledger and started (``ok``), or why not
+(``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
+(the leader stops main1 when it sees that), the run back in its queue (the leader gave up) or
+ended stops them (after the drain when the run completed), and its capacity goes back.
+The booking is journaled like a run's (under `booking_key`): a follower that restarts (SIGKILL, OOM)
+books its live members again and follows them to the run's end (`decide_followed`), reading the exit
+status each member left in its exit file, so their hardware is never handed out twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import anyio
+from typing import TYPE_CHECKING, Any
+
+from prefect.states import Failed, StateType
+
+from prefect_launch.workers.cluster.env import member_env
+from prefect_launch.workers.cluster.process import ClusterProcesses, adopt_members, describe_exit
+from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, booking_key, decide_followed, plan_of, run_of_booking
+from prefect_launch.workers.scheduling.resolve import resolve_request
+from prefect_launch.workers.agent.tags import OWNER, tag_value
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "2"))  # like the dispatch poll
+
+
+class GangFollowerMixin:
+    follows_gangs = True  # hosts members of other agents' multi-node runs (back ends with multi-node support)
+
+    async def _initialize_after_sync(self) -> None:
+        await super()._initialize_after_sync()
+        if self.follows_gangs and self._work_pool is not None and self._runs_task_group is not None \
+                and not getattr(self, "_gang_follow_started", False):
+            self._gang_follow_started = True
+            if not hasattr(self, "_followed"):  # recovery (inside the call above) may have filled it
+                self._followed: dict[Any, ClusterProcesses] = {}
+            scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
+            self._scheduled_task_scopes.add(scope)
+            self._runs_task_group.start_soon(self._in_scope, scope, self._gang_follow_loop)
+
+    async def _recover(self) -> None:
+        """Before anything is placed: the members this agent followed in its previous life, then its own runs."""
+        await self._recover_followed()
+        await super()._recover()
+
+    async def _recover_followed(self) -> None:
+        from uuid import UUID
+
+        from prefect.exceptions import ObjectNotFound
+
+        if not hasattr(self, "_followed"):
+            self._followed = {}
+        for entry in self.journal.entries():
+            run_id = run_of_booking(entry.run_id)
+            if run_id is None or self.ledger.get(entry.run_id) is not None:
+                continue
+            try:
+                fr = await self.client.read_flow_run(UUID(run_id))
+            except ObjectNotFound:
+                fr = None
+            members = entry.allocation.members
+            procs = await asyncio.to_thread(self._adopt_followed_members, run_id, members,
+                                            lambda m: self._member_log(run_id, m))
+            plan = plan_of(fr.labels) if fr is not None else None
+            action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.name,
+                                          (fr.labels or {}).get(ack_key(self.name)) if fr is not None else None,
+                                          [s.name for s in procs.alive()])
+            self._logger.warning("recovery: cluster members of run %s -> %s (%s)", run_id, action, why)
+            if action == "adopt":
+                try:
+                    self.ledger.adopt(entry.allocation)
+                except ValueError as exc:
+                    self._logger.error("recovery: %s", exc)
+                    action, why = "stop", str(exc)
+            if action == "stop":
+                await procs.stop(1.0)
+                procs.forget_files()
+                self.journal.remove(entry.run_id)
+                continue
+            self._followed[fr.id] = procs
+            print(f"agent {self.name!r}: re-adopted cluster member(s) {', '.join(m.name for m in members)} of run "
+                  f"{run_id} ({why})", flush=True)
+            self._note(fr.id, "start", "SUCCESS", message=f"agent {self.name} re-adopted its cluster members "
+                                                           f"{', '.join(m.name for m in members)} after a restart "
+                                                           f"(their capacity is held again): {why}")
+            self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+
+    # ------------------------------------------------ what differs per back end (processes here)
+    def _adopt_followed_members(self, run_id: str, members: list, log_of) -> ClusterProcesses:
+        """A restarted follower's hold on its live members (processes: found by command line)."""
+        return adopt_members(run_id, members, log_of)
+
+    async def _follower_members(self, fr: "FlowRun", alloc: Any, dvars: dict[str, Any]) -> tuple[ClusterProcesses, dict[str, str]]:
+        """The holder of this agent's members of ``fr`` and the environment they start from (processes: an
+        engine's: the agent's Prefect settings, even from a profile, and the job's env)."""
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+               **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {})}
+        return ClusterProcesses(run_id=str(fr.id)), {k: str(v) for k, v in env.items() if v is not None}
+
+    def _member_log(self, run_id: Any, member: str):
+        """``<journal dir>/<run id>.<member>.log``: a sub member's output (and, beside it, its exit file),
+        on the leader's host and on followers' alike."""
+        return self.journal.dir / f"{run_id}.{member}.log"
+
+    async def _gang_follow_loop(self) -> None:
+        await self.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
+        while True:
+            await asyncio.sleep(GANG_POLL_S)
+            if self.agent.draining:
+                continue
+            try:
+                await self._gang_follow_once()
+            except Exception as exc:
+                self._logger.debug("multi-node follow: %s", exc)
+
+    async def _gang_follow_once(self) -> None:
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                    WorkPoolFilter, WorkPoolFilterName)
+
+        runs = await self.client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING]))),
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])), limit=50)
+        for fr in runs:
+            plan = plan_of(fr.labels)
+            if plan is None or self.name not in plan.followers() or fr.id in self._followed \
+                    or (fr.labels or {}).get(ack_key(self.name)):
+                continue
+            await self._join_gang(fr, plan)
+
+    async def _join_gang(self, fr: "FlowRun", plan: GangPlan) -> None:
+        """Book this agent's members of ``fr`` and start them, or say why not."""
+        run_id = str(fr.id)
+        ranks = plan.ranks_on(self.name)
+        try:
+            dvars = await self._deployment_vars(fr.deployment_id)
+            req = resolve_request(self.queue_spec(), dvars, fr.job_variables or {})
+        except Exception as exc:
+            await self._answer(fr, f"no: {exc}")
+            return
+        async with self.agent.plan_lock:
+            alloc = self.ledger.try_allocate_gang(booking_key(run_id), req.resources, plan.size,
+                                                  queue=self._work_pool_name,
+                                                  preset=req.preset, owner=tag_value(fr.tags, OWNER), ranks=ranks)
+        if alloc is None:
+            await self._answer(fr, f"no: agent {self.name} has {self.ledger.free().describe()} free, needs "
+                                   f"{len(ranks)} x {req.resources.describe()}")
+            return
+        alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.name}
+        self.journal.record(alloc)  # before any member starts: a restart finds what this agent may hold
+        procs = ClusterProcesses(run_id=run_id)
+        self._followed[fr.id] = procs
+        try:
+            procs, base = await self._follower_members(fr, alloc, dvars)
+            self._followed[fr.id] = procs
+            for m in alloc.members:
+                procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,
+                                **member_env(alloc, m, self.name, "multi-node", plan.port)},
+                            self._member_log(run_id, m.name))
+        except Exception as exc:
+            await procs.stop(1.0)
+            procs.remove()
+            self._followed.pop(fr.id, None)
+            self.ledger.release(booking_key(run_id))
+            self.journal.remove(booking_key(run_id))
+            await self._answer(fr, f"no: agent {self.name} could not start its members: {exc}")
+            return
+        self._publish_soon()
+        self._note(fr.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.name} started cluster members "
+                           + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs)
+                           + f" of the run led by agent {plan.leader}")
+        await self._answer(fr, "ok")
+        self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+
+    async def _answer(self, fr: "FlowRun", value: str) -> None:
+        try:
+            await self.client.update_flow_run_labels(fr.id, {ack_key(self.name): value})
+        except Exception as exc:
+            self._logger.warning("could not answer the gang of run %s: %s", fr.id, exc)
+
+    async def _follow_gang(self, fr: "FlowRun", plan: GangPlan, procs: ClusterProcesses) -> None:
+        """Until the run ends (or goes back to its queue): fail it when a member here fails; stop them then."""
+        from prefect_launch.workers.cluster.lifecycle import CLUSTER_DRAIN_S, CLUSTER_STOP_GRACE_S
+
+        run_id = str(fr.id)
+        failed_here = False
+        try:
+            while True:
+                await asyncio.sleep(0.5)
+                try:
+                    now = await self.client.read_flow_run(fr.id)
+                except Exception:
+                    continue
+                state = now.state
+                bad = procs.first_failure()
+                if bad is not None and not (state and state.is_final()):
+                    reason = (f"cluster-member-failed: member {bad[0]} exited with {describe_exit(bad[1])} on agent "
+                              f"{self.name}; the run's agents stopped the other members")
+                    await self._fail_gang(fr, reason)
+                    failed_here = True
+                    break
+                if state is None:
+                    continue
+                if state.type == StateType.SCHEDULED or plan_of(now.labels) != plan:
+                    break  # the leader gave up placing it: give back what was booked
+                if state.is_final():
+                    if state.is_completed() and procs.failed is None:
+                        late = None
+                        if not await procs.wait(CLUSTER_DRAIN_S):
+                            late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} on "
+                                    f"agent {self.name} still ran {CLUSTER_DRAIN_S:g} s after main1 ended; stopped")
+                        elif procs.first_failure() is not None:
+                            name, code = procs.first_failure()
+                            late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.name}"
+                        if late:
+                            await self._fail_gang(fr, late)
+                            failed_here = True
+                    break
+            await procs.stop(CLUSTER_STOP_GRACE_S)
+        finally:
+            for s in procs.alive():  # cancelled mid-stop (agent shutting down): no member is left behind
+                s.proc.kill()
+            self._followed.pop(fr.id, None)
+            if not failed_here:  # a failed member's log stays for the reader
+                procs.forget_files()
+            procs.remove()  # containers: gone once their ends are read (processes: nothing to do)
+            if self.ledger.release(booking_key(run_id)) is not None:
+                self.agent.released()
+                self._publish_soon()
+            self.journal.remove(booking_key(run_id))
+            self._logger.info("run %s: stopped this agent's cluster members and released their capacity", run_id)
+            self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
+                                                              "released their capacity")
+
+    async def _fail_gang(self, fr: "FlowRun", reason: str) -> None:
+        self._note(fr.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
+                   to_state="FAILED", message=reason)
+        try:
+            self.get_flow_run_logger(fr).error(reason)
+            await self.client.set_flow_run_state(fr.id, Failed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not fail cluster run %s: %s", fr.id, exc)

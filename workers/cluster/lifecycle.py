@@ -1,0 +1,264 @@
+"""Cluster runs on the process back end: one worker-side lifecycle for all members of a run.
+
+Mixed into `LaunchProcessWorker`. Before the run's engine (main1) starts, the sub members start
+(so the run is Running only once every member runs), each with its own pinning and the cluster's
+env (`cluster_env`); the memory group of the run takes them in, so the run's memory limit covers
+every member, and the run's sampler measures them with main1 (the run's metrics are their sum).
+One member exiting non-zero fails the run with its name and exit code and stops the others;
+main1 ending (completed, failed, cancelled, stopped by the agent) ends the rest; the
+run's capacity is one allocation, released once for all members by the core's release path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from prefect.states import Failed, StateType
+
+from prefect_launch.workers.cluster.env import free_port, member_env
+from prefect_launch.workers.cluster.process import (ClusterProcesses, adopt_members, describe_exit, find_members,
+                                                     pin_cores, stop_found)
+from prefect_launch.workers.cluster.follow import GangFollowerMixin
+from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, answers
+from prefect_launch.workers.scheduling.ledger import Allocation
+from prefect_launch.workers.agent.queued_state import queued
+from prefect_launch.workers.agent.tags import GANG_LABEL, WAIT_LABEL
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+CLUSTER_STOP_GRACE_S = float(os.environ.get("LAUNCH_CLUSTER_STOP_GRACE_SECONDS", "5"))
+CLUSTER_DRAIN_S = float(os.environ.get("LAUNCH_CLUSTER_DRAIN_SECONDS", "30"))  # subs may end after main1
+GANG_ACK_S = float(os.environ.get("LAUNCH_GANG_ACK_SECONDS", "30"))  # multi-node: other agents' answers
+
+
+class GangAborted(Exception):
+    """Another agent of a multi-node run refused (or did not answer): the run goes back to its queue."""
+
+
+class ClusterRunMixin(GangFollowerMixin):
+    """Needs the `LaunchWorkerCore` attributes (journal, _handles, _requests, _stop_run, _note, ...)."""
+
+    async def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
+        """Start this agent's sub members now (multi-node: once every other agent started its own);
+        give main1's env to the engine's configuration. Raises `GangAborted` when another agent refused."""
+        request = self._requests.get(flow_run.id)
+        mode = request.cluster.mode if request is not None else "single-node"
+        port = free_port()
+        if alloc.remote_members:
+            mode = "multi-node"
+            await self._gather_gang(flow_run, alloc, port)
+        base = self._member_base_env(configuration)
+        configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
+        procs = self._new_cluster(flow_run, configuration)
+        try:
+            for m in alloc.members[1:]:
+                env = {**base, **member_env(alloc, m, self.name, mode, port),
+                       "PREFECT__FLOW_RUN_ID": str(flow_run.id)}
+                procs.start(m, env, self._member_log(flow_run.id, m.name))
+        except Exception:
+            for s in procs.alive():
+                s.proc.kill()
+            raise
+        here = ", ".join(["main1 (this engine)"] + [f"{s.name} (pid {s.proc.pid})" for s in procs.subs])
+        away = ", ".join(f"{m} (agent {a})" for m, a in alloc.remote_members.items())
+        self.get_flow_run_logger(flow_run).info(
+            f"cluster of {alloc.cluster_size or len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
+            f"on agent {self.name}: {here}" + (f"; on other agents: {away}" if away else ""))
+        return procs
+
+    def _member_base_env(self, configuration: Any) -> dict[str, str]:
+        """What every sub member's environment starts from: the agent's own plus the run's (processes)."""
+        return {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+
+    def _new_cluster(self, flow_run: "FlowRun", configuration: Any) -> ClusterProcesses:
+        """The back end's holder of a run's sub members (the docker worker starts containers instead)."""
+        return ClusterProcesses(run_id=str(flow_run.id))
+
+    async def _gather_gang(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
+        """Leader of a multi-node run: publish the plan, wait until every other agent booked and started
+        its members (`gang_protocol`)."""
+        plan = GangPlan(leader=self.name, port=port, size=alloc.cluster_size,
+                        members={**{m.name: self.name for m in alloc.members}, **alloc.remote_members})
+        await self.client.update_flow_run_labels(flow_run.id, {**plan.label(),
+                                                               **{ack_key(a): "" for a in plan.followers()}})
+        deadline = time.monotonic() + GANG_ACK_S
+        while True:
+            labels = (await self.client.read_flow_run(flow_run.id)).labels
+            ok, no = answers(labels, plan)
+            if no:
+                raise GangAborted("; ".join(f"agent {a} said {why}" for a, why in no.items()))
+            if len(ok) == len(plan.followers()):
+                self._note(flow_run.id, "schedule", "SUCCESS", message=f"multi-node cluster: agents "
+                           f"{', '.join(ok)} started their members; main1 starts on agent {self.name}")
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(plan.followers()) - set(ok))
+                raise GangAborted(f"no answer from agent(s) {', '.join(missing)} in {GANG_ACK_S:g} s")
+            await asyncio.sleep(0.3)
+
+    async def _requeue_gang(self, flow_run: "FlowRun", why: str) -> None:
+        """The gang could not be completed: the run goes back to its queue (submit time kept), holding nothing."""
+        reason = f"waiting: cluster (multi-node) could not be placed: {why}; nothing is held while it waits"
+        self._note(flow_run.id, "schedule", "NEED_RETRY", error_code="gang-incomplete", from_state="PENDING",
+                   to_state="SCHEDULED", message=reason)
+        try:
+            await self.client.set_flow_run_state(
+                flow_run.id, queued(flow_run.expected_start_time, reason), force=True)
+            await self.client.update_flow_run_labels(flow_run.id, {GANG_LABEL: "", WAIT_LABEL: reason})
+        except Exception as exc:
+            self._logger.warning("could not put cluster run %s back in its queue: %s", flow_run.id, exc)
+
+    async def _watch_gang_state(self, flow_run: "FlowRun") -> None:
+        """Leader: a member on another agent that fails marks the run Failed; then main1 is stopped too."""
+        run_id = str(flow_run.id)
+        while self.ledger.get(run_id) is not None:
+            await asyncio.sleep(0.5)
+            try:
+                state = (await self.client.read_flow_run(flow_run.id)).state
+            except Exception:
+                continue
+            if state is not None and state.is_final():
+                handle = self._handles.get(flow_run.id)
+                if state.type == StateType.FAILED and (state.message or "").startswith("cluster-member-failed") \
+                        and handle is not None and await self._handle_alive(run_id, handle):
+                    await self._stop_run(flow_run, handle, Failed(message=state.message), grace_s=0)
+                return
+
+    def _on_cluster_main(self, flow_run: "FlowRun", alloc: Allocation, procs: ClusterProcesses, pid: int,
+                         limits: Any) -> None:
+        """main1 exists: pin it to its own cores, bring the subs under the run's memory group, watch them."""
+        pin_cores(pid, alloc.members[0].cpu_cores)
+        group = getattr(limits, "group", None)
+        sampler = self._samplers.get(flow_run.id)
+        gpus_of = {m.name: m.gpu_indices for m in alloc.members}
+        if sampler is not None:  # main1 is the run's own process: named, so its figures are also kept apart
+            sampler.track(pid, member="main1", gpu_indices=gpus_of.get("main1"))
+        for s in procs.subs:
+            if group is not None:  # the run's memory limit covers every member
+                group.add(s.proc.pid)
+            if sampler is not None:  # the run's metrics are the sum over its members; each is also kept apart
+                sampler.track(s.proc.pid, member=s.name, gpu_indices=gpus_of.get(s.name))
+        self._note(flow_run.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.name} started cluster members main1 (process {pid}), "
+                           + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs))
+
+        async def on_failure(name: str, code: int) -> None:
+            await self._cluster_member_failed(flow_run, procs, name, code)
+
+        self._runs_task_group.start_soon(procs.watch, on_failure)
+        if alloc.remote_members:
+            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
+
+    async def _main_completed(self, flow_run: "FlowRun") -> bool:
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:
+            return False
+        return state is not None and state.is_completed()
+
+    def _member_failure_reason(self, name: str, code: int) -> str:
+        return (f"cluster-member-failed: member {name} exited with {describe_exit(code)}; "
+                f"agent {self.name} stopped the other members")
+
+    async def _cluster_member_failed(self, flow_run: "FlowRun", procs: ClusterProcesses, name: str,
+                                     code: int) -> None:
+        """A sub member died while main1 runs: fail the run with why, stop main1 and the rest."""
+        reason = self._member_failure_reason(name, code)
+        self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
+                   to_state="FAILED", message=reason)
+        self.get_flow_run_logger(flow_run).error(reason + _log_tail(self._member_log(flow_run.id, name)))
+        try:  # first, so readers see why at once; main1 is then killed without a SIGTERM, on which its
+            # engine would force "Crashed ... termination signal" over this for a moment
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
+        await procs.stop(CLUSTER_STOP_GRACE_S)
+        handle = self._handles.get(flow_run.id)
+        if handle is not None:
+            await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=0)
+
+    async def _end_cluster(self, flow_run: "FlowRun", procs: ClusterProcesses, status_code: Optional[int]) -> None:
+        """main1 has exited: let the subs finish (main1 completed) or stop them; a late failure fails the run."""
+        late: Optional[str] = None
+        if status_code == 0 and procs.failed is None and flow_run.id not in self._end_states \
+                and await self._main_completed(flow_run):  # cancelled or failed: no waiting for the rest
+            if not await procs.wait(CLUSTER_DRAIN_S):
+                late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} still ran "
+                        f"{CLUSTER_DRAIN_S:g} s after main1 ended; agent {self.name} stopped them")
+            else:
+                bad = procs.first_failure()
+                if bad is not None:
+                    late = self._member_failure_reason(*bad)
+        await procs.stop(CLUSTER_STOP_GRACE_S)
+        if late is not None:  # main1 reported Completed, but the run is the whole cluster
+            self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed",
+                       from_state="RUNNING", to_state="FAILED", message=late)
+            self.get_flow_run_logger(flow_run).error(late)
+            try:
+                await self.client.set_flow_run_state(flow_run.id, Failed(message=late), force=True)
+                self._ended.add(flow_run.id)
+            except Exception as exc:
+                self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
+        if procs.failed is None and late is None:
+            procs.forget_files()
+
+
+    async def _adopted_end(self, run_id: str, handle: Any, limits: Any) -> Optional[str]:
+        """A re-adopted cluster run's main1 is gone: its sub members go with it (those found by command line
+        too, should any have escaped the watch)."""
+        procs = self._adopted_members().pop(run_id, None)
+        if procs is not None:
+            await procs.stop(CLUSTER_STOP_GRACE_S)
+            if procs.failed is None:
+                procs.forget_files()
+        left = await asyncio.to_thread(find_members, run_id)
+        if left:
+            self._logger.warning("run %s: main1 ended; stopping %d sub member(s) left from before the restart",
+                                 run_id, len(left))
+            await stop_found(left, CLUSTER_STOP_GRACE_S)
+        return await super()._adopted_end(run_id, handle, limits)
+
+    def _adopted_members(self) -> dict[str, ClusterProcesses]:
+        return self.__dict__.setdefault("_adopted_cluster_members", {})
+
+    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int, started_at: Any = None) -> None:
+        """Sampling as for any run; a re-adopted cluster run's subs are measured and watched again."""
+        super()._after_start(flow_run, alloc, pid, started_at=started_at)
+        if alloc.members and flow_run.id not in self._ever_started:  # re-adopted after a restart
+            self._watch_adopted_members(flow_run, alloc)
+
+    def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
+        """After a restart the sub members on this host are not the agent's children: they are found by
+        command line (`adopt_members`) and a sub that fails while main1 runs still fails the run, with the
+        exit code from its exit file (none: killed by a signal), as before the restart."""
+        run_id = str(flow_run.id)
+        subs = [m for m in alloc.members if m.name != "main1"]
+        if not subs or self._runs_task_group is None:
+            return
+        procs = adopt_members(run_id, subs, lambda name: self._member_log(run_id, name))
+        sampler = self._samplers.get(flow_run.id)
+        gpus_of = {m.name: m.gpu_indices for m in alloc.members}
+        if sampler is not None:
+            sampler.track(sampler.pid, member="main1", gpu_indices=gpus_of.get("main1"))
+        for s in procs.subs:
+            if sampler is not None and s.proc.pid:
+                sampler.track(s.proc.pid, member=s.name, gpu_indices=gpus_of.get(s.name))
+        self._adopted_members()[run_id] = procs
+
+        async def on_failure(name: str, code: int) -> None:
+            await self._cluster_member_failed(flow_run, procs, name, code)
+
+        self._runs_task_group.start_soon(procs.watch, on_failure)
+        if alloc.remote_members:
+            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
+
+def _log_tail(path: Any, lines: int = 15) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return ("\nlast lines of its output:\n" + "\n".join(tail)) if tail else ""

@@ -1,0 +1,99 @@
+"""How the agents of a multi-node cluster run agree on it, through the run's labels on the server (pure).
+
+The agent that places the run (its Prefect claim makes it the only one) is the leader: it books its
+own members (main1 and any others it hosts), then writes the plan - which agent hosts which member,
+and the rendezvous port - as the run's ``launch.gang`` label. Each other agent named there books its
+members in its own ledger and answers ``ok`` (members started) or ``no: why`` in
+``launch.gang.ack.<agent>``. The leader starts main1 only when every agent said ok; a ``no`` or no
+answer in time puts the run back in its queue (its submit time kept) and every agent gives back
+what it booked, so nothing is held while a gang waits. No service of our own: Prefect is the medium.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, Optional
+
+from pydantic import BaseModel
+
+from prefect_launch.workers.agent.tags import GANG_ACK_LABEL, GANG_LABEL
+
+
+class GangPlan(BaseModel):
+    leader: str
+    port: int
+    size: int
+    members: dict[str, str]  # member name -> agent
+
+    def label(self) -> dict[str, str]:
+        return {GANG_LABEL: self.model_dump_json()}
+
+    def ranks_on(self, agent: str) -> list[int]:
+        from prefect_launch.workers.cluster.fit import member_names
+
+        names = member_names(self.size)
+        return [names.index(m) for m, a in self.members.items() if a == agent]
+
+    def followers(self) -> list[str]:
+        return sorted({a for a in self.members.values() if a != self.leader})
+
+
+def plan_of(labels: Optional[dict]) -> Optional[GangPlan]:
+    raw = (labels or {}).get(GANG_LABEL)
+    if not raw:
+        return None
+    try:
+        return GangPlan.model_validate(json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+
+
+def ack_key(agent: str) -> str:
+    return GANG_ACK_LABEL + agent
+
+
+def answers(labels: Optional[dict], plan: GangPlan) -> tuple[list[str], dict[str, str]]:
+    """(agents that said ok, agent -> why for those that said no)."""
+    ok, no = [], {}
+    for a in plan.followers():
+        v = str((labels or {}).get(ack_key(a)) or "")
+        if v == "ok":
+            ok.append(a)
+        elif v.startswith("no"):
+            no[a] = v[3:].strip() or "refused"
+    return ok, no
+
+
+BOOKING_SUFFIX = ":members"
+
+
+def booking_key(run_id: str) -> str:
+    """The ledger and journal key of a follower's members: apart from the run id, so the follower's own
+    dispatch (which may still see the run as Scheduled for a moment and try to lead it) never takes or frees
+    this booking, and its restart recovery tells them from the runs it leads."""
+    return f"{run_id}{BOOKING_SUFFIX}"
+
+
+def run_of_booking(key: str) -> Optional[str]:
+    """The run id of a follower booking key; None for any other key."""
+    return key[: -len(BOOKING_SUFFIX)] if key.endswith(BOOKING_SUFFIX) else None
+
+
+def decide_followed(state: Optional[str], plan: Optional[GangPlan], agent: str, ack: Optional[str],
+                    alive: list[str]) -> tuple[Literal["adopt", "stop"], str]:
+    """A follower restarted: what to do with the members it had booked for a run (pure).
+
+    ``state``: the run's state type (None when the server no longer has it); ``alive``: its members on this
+    agent that still run. Adopt (book again, follow to the end) only a live run whose plan still names this
+    agent and which this agent had answered ``ok``; otherwise stop what is left and give the booking back."""
+    if state is None:
+        return "stop", "the run is gone from the server"
+    if state not in ("PENDING", "RUNNING", "CANCELLING"):
+        return "stop", f"the run is {state.lower()}"
+    if plan is None or agent not in plan.followers():
+        return "stop", "the run's cluster plan no longer names this agent (its leader gave up placing it)"
+    if ack != "ok":
+        return "stop", "this agent had not answered the leader yet; it will answer again"
+    if not alive:
+        return "adopt", "no member is left running; their exit status decides"
+    return "adopt", f"member(s) {', '.join(alive)} still running"
