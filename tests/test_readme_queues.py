@@ -1,4 +1,4 @@
-"""The README's queues.yaml examples are what the real loader accepts, with the values they say."""
+"""The queues.yaml examples of README.md and docs/ are what the real loader accepts, with the values they say."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ from pathlib import Path
 from prefect_launch.workers.metrics.idle_checks import IdleChecker
 from prefect_launch.workers.scheduling.queue_spec import load_queues_file
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+# README.md shows the basic queue; the sharing and idle-check examples moved to docs/
+DOCS = [ROOT / "README.md", ROOT / "docs" / "jobs-and-queues.md", ROOT / "docs" / "sessions.md"]
 
 
 def _queue_examples() -> list[str]:
-    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = [b for doc in DOCS for b in re.findall(r"```yaml\n(.*?)```", doc.read_text(), flags=re.S)]
     return [b for b in blocks if b.lstrip().startswith("queues:")]
 
 
 def test_every_readme_queues_example_loads(tmp_path):
     examples = _queue_examples()
-    assert len(examples) >= 2, "the Queues and the idle-check sections each show one"
+    assert len(examples) >= 3, "README, the sharing section and the idle-check section each show one"
     for i, text in enumerate(examples):
         path = tmp_path / f"q{i}.yaml"
         path.write_text(text)
