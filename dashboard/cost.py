@@ -271,23 +271,6 @@ def idle_share(df: pd.DataFrame) -> Optional[float]:
     return 100.0 * (alloc - float(m["gpu_used_h"].sum())) / alloc if alloc > 0 else None
 
 
-def parse_since(text: str, now: Optional[dt.datetime] = None) -> dt.datetime:
-    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` before now, or an ISO time (naive = UTC)."""
-    now = now or dt.datetime.now(UTC)
-    t = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    if t and t[-1].lower() in units:
-        try:
-            return now - dt.timedelta(seconds=float(t[:-1]) * units[t[-1].lower()])
-        except ValueError:
-            pass
-    try:
-        v = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a time: use e.g. 7d, 12h, 30m or 2026-11-01T00:00") from None
-    return v if v.tzinfo else v.replace(tzinfo=UTC)
-
-
 def report_rows(table: pd.DataFrame) -> list[dict]:
     """The table as JSON-ready dicts (None for unavailable figures)."""
     out = []

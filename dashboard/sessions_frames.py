@@ -284,7 +284,7 @@ def review_rows(req: SessionRequest, started: Any = None) -> pd.DataFrame:
 
 def fmt_seconds(s: Optional[float]) -> str:
     """``1m30s``, ``2h5m``: the CLI's duration format (``-`` for none)."""
-    from prefect_launch.workers.durations import format_duration
+    from prefect_launch.times import format_duration
 
     if s is None:
         return "-"

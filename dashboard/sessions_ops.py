@@ -1,8 +1,8 @@
 """What the Sessions page reads and does through Prefect, with the session back end's own functions.
 
 Launch: :func:`prefect_launch.deployments.sessions.start_session` (validation included). Lists:
-:func:`prefect_launch.deployments.session_view.list_sessions`. App URLs: `session show`'s
-``_app_urls`` (read for the owner only). Rename and terminate follow `session rename` /
+:func:`prefect_launch.deployments.session_view.list_sessions`. App URLs: ``session_view.app_urls``,
+as `session show` (read for the owner only). Rename and terminate follow `session rename` /
 `session terminate` (same rules and messages: names by ``NAME_RE``, only while running, unique
 among the owner's live sessions; a waiting session is cancelled at once, a running one is asked
 to stop). No Streamlit here; shaping for display is in :mod:`.sessions_frames`.
@@ -76,13 +76,12 @@ def _usage(run_id: str) -> Optional[dict]:
 
 def detail(c: Any, run_id: str, who: str) -> dict[str, Any]:
     """`session show --json` of one run; app URLs (with their token) only when ``who`` owns it."""
-    from prefect_launch.deployments.session_view import idle_checks_of, row_of
-    from prefect_launch.session_cli import _app_urls
+    from prefect_launch.deployments.session_view import app_urls, idle_checks_of, row_of
 
     fr = c.read_flow_run(run_id)
     now = datetime.now(timezone.utc)
     row = row_of(fr, now)
-    urls = _app_urls(c, fr) if row.owner == who else []
+    urls = app_urls(c, fr) if row.owner == who else []
     return F.session_detail(fr, row, urls, _usage(run_id), idle_checks_of(fr, now))
 
 

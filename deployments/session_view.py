@@ -118,3 +118,18 @@ def find_session(client: Any, text: str, owner: Optional[str] = None) -> Any:
     if len(hits) > 1:
         raise LookupError(f"{text!r} names several sessions; use the id")
     return client.read_flow_run(hits[0].id)
+
+
+def app_urls(client: Any, fr: Any) -> list[str]:
+    """A running interactive session's app URL with its token (`session show`, the Sessions page); [] for any
+    other session, or when its token cannot be read."""
+    from prefect.blocks.system import Secret
+
+    row = row_of(fr, datetime.now(timezone.utc))
+    if row.type != "interactive" or not fr.state or fr.state.type.value != "RUNNING":
+        return []
+    try:
+        token = Secret.load(f"session-token-{fr.id}").get()
+    except Exception:
+        return []
+    return [f"http://127.0.0.1:{p}/lab?token={token}" for p in row.ports[:1]]

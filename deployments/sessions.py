@@ -14,7 +14,7 @@ from __future__ import annotations
 import getpass
 import random
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from prefect_launch.local_server import free_port
 from prefect_launch.deployments.submit import SubmitRequest, Submitted, parse_env, submit
-from prefect_launch.workers.durations import parse_duration
+from prefect_launch.times import duration_seconds, parse_when
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 from prefect_launch.workers.agent.tags import tag
 
@@ -101,20 +101,6 @@ def readable_name(rng: Optional[random.Random] = None) -> str:
     return f"{rng.choice(_ADJ)}-{rng.choice(_NOUN)}-{rng.randrange(16**4):04x}"
 
 
-def parse_starts_at(text: str, now: datetime) -> datetime:
-    """ISO time (naive = UTC) or a delay from now like ``1h`` or ``90s``."""
-    try:
-        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-    except ValueError:
-        pass
-    try:
-        return now + timedelta(seconds=parse_duration(text, "starts-at") or 0)
-    except LaunchValidationError:
-        raise LaunchValidationError(
-            f"starts-at must be an ISO time (2026-12-01T09:00:00Z) or a delay like 30m or 1h, got {text!r}") from None
-
-
 def check(req: SessionRequest, now: Optional[datetime] = None) -> tuple[list[str], list[str]]:
     """All problems and warnings of ``req`` (pure: no server)."""
     now = now or datetime.now(timezone.utc)
@@ -136,12 +122,12 @@ def check(req: SessionRequest, now: Optional[datetime] = None) -> tuple[list[str
                                 "terminated or reclaimed")
     if req.starts_at:
         try:
-            parse_starts_at(req.starts_at, now)
+            parse_when(req.starts_at, now, what="starts-at", ahead=True)
         except LaunchValidationError as exc:
             problems.append(str(exc))
     if req.timeout:
         try:
-            parse_duration(req.timeout, "timeout")
+            duration_seconds(req.timeout, "timeout")
         except LaunchValidationError as exc:
             problems.append(str(exc))
     seen_ports: set[int] = set()
@@ -227,7 +213,8 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
     env = parse_env(req.env) if not problems else {}
     if req.omp_threads:
         env["LAUNCH_OMP_THREADS"] = str(req.omp_threads)
-    starts_at = parse_starts_at(req.starts_at, now) if req.starts_at and not problems else None
+    starts_at = (parse_when(req.starts_at, now, what="starts-at", ahead=True)
+                 if req.starts_at and not problems else None)
     sub = SubmitRequest(
         job=session_deployment(req.queue), queue=req.queue, preset=req.preset, cpu=req.cpu, memory=req.memory,
         gpu=req.gpu, shm_size=req.shm_size, priority=req.priority, env=env, name=base, count=req.count,

@@ -6,15 +6,17 @@ go to stderr with what to do next and a non-zero exit.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
+from datetime import datetime
 from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from prefect_launch.cli_common import TIME_HELP, console, err, fail, prefect_client, print_json, time_option
+from prefect_launch.session_cli import session_app
 
 app = typer.Typer(help="Launch queues, resource-aware agents and run metrics on Prefect 3.",
                   no_args_is_help=True, add_completion=False)
@@ -33,42 +35,6 @@ app.add_typer(monitor_app, name="monitor")
 store_app = typer.Typer(help="The metrics store: retention and purge.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
 
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def _client():
-    from prefect import get_client
-    from prefect.exceptions import PrefectHTTPStatusError
-
-    from prefect_launch.api_retry import install
-
-    install()
-    if not os.environ.get("PREFECT_API_URL"):
-        from prefect.settings import PREFECT_API_URL
-
-        if not PREFECT_API_URL.value():
-            _fail("PREFECT_API_URL is not set; start a server (`make demo`) or export PREFECT_API_URL")
-    try:
-        with get_client(sync_client=True) as client:
-            yield client
-    except PrefectHTTPStatusError as exc:
-        if exc.response.status_code != 401:
-            raise
-        _fail("the Prefect server refused the request (401 Unauthorized): it requires an auth string; export "
-              "PREFECT_API_AUTH_STRING=user:password (the server's PREFECT_SERVER_API_AUTH_STRING)")
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
 # ----------------------------------------------------------------------------- queues
 @queue_app.command("apply")
 def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
@@ -81,20 +47,20 @@ def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
     try:
         spec_file = load_queues_file(file)
     except LaunchValidationError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     results = []
-    with _client() as client:
+    with prefect_client() as client:
         for spec in spec_file.queues:
             try:
                 results.append(apply_queue(client, spec))
             except ValueError as exc:
-                _fail(str(exc))
+                fail(str(exc))
             if spec.target in ("process", "docker"):  # the built-in session flow on every process and docker queue
                 from prefect_launch.deployments.sessions import deploy_session_flow
 
                 deploy_session_flow(spec.name, spec.default_priority, target=spec.target, image=spec.image)
     if as_json:
-        _print_json([r.model_dump() for r in results])
+        print_json([r.model_dump() for r in results])
     else:
         for r in results:
             console.print(f"queue [bold]{r.queue}[/]: {r.action}")
@@ -107,13 +73,13 @@ def queue_ls(names: Optional[List[str]] = typer.Argument(None, help="Only these 
     from prefect_launch.deployments.queues import list_queue_status
     from prefect_launch.workers.scheduling.resources import format_size
 
-    with _client() as client:
+    with prefect_client() as client:
         try:
             rows = list_queue_status(client, names or None)
         except LookupError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     if as_json:
-        _print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="launch queues")
     for col in ("queue", "state", "target", "presets", "agents", "queued", "waiting", "head ETA", "running", "free"):
@@ -153,7 +119,7 @@ def _eta_text(eta: Any) -> str:
 @jobs_app.command("ls")
 def jobs_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Jobs (deployments) with their queue and kind."""
-    with _client() as client:
+    with prefect_client() as client:
         deployments = client.read_deployments()
         flows = {f.id: f.name for f in client.read_flows()}
     rows = []
@@ -164,7 +130,7 @@ def jobs_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")
                      "kind": kind, "parameters": sorted((d.parameter_openapi_schema or {}).get("properties", {}))})
     rows.sort(key=lambda r: r["job"])
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table(title="launch jobs")
     for col in ("job", "queue", "kind", "parameters"):
@@ -219,12 +185,12 @@ def submit_cmd(
                             env=list(env or []), secret_env=list(secret_env or []), name=name, count=count, agent=agent, owner=owner,
                             timeout=timeout, preemptible=preemptible, cluster_size=cluster_size,
                             cluster_mode=cluster_mode, dry_run=dry_run)
-        with _client() as client:
+        with prefect_client() as client:
             result = submit(client, req)
     except LaunchValidationError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
-        _print_json(result.model_dump())
+        print_json(result.model_dump())
         return
     verb = "dry run: would submit" if result.dry_run else "submitted"
     console.print(f"{verb} {len(result.names) if result.dry_run else len(result.run_ids)} run(s) of "
@@ -254,14 +220,14 @@ def agent_start(
     if ctx.invoked_subcommand is not None:
         return
     if not queue:
-        _fail("give at least one --queue (or use `prefect-launch agent ls`)")
+        fail("give at least one --queue (or use `prefect-launch agent ls`)")
     from prefect_launch.workers.agent.runner import run_agent
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
         run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit)
     except (LaunchValidationError, LookupError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @agent_app.command("ls")
@@ -270,10 +236,10 @@ def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON."
     from prefect_launch.workers.agent.registry import read_agents_sync
     from prefect_launch.workers.scheduling.resources import format_size
 
-    with _client() as client:
+    with prefect_client() as client:
         agents = read_agents_sync(client)
     if as_json:
-        _print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
+        print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
         return
     table = Table(title="launch agents")
     for col in ("agent", "online", "queues", "capacity", "free", "runs"):
@@ -296,13 +262,13 @@ def runs_ls(
     """Recent runs on launch queues, with resources and why they wait."""
     from prefect_launch.deployments.runs import list_runs
 
-    with _client() as client:
+    with prefect_client() as client:
         try:
             rows = list_runs(client, queue=queue, states=state, limit=limit)
         except (LookupError, ValueError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     if as_json:
-        _print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="launch runs")
     for col in ("run", "name", "queue", "priority", "state", "pos", "ETA", "preset", "resources", "note"):
@@ -322,11 +288,11 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     from prefect_launch.deployments.runs import resolve_run_id
     from prefect_launch.workers.metrics.report import render_run_report, report_dict
 
-    with _client() as client:
+    with prefect_client() as client:
         try:
             run_id = resolve_run_id(client, run)
         except LookupError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         try:
             fr = client.read_flow_run(run_id)
             state = fr.state  # why it ended, in Prefect's own words
@@ -341,7 +307,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
             store = RunMetricsStore()
     record = store.get_run(run_id)
     if record is None:
-        _fail(f"no metrics recorded for run {run_id}: it has not started on a launch agent yet, "
+        fail(f"no metrics recorded for run {run_id}: it has not started on a launch agent yet, "
               "or the agent writes to another store (LAUNCH_METRICS_BLOCK)")
     summary = store.get_summary(run_id)
     series = store.series(run_id, max_points=120)
@@ -349,7 +315,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     if cluster and members:
         cluster["members"] = list(members.values())  # per member; the run's figures above are their sum
     if as_json:
-        _print_json({**report_dict(record, summary, series), "state": state.name if state else None,
+        print_json({**report_dict(record, summary, series), "state": state.name if state else None,
                      "reason": ended_why, "cluster": cluster})
     else:
         console.print(render_run_report(record, summary, series), highlight=False, markup=False)
@@ -412,26 +378,6 @@ def _find_run_id(client: Any, text: str) -> str:
         return str((live or by_name)[0].id)
 
 
-def _when(text: Optional[str], what: str):
-    """ISO time, or a duration ago (``10m``: ten minutes ago)."""
-    from datetime import datetime, timedelta, timezone
-
-    from prefect_launch.workers.durations import parse_duration
-    from prefect_launch.workers.scheduling.resources import LaunchValidationError
-
-    if not text:
-        return None
-    try:
-        dt = datetime.fromisoformat(text)
-        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-    except ValueError:
-        pass
-    try:
-        return datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text, what))
-    except LaunchValidationError:
-        _fail(f"{what} {text!r}: give an ISO time (2026-03-01T12:00) or a duration ago (10m, 2h)")
-
-
 def _history_table(rows: list, title: str) -> Table:
     """Records with their sub-steps indented below them."""
     table = Table(title=title)
@@ -454,8 +400,10 @@ def history_cmd(run: str = typer.Argument(..., help="Run id, unique id prefix (8
                 result: Optional[List[str]] = typer.Option(None, "--result", help="SUCCESS, NEED_RETRY, SKIPPED, "
                                                            "GIVE_UP, EXPIRED, FAILURE; repeatable"),
                 error_code: Optional[List[str]] = typer.Option(None, "--error-code", help="e.g. insufficient-resources"),
-                since: Optional[str] = typer.Option(None, "--since", help="ISO time or a duration ago (10m)"),
-                until: Optional[str] = typer.Option(None, "--until", help="ISO time or a duration ago"),
+                since: Optional[datetime] = typer.Option(None, "--since", parser=time_option, metavar="TIME",
+                                                         help=f"From this time: {TIME_HELP}"),
+                until: Optional[datetime] = typer.Option(None, "--until", parser=time_option, metavar="TIME",
+                                                         help=f"Up to this time: {TIME_HELP}"),
                 sort: str = typer.Option("created", "--sort", help="created or updated"),
                 as_json: bool = typer.Option(False, "--json", help="Print the records as JSON.")) -> None:
     """Why a run waits, or how it went: every decision the agents made about it (scheduling history)."""
@@ -463,24 +411,23 @@ def history_cmd(run: str = typer.Argument(..., help="Run id, unique id prefix (8
     from prefect_launch.blocks.scheduling_history import PHASES, RESULTS, read_history
 
     if sort not in ("created", "updated"):
-        _fail(f"--sort must be created or updated, got {sort!r}")
+        fail(f"--sort must be created or updated, got {sort!r}")
     bad = [p for p in phase or [] if p not in PHASES] + [r for r in result or [] if r.upper() not in RESULTS]
     if bad:
-        _fail(f"unknown --phase/--result {', '.join(bad)}; phases: {', '.join(PHASES)}; results: {', '.join(RESULTS)}")
-    since_dt, until_dt = _when(since, "--since"), _when(until, "--until")
-    with _client() as client:
+        fail(f"unknown --phase/--result {', '.join(bad)}; phases: {', '.join(PHASES)}; results: {', '.join(RESULTS)}")
+    with prefect_client() as client:
         try:
             run_id = _find_run_id(client, run)
         except LookupError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         try:
             store = RunMetricsStore.load(os.environ.get("LAUNCH_METRICS_BLOCK", "default"))
         except Exception:
             store = RunMetricsStore()
     rows = read_history(store, run_id, phase=phase or None, result=[r.upper() for r in result] if result else None,
-                        error_code=error_code or None, since=since_dt, until=until_dt, sort=sort)
+                        error_code=error_code or None, since=since, until=until, sort=sort)
     if as_json:
-        _print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     if not rows:
         console.print(f"no scheduling history for run {run_id} (with these filters): no agent has seen it yet, "
@@ -502,11 +449,11 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
     from prefect_launch.blocks.metrics_store import RunMetricsStore
     from prefect_launch.blocks.queue_links import QueueLinks
 
-    with _client() as client:  # fail early, with a hint, when no server answers
+    with prefect_client() as client:  # fail early, with a hint, when no server answers
         try:
             client.hello()
         except Exception as exc:
-            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+            fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
     for block in (RunMetricsStore, QueueLinks):
         block.register_type_and_schema()
     name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
@@ -515,21 +462,21 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
     try:
         store, action = configure_store(name, metrics_url, metrics_password_secret)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         version = store.schema_version()
     except ValueError as exc:
-        _fail(store.redact(str(exc)))
+        fail(store.redact(str(exc)))
     except Exception as exc:  # the store does not answer: say so, never with its password
-        _fail(f"cannot open the metrics store {store.display_url()}: "
+        fail(f"cannot open the metrics store {store.display_url()}: "
               f"{store.redact(f'{type(exc).__name__}: {exc}').splitlines()[0]}")
     url = store.display_url()
     from prefect_launch.deployments.zombies import ensure_zombie_automation
 
-    with _client() as client:
+    with prefect_client() as client:
         zombies = ensure_zombie_automation(client)
     if as_json:
-        _print_json({"metrics_block": name, "action": action, "url": url, "password": store.password_source(),
+        print_json({"metrics_block": name, "action": action, "url": url, "password": store.password_source(),
                      "schema_version": version,
                      "zombie_automation": zombies.model_dump()})
     else:
@@ -544,14 +491,14 @@ def _index_service():
     from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import index_sync as X
 
-    with _client() as client:
+    with prefect_client() as client:
         try:
             client.hello()
         except Exception as exc:
-            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+            fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
     store = D.metrics_store()
     if store is None:
-        _fail("no metrics store: run `prefect-launch setup` first")
+        fail("no metrics store: run `prefect-launch setup` first")
     return X.service_for(store, D.get_api()), X
 
 
@@ -570,7 +517,7 @@ def monitor_index(days: Optional[float] = typer.Option(None, "--days", help="How
             res = X.build(svc.index, svc.api, days, progress=lambda n: bar.update(task, description=f"reading runs: {n:,}"))
     out = dict(res.model_dump(), **svc.status(), indexed=svc.index.count())
     if as_json:
-        _print_json(out)
+        print_json(out)
     else:
         console.print(f"run index built: {out['indexed']:,} runs, {res.runs_read:,} read in {res.took_s:.1f} s; "
                       f"covers runs expected since {out['covered_since']}", highlight=False)
@@ -586,7 +533,7 @@ def monitor_status(sync: bool = typer.Option(True, "--sync/--no-sync", help="Syn
         out["sync"] = X.sync(svc.index, svc.api).model_dump()
         out.update(svc.status(), indexed=svc.index.count())
     if as_json:
-        _print_json(out)
+        print_json(out)
         return
     if not out["built"]:
         console.print("run index: not built yet; `prefect-launch monitor index` builds it (or open the dashboard)")
@@ -600,15 +547,15 @@ def _store():
     from prefect_launch.blocks.metrics_store import RunMetricsStore
 
     name = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
-    with _client() as client:
+    with prefect_client() as client:
         try:
             client.hello()
         except Exception as exc:
-            _fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
+            fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
     try:
         return name, RunMetricsStore.load(name)
     except ValueError:
-        _fail(f"no metrics store block {name!r}: run `prefect-launch setup` first")
+        fail(f"no metrics store block {name!r}: run `prefect-launch setup` first")
 
 
 @store_app.command("retention")
@@ -621,7 +568,7 @@ def store_retention(days: Optional[int] = typer.Argument(None, min=1, help="Keep
         store.retention_days = days
         store.save(name, overwrite=True)
     if as_json:
-        _print_json({"metrics_block": name, "retention_days": store.retention_days})
+        print_json({"metrics_block": name, "retention_days": store.retention_days})
     else:
         console.print(f"metrics store block [bold]{name}[/]: keeps runs for {store.retention_days} days",
                       highlight=False)
@@ -636,7 +583,7 @@ def store_purge(older_than_days: Optional[float] = typer.Option(
     days = older_than_days if older_than_days is not None else store.retention_days
     deleted = store.purge(days)
     if as_json:
-        _print_json({"metrics_block": name, "older_than_days": days, "deleted_runs": deleted})
+        print_json({"metrics_block": name, "older_than_days": days, "deleted_runs": deleted})
     else:
         console.print(f"metrics store block [bold]{name}[/]: deleted {deleted} run(s) that ended more than "
                       f"{days:g} days ago", highlight=False)
@@ -645,8 +592,10 @@ def store_purge(older_than_days: Optional[float] = typer.Option(
 # ----------------------------------------------------------------------------- report
 @app.command("report")
 def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or queue."),
-           since: str = typer.Option("7d", "--since", help="Start of the range: 7d, 12h, 30m, or an ISO time (UTC)."),
-           until: Optional[str] = typer.Option(None, "--until", help="End of the range (default now)."),
+           since: datetime = typer.Option("7d", "--since", parser=time_option, metavar="TIME",
+                                          help=f"Start of the range: {TIME_HELP}"),
+           until: Optional[datetime] = typer.Option(None, "--until", parser=time_option, metavar="TIME",
+                                                    help=f"End of the range (default now): {TIME_HELP}"),
            queue: Optional[List[str]] = typer.Option(None, "--queue", "-q", help="Only these queues."),
            as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
            as_csv: bool = typer.Option(False, "--csv", help="Print as CSV.")) -> None:
@@ -660,16 +609,13 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
     from prefect_launch.dashboard import data as D
 
     if by not in C.BY:
-        _fail(f"--by must be one of {', '.join(C.BY)}")
+        fail(f"--by must be one of {', '.join(C.BY)}")
     if as_json and as_csv:
-        _fail("give --json or --csv, not both")
-    try:
-        t0, t1 = C.parse_since(since), (C.parse_since(until) if until else None)
-    except ValueError as exc:
-        _fail(str(exc))
+        fail("give --json or --csv, not both")
+    t0, t1 = since, until
     store = D.metrics_store()
     if store is None:
-        _fail("no metrics store: set LAUNCH_METRICS_URL or run `prefect-launch setup`")
+        fail("no metrics store: set LAUNCH_METRICS_URL or run `prefect-launch setup`")
     try:
         deployments = D.fetch_deployments(D.get_api())  # names the jobs of runs whose record has only the id
     except Exception:
@@ -677,9 +623,9 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
     try:
         table = C.report(store, by, t0, t1, queues=queue or (), deployments=deployments)
     except Exception as exc:
-        _fail(f"cannot read the metrics store: {str(exc).splitlines()[0][:300]}")
+        fail(f"cannot read the metrics store: {str(exc).splitlines()[0][:300]}")
     if as_json:
-        _print_json({"by": by, "since": t0.isoformat(), "until": (t1 or D.dt.datetime.now(D.UTC)).isoformat(),
+        print_json({"by": by, "since": t0.isoformat(), "until": (t1 or D.dt.datetime.now(D.UTC)).isoformat(),
                      "rows": C.report_rows(table)})
         return
     if as_csv:
@@ -699,8 +645,6 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
                     for k, _ in cols])
     console.print(t)
 
-
-from prefect_launch.session_cli import session_app  # noqa: E402  (its commands use this module's helpers)
 
 app.add_typer(session_app, name="session")
 

@@ -8,13 +8,9 @@ from typing import List, Optional
 
 import typer
 
+from prefect_launch.cli_common import console, fail, prefect_client, print_json, starts_at_option
+
 session_app = typer.Typer(help="Batch and interactive compute sessions (Backend.AI-style).", no_args_is_help=True)
-
-
-def _c():
-    from prefect_launch import cli
-
-    return cli
 
 
 def _owner(owner: Optional[str]) -> str:
@@ -27,7 +23,7 @@ def _ports(value: Optional[List[str]]) -> list[int]:
         try:
             out.append(int(p))
         except ValueError:
-            _c()._fail(f"--port {p!r} is not a number; give a port 1024-65535")
+            fail(f"--port {p!r} is not a number; give a port 1024-65535")
     return out
 
 
@@ -48,7 +44,9 @@ def session_start(
     count: int = typer.Option(1, "--count"),
     owner: Optional[str] = typer.Option(None, "--owner"),
     startup_command: Optional[str] = typer.Option(None, "--startup-command", help="Batch: the command to run"),
-    starts_at: Optional[str] = typer.Option(None, "--starts-at", help="Batch: ISO time or delay like 1h"),
+    starts_at: Optional[str] = typer.Option(None, "--starts-at", parser=starts_at_option, metavar="TIME",
+                                            help="Batch: ISO date or time (no offset: UTC), or a delay from now: "
+                                                 "90s, 1h30m, 2d"),
     timeout: Optional[str] = typer.Option(None, "--timeout", help="Batch: end it Failed after e.g. 30m"),
     omp_threads: Optional[int] = typer.Option(None, "--omp-threads"),
     priority: Optional[str] = typer.Option(None, "--priority"),
@@ -67,31 +65,30 @@ def session_start(
     from prefect_launch.deployments.sessions import SessionRequest, start_session
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
-    C = _c()
     if type_ not in ("batch", "interactive"):
-        C._fail(f"--type must be batch or interactive, got {type_!r}")
+        fail(f"--type must be batch or interactive, got {type_!r}")
     req = SessionRequest(type=type_, queue=queue, name=name, preset=preset, cpu=cpu, memory=memory, gpu=gpu,
                          shm_size=shm_size, image=image, env=list(env or []), mounts=list(mount or []),
                          ports=_ports(port), count=count, owner=owner, startup_command=startup_command,
                          starts_at=starts_at, timeout=timeout, omp_threads=omp_threads, priority=priority,
                          agent=agent, preemptible=preemptible, cluster_size=cluster_size, cluster_mode=cluster_mode)
     try:
-        with C._client() as client:
+        with prefect_client() as client:
             out = start_session(client, req, dry_run=dry_run)
     except LaunchValidationError as exc:
-        C._fail(str(exc))
+        fail(str(exc))
     if as_json:
-        C._print_json(out.model_dump(mode="json"))
+        print_json(out.model_dump(mode="json"))
         return
     verb = "would start" if dry_run else "started"
-    C.console.print(f"{verb} {len(out.names)} {out.type} session(s) on [bold]{out.queue}[/] "
+    console.print(f"{verb} {len(out.names)} {out.type} session(s) on [bold]{out.queue}[/] "
                     f"(preset {out.preset}: {out.resources}"
                     + (f" per member; cluster of {out.cluster_size}, {out.cluster_mode}" if out.cluster_size > 1 else "")
                     + (", preemptible" if out.preemptible else "") + ")", highlight=False)
     for rid, n in zip(out.run_ids or [""] * len(out.names), out.names):
-        C.console.print(f"  {rid or '-'}  {n}", highlight=False)
+        console.print(f"  {rid or '-'}  {n}", highlight=False)
     for w in out.warnings:
-        C.console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
 
 
 @session_app.command("ls")
@@ -104,11 +101,10 @@ def session_ls(owner: Optional[str] = typer.Option(None, "--owner", help="Defaul
 
     from prefect_launch.deployments.session_view import list_sessions
 
-    C = _c()
-    with C._client() as client:
+    with prefect_client() as client:
         rows = list_sessions(client, owner=None if all_owners else _owner(owner), include_ended=ended)
     if as_json:
-        C._print_json([r.model_dump(mode="json") for r in rows])
+        print_json([r.model_dump(mode="json") for r in rows])
         return
     table = Table(title="sessions")
     for col in ("id", "name", "status", "type", "queue", "resources", "time", "agent", "position", "eta", "why"):
@@ -117,23 +113,7 @@ def session_ls(owner: Optional[str] = typer.Option(None, "--owner", help="Defaul
         t = f"ran {r.elapsed_s:.0f}s" if r.elapsed_s is not None else (f"waited {r.waited_s:.0f}s" if r.waited_s else "-")
         table.add_row(r.id[:8], r.name, r.status, r.type or "-", r.queue or "-", r.resources or "-", t,
                       r.agent or "-", str(r.position or "-"), f"{r.eta:%H:%M:%S}" if r.eta else "-", r.reason or "")
-    C.console.print(table)
-
-
-def _app_urls(client, fr) -> list[str]:
-    from prefect.blocks.system import Secret
-
-    from prefect_launch.deployments.session_view import row_of
-    from datetime import datetime, timezone
-
-    row = row_of(fr, datetime.now(timezone.utc))
-    if row.type != "interactive" or not fr.state or fr.state.type.value != "RUNNING":
-        return []
-    try:
-        token = Secret.load(f"session-token-{fr.id}").get()
-    except Exception:
-        return []
-    return [f"http://127.0.0.1:{p}/lab?token={token}" for p in row.ports[:1]]
+    console.print(table)
 
 
 @session_app.command("show")
@@ -143,15 +123,14 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
     """One session: owner, status, type, env, mounts, allocation, times, agent, usage, app URLs, idle checks."""
     from datetime import datetime, timezone
 
-    from prefect_launch.deployments.session_view import find_session, idle_checks_of, row_of
+    from prefect_launch.deployments.session_view import app_urls, find_session, idle_checks_of, row_of
 
-    C = _c()
-    with C._client() as client:
+    with prefect_client() as client:
         try:
             fr = find_session(client, session, _owner(owner))
         except LookupError as exc:
-            C._fail(str(exc))
-        urls = _app_urls(client, fr)
+            fail(str(exc))
+        urls = app_urls(client, fr)
     now = datetime.now(timezone.utc)
     row = row_of(fr, now)
     jv = fr.job_variables or {}
@@ -167,18 +146,18 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
     except Exception:
         data["usage"] = None
     if as_json:
-        C._print_json(data)
+        print_json(data)
         return
     for k, v in data.items():
         if k not in ("usage", "idle_checks") and v not in (None, [], {}):
-            C.console.print(f"[bold]{k}[/]: {v}", highlight=False)
+            console.print(f"[bold]{k}[/]: {v}", highlight=False)
     if data["idle_checks"]:
-        C.console.print("[bold]idle checks[/]:", highlight=False)
+        console.print("[bold]idle checks[/]:", highlight=False)
         for line in data["idle_checks"]["lines"]:
-            C.console.print(f"  {line}", highlight=False, markup=False)
+            console.print(f"  {line}", highlight=False, markup=False)
     if data["usage"]:
         u = data["usage"]
-        C.console.print(f"[bold]usage[/]: cpu mean {u.get('cpu_mean_pct')}%, peak memory {u.get('peak_rss_bytes')} B, "
+        console.print(f"[bold]usage[/]: cpu mean {u.get('cpu_mean_pct')}%, peak memory {u.get('peak_rss_bytes')} B, "
                         f"net rx {u.get('net_rx_bytes')} B / tx {u.get('net_tx_bytes')} B", highlight=False)
 
 
@@ -192,19 +171,18 @@ def session_logs(session: str = typer.Argument(...), owner: Optional[str] = type
 
     from prefect_launch.deployments.session_view import find_session
 
-    C = _c()
     seen = 0
-    with C._client() as client:
+    with prefect_client() as client:
         try:
             fr = find_session(client, session, _owner(owner))
         except LookupError as exc:
-            C._fail(str(exc))
+            fail(str(exc))
         while True:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])),
                                     sort=LogSort.TIMESTAMP_ASC, limit=200, offset=seen)
             for lg in logs:
                 if as_json:
-                    C._print_json({"time": lg.timestamp, "level": lg.level, "message": lg.message})
+                    print_json({"time": lg.timestamp, "level": lg.level, "message": lg.message})
                 else:
                     print(f"{lg.timestamp:%H:%M:%S} {lg.message}", flush=True)
             seen += len(logs)
@@ -225,15 +203,14 @@ def session_terminate(session: str = typer.Argument(...), owner: Optional[str] =
 
     from prefect_launch.deployments.session_view import find_session
 
-    C = _c()
     who = getpass.getuser()
-    with C._client() as client:
+    with prefect_client() as client:
         try:
             fr = find_session(client, session, _owner(owner))
         except LookupError as exc:
-            C._fail(str(exc))
+            fail(str(exc))
         if fr.state and fr.state.is_final():
-            C._fail(f"session {fr.name} already ended ({fr.state_name})")
+            fail(f"session {fr.name} already ended ({fr.state_name})")
         message = f"terminated by {who}"
         if fr.state and fr.state.type.value in ("SCHEDULED", "PAUSED"):
             client.set_flow_run_state(fr.id, Cancelled(message=message), force=True)
@@ -245,9 +222,9 @@ def session_terminate(session: str = typer.Argument(...), owner: Optional[str] =
             time.sleep(1)
             state = client.read_flow_run(fr.id).state
     if as_json:
-        C._print_json({"id": str(fr.id), "name": fr.name, "status": state.name, "message": state.message})
+        print_json({"id": str(fr.id), "name": fr.name, "status": state.name, "message": state.message})
     else:
-        C.console.print(f"session {fr.name}: {state.name}", highlight=False)
+        console.print(f"session {fr.name}: {state.name}", highlight=False)
 
 
 @session_app.command("rename")
@@ -259,23 +236,22 @@ def session_rename(session: str = typer.Argument(...), new_name: str = typer.Arg
     from prefect_launch.deployments.session_view import find_session
     from prefect_launch.deployments.sessions import NAME_RE, live_sessions
 
-    C = _c()
     if not NAME_RE.match(new_name):
-        C._fail(f"name {new_name!r}: use 4-64 letters, digits, '_', '.' or '-', starting and ending with a letter or digit")
-    with C._client() as client:
+        fail(f"name {new_name!r}: use 4-64 letters, digits, '_', '.' or '-', starting and ending with a letter or digit")
+    with prefect_client() as client:
         try:
             fr = find_session(client, session, _owner(owner))
         except LookupError as exc:
-            C._fail(str(exc))
+            fail(str(exc))
         if not fr.state or fr.state.type.value != "RUNNING":
-            C._fail(f"session {fr.name} is {fr.state_name}; only a running session can be renamed")
+            fail(f"session {fr.name} is {fr.state_name}; only a running session can be renamed")
         if any(r.name == new_name for r in live_sessions(client, _owner(owner))):
-            C._fail(f"name {new_name!r} is taken by another live session")
+            fail(f"name {new_name!r} is taken by another live session")
         client.update_flow_run(fr.id, name=new_name)
     if as_json:
-        C._print_json({"id": str(fr.id), "old_name": fr.name, "name": new_name})
+        print_json({"id": str(fr.id), "old_name": fr.name, "name": new_name})
     else:
-        C.console.print(f"renamed {fr.name} -> {new_name}", highlight=False)
+        console.print(f"renamed {fr.name} -> {new_name}", highlight=False)
 
 
 @session_app.command("recent")
@@ -284,14 +260,13 @@ def session_recent(owner: Optional[str] = typer.Option(None, "--owner"),
     """Your last five launch configurations (and pinned ones)."""
     from prefect_launch.deployments.session_recent import load
 
-    C = _c()
-    with C._client() as client:
+    with prefect_client() as client:
         recent = load(client, _owner(owner))
     if as_json:
-        C._print_json([e.model_dump(mode="json") for e in recent.entries])
+        print_json([e.model_dump(mode="json") for e in recent.entries])
         return
     for e in recent.entries:
-        C.console.print(f"{e.id}  {'[pinned] ' if e.pinned else ''}{e.label}  {e.created:%Y-%m-%d %H:%M}", highlight=False)
+        console.print(f"{e.id}  {'[pinned] ' if e.pinned else ''}{e.label}  {e.created:%Y-%m-%d %H:%M}", highlight=False)
 
 
 @session_app.command("pin")
@@ -301,16 +276,15 @@ def session_pin(entry: str = typer.Argument(..., help="Recent entry id"), unpin:
     """Pin (keep beyond five) or rename a recent launch configuration."""
     from prefect_launch.deployments.session_recent import update
 
-    C = _c()
-    with C._client() as client:
+    with prefect_client() as client:
         try:
             e = update(client, _owner(owner), entry, pinned=not unpin, label=label)
         except (LookupError, ValueError) as exc:
-            C._fail(str(exc))
+            fail(str(exc))
     if as_json:
-        C._print_json(e.model_dump(mode="json"))
+        print_json(e.model_dump(mode="json"))
     else:
-        C.console.print(f"{e.id}: {'pinned' if e.pinned else 'unpinned'} {e.label}", highlight=False)
+        console.print(f"{e.id}: {'pinned' if e.pinned else 'unpinned'} {e.label}", highlight=False)
 
 
 @session_app.command("relaunch")
@@ -323,18 +297,17 @@ def session_relaunch(entry: str = typer.Argument(..., help="Recent entry id"),
     from prefect_launch.deployments.sessions import SessionRequest, start_session
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
-    C = _c()
-    with C._client() as client:
+    with prefect_client() as client:
         try:
             e = find(load(client, _owner(owner)), entry)
             req = SessionRequest.model_validate({**e.request, "name": name, "owner": _owner(owner)})
             out = start_session(client, req)
         except (LookupError, LaunchValidationError) as exc:
-            C._fail(str(exc))
+            fail(str(exc))
     if as_json:
-        C._print_json(out.model_dump(mode="json"))
+        print_json(out.model_dump(mode="json"))
     else:
-        C.console.print(f"relaunched {e.label}: {', '.join(out.names)}", highlight=False)
+        console.print(f"relaunched {e.label}: {', '.join(out.names)}", highlight=False)
 
 
 @session_app.command("images")
@@ -344,7 +317,6 @@ def session_images(owner: Optional[str] = typer.Option(None, "--owner"),
     from prefect_launch.deployments.session_commit import list_owner_images
     from prefect_launch.workers.scheduling.resources import format_size
 
-    C = _c()
     try:
         import docker
 
@@ -352,12 +324,12 @@ def session_images(owner: Optional[str] = typer.Option(None, "--owner"),
         images = list_owner_images(docker_client, _owner(owner))
         docker_client.close()
     except Exception as exc:
-        C._fail(f"cannot list images on the Docker daemon (DOCKER_HOST): {exc}")
+        fail(f"cannot list images on the Docker daemon (DOCKER_HOST): {exc}")
     if as_json:
-        C._print_json([i.model_dump(mode="json") for i in images])
+        print_json([i.model_dump(mode="json") for i in images])
         return
     if not images:
-        C.console.print(f"no committed images of {_owner(owner)} on this Docker host; make one with "
+        console.print(f"no committed images of {_owner(owner)} on this Docker host; make one with "
                         "`prefect-launch session commit SESSION --image-name NAME`", highlight=False)
         return
     from rich.table import Table
@@ -367,7 +339,7 @@ def session_images(owner: Optional[str] = typer.Option(None, "--owner"),
         table.add_row(i.image, f"{i.created:%Y-%m-%d %H:%M}" if i.created else "-",
                       format_size(i.size_bytes) if i.size_bytes else "-", i.session or "-",
                       ", ".join(t.rsplit(":", 1)[-1] for t in i.tags[1:]) or "-")
-    C.console.print(table)
+    console.print(table)
 
 
 @session_app.command("commit")
@@ -380,30 +352,29 @@ def session_commit(session: str = typer.Argument(..., help="Name or id of a runn
     from prefect_launch.deployments.session_commit import check_image_name, commit_session
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
-    C = _c()
     problem = check_image_name(image_name)
     if problem:
-        C._fail(problem)
+        fail(problem)
     try:
         import docker
 
         docker_client = docker.from_env(timeout=120)
     except Exception as exc:
-        C._fail(f"cannot reach the Docker daemon (DOCKER_HOST) to commit: {exc}")
+        fail(f"cannot reach the Docker daemon (DOCKER_HOST) to commit: {exc}")
     try:
-        with C._client() as client:
+        with prefect_client() as client:
             out = commit_session(client, docker_client, session, image_name, _owner(owner))
     except LaunchValidationError as exc:
-        C._fail(str(exc))
+        fail(str(exc))
     finally:
         docker_client.close()
     if as_json:
-        C._print_json(out.model_dump(mode="json"))
+        print_json(out.model_dump(mode="json"))
         return
-    C.console.print(f"session {out.session} committed to [bold]{out.image}[/] (also :{out.tag}, id {out.image_id[7:19]})",
+    console.print(f"session {out.session} committed to [bold]{out.image}[/] (also :{out.tag}, id {out.image_id[7:19]})",
                     highlight=False)
     if out.excluded_mounts:
-        C.console.print(f"  not in the image (mounted folders, volumes): {', '.join(out.excluded_mounts)}",
+        console.print(f"  not in the image (mounted folders, volumes): {', '.join(out.excluded_mounts)}",
                         highlight=False)
-    C.console.print(f"  start a session on it: prefect-launch session start --queue QUEUE --image {out.image}",
+    console.print(f"  start a session on it: prefect-launch session start --queue QUEUE --image {out.image}",
                     highlight=False)

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from prefect_launch.workers.agent.registry import AgentState, offline_reasons
-from prefect_launch.workers.durations import format_duration, parse_duration
+from prefect_launch.times import duration_seconds, format_duration
 from prefect_launch.workers.scheduling.ledger import Allocation, Ledger
 from prefect_launch.workers.scheduling.placement import Candidate, plan
 from prefect_launch.workers.agent.recovery import Found, decide, find_run_processes, pid_start_time, process_is_run
@@ -104,11 +104,11 @@ def test_ledger_adopt_restores_exact_gpus_and_refuses_clash():
 
 
 def test_durations():
-    assert parse_duration("90") == 90 and parse_duration("90s") == 90 and parse_duration("1h30m") == 5400
-    assert parse_duration(2.5) == 2.5 and parse_duration(None) is None and parse_duration("2d") == 172800
+    assert duration_seconds("90") == 90 and duration_seconds("90s") == 90 and duration_seconds("1h30m") == 5400
+    assert duration_seconds(2.5) == 2.5 and duration_seconds(None) is None and duration_seconds("2d") == 172800
     for bad in ("soon", "-5", "0", "5x", "h", True):
         with pytest.raises(LaunchValidationError, match="timeout"):
-            parse_duration(bad)
+            duration_seconds(bad)
     assert format_duration(5400) == "1h30m" and format_duration(3) == "3s"
 
 

@@ -52,7 +52,7 @@ from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRe
 from prefect_launch.workers.agent.context import AgentContext
 from prefect_launch.workers.agent.registry import AgentRun, AgentState, offline_reasons, publish, read_agents
 from prefect_launch.workers.scheduling.dispatch import DispatchHooks, WaitNotes, dispatch_cycle
-from prefect_launch.workers.durations import format_duration
+from prefect_launch.times import format_duration
 from prefect_launch.workers.metrics.idle_checks import IdleChecker, Verdict, app_activity
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import run_environment

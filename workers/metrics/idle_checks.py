@@ -32,7 +32,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field, field_validator
 
-from prefect_launch.workers.durations import format_duration, parse_duration
+from prefect_launch.times import duration_seconds, format_duration
 
 
 class UtilizationPolicy(BaseModel):
@@ -47,7 +47,7 @@ class UtilizationPolicy(BaseModel):
     @field_validator("grace_period", "window")
     @classmethod
     def _dur(cls, v: str) -> str:
-        parse_duration(v, "idle utilization duration")
+        duration_seconds(v, "idle utilization duration")
         return v
 
 
@@ -69,7 +69,7 @@ class IdlePolicy(BaseModel):
     @classmethod
     def _dur(cls, v: Optional[str]) -> Optional[str]:
         if v is not None:
-            parse_duration(v, "idle duration")
+            duration_seconds(v, "idle duration")
         return v
 
 
@@ -94,8 +94,8 @@ class IdleChecker:
         self.connections = 0
         self.app_ready: Optional[bool] = None  # None: not observed (no ports, or the caller does not say)
         u = policy.utilization
-        self._window_s = parse_duration(u.window) if u else 0.0
-        self._grace_s = parse_duration(u.grace_period) if u else 0.0
+        self._window_s = duration_seconds(u.window) if u else 0.0
+        self._grace_s = duration_seconds(u.grace_period) if u else 0.0
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
 
     def observe(self, now: float, cpu_share_pct: Optional[float] = None, rss_bytes: Optional[int] = None,
@@ -126,9 +126,9 @@ class IdleChecker:
         out: dict[str, Optional[float]] = {}
         p = self.policy
         if p.max_lifetime:
-            out["max_lifetime"] = self.lifetime_base + parse_duration(p.max_lifetime) - now
+            out["max_lifetime"] = self.lifetime_base + duration_seconds(p.max_lifetime) - now
         if p.network_idle_timeout and self.session_type == "interactive":
-            out["network_idle_timeout"] = self.last_access + parse_duration(p.network_idle_timeout) - now
+            out["network_idle_timeout"] = self.last_access + duration_seconds(p.network_idle_timeout) - now
         if p.utilization:
             out["utilization"] = max(0.0, self.started + self._grace_s - now) if now < self.started + self._grace_s \
                 else None
@@ -143,12 +143,12 @@ class IdleChecker:
 
     def check(self, now: float) -> Optional[Verdict]:
         p = self.policy
-        if p.max_lifetime and now >= self.lifetime_base + parse_duration(p.max_lifetime):
+        if p.max_lifetime and now >= self.lifetime_base + duration_seconds(p.max_lifetime):
             return Verdict(reason="idle-session-lifetime",
                            message=f"idle-session-lifetime: the session reached its maximum lifetime of "
-                                   f"{format_duration(parse_duration(p.max_lifetime))}")
+                                   f"{format_duration(duration_seconds(p.max_lifetime))}")
         if p.network_idle_timeout and self.session_type == "interactive":
-            limit = parse_duration(p.network_idle_timeout)
+            limit = duration_seconds(p.network_idle_timeout)
             if now - self.last_access >= limit:
                 return Verdict(reason="idle-timeout",
                                message=f"idle-timeout: no connection to the session's apps for {format_duration(limit)}")
@@ -189,10 +189,10 @@ class IdleChecker:
         checks: list[dict[str, Any]] = []
         if p.max_lifetime:
             checks.append({"name": "session_lifetime", "limit": p.max_lifetime, "from": p.lifetime_from,
-                           "deadline": round(self.lifetime_base + parse_duration(p.max_lifetime), 1)})
+                           "deadline": round(self.lifetime_base + duration_seconds(p.max_lifetime), 1)})
         if p.network_idle_timeout and self.session_type == "interactive":
             checks.append({"name": "network_timeout", "limit": p.network_idle_timeout,
-                           "deadline": round(self.last_access + parse_duration(p.network_idle_timeout), 1),
+                           "deadline": round(self.last_access + duration_seconds(p.network_idle_timeout), 1),
                            "connections": self.connections, "app_ready": self.app_ready})
         u = p.utilization
         if u:

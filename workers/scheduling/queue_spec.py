@@ -141,11 +141,11 @@ class QueueSpec(BaseModel):
     @field_validator("preempt_grace", mode="before")
     @classmethod
     def _grace(cls, v: object) -> str:
-        from prefect_launch.workers.durations import parse_duration
+        from prefect_launch.times import duration_seconds
 
         if v is None or v == "":
             return "30s"
-        parse_duration(v, "preempt_grace")  # type: ignore[arg-type]
+        duration_seconds(v, "preempt_grace")  # type: ignore[arg-type]
         return str(v)
 
     def sharing_text(self) -> str:
@@ -166,18 +166,18 @@ class QueueSpec(BaseModel):
 
     @property
     def preempt_grace_s(self) -> float:
-        from prefect_launch.workers.durations import parse_duration
+        from prefect_launch.times import duration_seconds
 
-        return float(parse_duration(self.preempt_grace, "preempt_grace") or 30.0)
+        return float(duration_seconds(self.preempt_grace, "preempt_grace") or 30.0)
 
     @field_validator("timeout", mode="before")
     @classmethod
     def _timeout(cls, v: object) -> Optional[str]:
-        from prefect_launch.workers.durations import parse_duration
+        from prefect_launch.times import duration_seconds
 
         if v is None or v == "":
             return None
-        parse_duration(v, "timeout")  # type: ignore[arg-type]
+        duration_seconds(v, "timeout")  # type: ignore[arg-type]
         return str(v)
 
     @field_validator("name")

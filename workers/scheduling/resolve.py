@@ -13,7 +13,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from prefect_launch.workers.cluster.spec import ClusterSpec, cluster_of
-from prefect_launch.workers.durations import parse_duration
+from prefect_launch.times import duration_seconds
 from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources, parse_size
 
@@ -78,14 +78,14 @@ def resolve_request(
     res = spec.presets[spec.default_preset].to_resources()
     preset = spec.default_preset
     agent = None
-    timeout = parse_duration(spec.timeout, f"timeout of queue {spec.name!r}")
+    timeout = duration_seconds(spec.timeout, f"timeout of queue {spec.name!r}")
     preemptible = bool(priority and priority in spec.preemptible_priorities)
     for layer, where in ((deployment_vars or {}, "in the job's deployment"), (run_vars or {}, "in the submission")):
         res, named = _layer_overlay(spec, res, layer, where)
         preset = named or preset
         agent = layer.get("agent") or agent
         if layer.get("timeout") not in (None, ""):
-            timeout = parse_duration(layer["timeout"], f"timeout {where}")
+            timeout = duration_seconds(layer["timeout"], f"timeout {where}")
         if layer.get("preemptible") is not None:
             if not isinstance(layer["preemptible"], bool):
                 raise LaunchValidationError(f"preemptible must be true or false {where}, got {layer['preemptible']!r}")

@@ -60,7 +60,7 @@ from prefect_kubernetes.worker import (
 
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.scheduling.dispatch import WaitNotes
-from prefect_launch.workers.durations import format_duration
+from prefect_launch.times import format_duration
 from prefect_launch.workers.cluster.kubernetes_events import observe_cluster
 from prefect_launch.workers.cluster.kubernetes_run import KubernetesClusterMixin
 from prefect_launch.workers.backends.kubernetes.events import Observation, observe
