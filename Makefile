@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv system-deps bench dashboard clean
+.PHONY: demo test test-fast venv system-deps bench dashboard clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,12 @@ PYTEST_WORKERS ?= $(shell $(PY) -c "import os; print(max(2, min(4, len(os.sched_
 PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 test: venv system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The pure tests alone: no Prefect server, agent, Docker, browser or PostgreSQL (the `server` marker,
+# set in tests/conftest.py; tests/README.md), so no system-deps. Under a minute on 2 cores.
+FAST_ARGS ?= -n 2 --durations=10
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not server" $(FAST_ARGS)
 
 # Each benchmark runs our path and stock Prefect's in one run and ends with one JSON line.
 bench: venv

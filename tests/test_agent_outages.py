@@ -17,6 +17,8 @@ import pytest
 from launch_helpers import agent, apply_queue, cli_json, deploy_probe, read_runs, records, wait_final, wait_running
 from prefect_launch.local_server import free_port, local_prefect_server
 
+pytestmark = pytest.mark.server  # its own server, stopped and started again, and agents
+
 
 @pytest.fixture
 def restartable_server(tmp_path_factory):

@@ -18,6 +18,8 @@ import pytest
 from launch_helpers import CLI, apply_queue, cli, deploy_probe
 from prefect_launch.local_server import free_port, start_prefect_server, wait_healthy
 
+pytestmark = pytest.mark.server  # its own server, killed and restarted
+
 
 class _Server:
     def __init__(self, home: Path):

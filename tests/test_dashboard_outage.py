@@ -10,6 +10,7 @@ import uuid
 
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from fixtures_dashboard import choose, fresh_app, tables
@@ -17,6 +18,8 @@ from launch_helpers import restored_prefect_env
 from prefect_launch.local_server import free_port, local_prefect_server
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+
+pytestmark = pytest.mark.server  # its own server, stopped and started again
 
 
 def _queues_shown(at: AppTest) -> set[str]:

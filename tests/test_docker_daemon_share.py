@@ -25,8 +25,9 @@ sys.path.insert(0, str(TESTS))
 
 from docker_env import _answers, docker_daemon  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not shutil.which("dockerd") or os.geteuid() != 0,
-                                reason="needs dockerd and root (make system-deps installs docker.io)")
+pytestmark = [pytest.mark.server,  # dockerd, started by the holder processes
+              pytest.mark.skipif(not shutil.which("dockerd") or os.geteuid() != 0,
+                                 reason="needs dockerd and root (make system-deps installs docker.io)")]
 
 HOLDER = """
 import pathlib, sys, time

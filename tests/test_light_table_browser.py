@@ -35,7 +35,8 @@ LT.table(df, "big", "Big table", labels={{"queued_s": "queued s", "link": "Prefe
          empty={{"energy_wh": "unavailable"}})
 """
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=CHROMIUM_MISSING)
+pytestmark = [pytest.mark.server,  # a served Streamlit app and Chromium
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=CHROMIUM_MISSING)]
 
 
 @pytest.fixture(scope="module")

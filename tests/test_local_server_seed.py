@@ -11,7 +11,11 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from prefect_launch.local_server import seed_sqlite_database
+
+pytestmark = pytest.mark.server  # Prefect's migrations (`prefect server database upgrade`, ~10 s) build the template
 
 
 def _revision(db: Path) -> set[str]:

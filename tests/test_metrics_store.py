@@ -24,7 +24,7 @@ from prefect_launch.blocks.metrics_store import (
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.server)])  # pg_url: a private PostgreSQL
 def store(request, tmp_path) -> RunMetricsStore:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'metrics.db'}"
@@ -177,6 +177,7 @@ def _make_v1(url: str) -> None:
     engine.dispose()
 
 
+@pytest.mark.server  # its PostgreSQL half (pg_url)
 def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
     for kind in ("sqlite", "postgresql"):
         url = f"sqlite:///{tmp_path / 'old.db'}" if kind == "sqlite" else request.getfixturevalue("pg_url")

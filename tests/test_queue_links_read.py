@@ -86,6 +86,7 @@ def test_an_unreachable_server_is_not_taken_for_no_links(prefect_server, queues)
     assert not isinstance(got.value, AssertionError)
 
 
+@pytest.mark.server  # its own server, stopped and started again
 def test_the_kept_prefect_client_reads_again_after_its_server_restarts(tmp_path):
     """The monitor keeps one Prefect client per API URL (dashboard/api.prefect_client): with its
     server stopped a read fails without Prefect's minute of retries (the page then says why), and once a server answers on that URL again the

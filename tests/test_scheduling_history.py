@@ -34,7 +34,7 @@ def store(tmp_path):
     return RunMetricsStore(url=f"sqlite:///{tmp_path / 'h.db'}")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.server)])  # pg_url: a private PostgreSQL
 def any_store(request, tmp_path):
     """The merge rule on both SQL back ends the store supports."""
     url = f"sqlite:///{tmp_path / 'h.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")

@@ -26,6 +26,8 @@ from fixtures_pg import pg_server  # noqa: F401  (session PostgreSQL; skips with
 from launch_helpers import CLI, ROOT
 from prefect_launch.local_server import background_process, local_prefect_server
 
+pytestmark = pytest.mark.server  # its own server, with an auth string
+
 AUTH = f"launch:pw-{uuid.uuid4().hex[:12]}"
 
 

@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("jupyterlab")
 
+pytestmark = pytest.mark.server  # a served JupyterLab
+
 FLOW = Path(__file__).resolve().parents[1] / "flows" / "session.py"
 
 

@@ -93,6 +93,7 @@ def test_waiting_runs_show_position_and_eta_in_queue_ls_runs_ls_and_the_monitor(
         assert all("waiting" in w for w in table["why"])
 
 
+@pytest.mark.usefixtures("prefect_server")
 def test_eta_is_checked_against_the_runs_actual_starts(tmp_path, unique_name):
     """Ground truth for the prediction: after two runs of a job taught the agent its length and overheads,
     the ETAs that `queue ls` shows for two waiting runs are compared with the starts the runs then have
