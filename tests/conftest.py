@@ -58,6 +58,7 @@ def unique_name() -> str:
 SERVICE_FIXTURES = frozenset({
     "prefect_server",  # here: `prefect server start` (SQLite) for the session
     "pg_server", "pg_url", "prefect_server_pg",  # tests/fixtures_pg.py: a private PostgreSQL (+ a server on it)
+    "docker_host",  # tests/test_docker_backend.py: the suite's dockerd (under docker_client and image too)
 })
 
 SERVICE_COMMAND = re.compile(
@@ -66,7 +67,7 @@ SERVICE_COMMAND = re.compile(
     r"|\bdockerd\b|\bcontainerd\b"  # a Docker daemon
     r"|chrom(e|ium)|headless_shell|playwright"  # a browser (or Playwright's driver)
     r"|\binitdb\b|\bpg_ctl\b|/postgres\b"  # PostgreSQL
-    r"|streamlit\s+run\b|jupyter-?lab\b")  # a served Streamlit app or JupyterLab
+    r"|streamlit\s+run\b|prefect_launch\.dashboard\.serve\b|jupyter-?lab\b")  # a served Streamlit app, JupyterLab
 
 
 def mark_server_tests(items) -> None:
