@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from prefect_launch.workers.backends.kubernetes.events import observe
 
 JOB = {"metadata": {"name": "run-abcde", "namespace": "default"}, "status": {"active": 1}}
@@ -25,97 +27,84 @@ def terminated(code, reason="Error", message=None):
 
 
 UNSCHED = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
+FAILED_JOB = {**JOB, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                                "message": "Job has reached the specified backoff limit"}]}}
+DEADLINE_JOB = {**JOB, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
 
 
-def test_unschedulable_condition_is_the_waiting_reason():
-    p = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHED}])
-    obs = observe(JOB, [p], [])
-    assert obs.kind == "waiting" and obs.message == f"waiting: unschedulable: {UNSCHED}"
+def waiting(reason, message):
+    return {"containerStatuses": [{"name": "prefect-job",
+                                   "state": {"waiting": {"reason": reason, "message": message}}}]}
 
 
-def test_failed_scheduling_event_alone_is_enough():
-    obs = observe(JOB, [pod()], [event("run-abcde-x1", "FailedScheduling",
-                                       "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.")])
-    assert obs.kind == "waiting" and "didn't match Pod's node affinity/selector" in obs.message
+def case(id, pods, events=(), job=JOB, **want):
+    """One snapshot and what ``observe`` makes of it: ``kind``, ``end``, ``exit_code``, ``message`` are compared
+    exactly; ``starts`` and ``has`` are checked in the message."""
+    return pytest.param(job, pods, list(events), want, id=id)
 
 
-def test_old_failed_scheduling_is_ignored_once_placed():
-    p = pod(node="gpu-node-1", conditions=[{"type": "PodScheduled", "status": "True"}])
-    obs = observe(JOB, [p], [event("run-abcde-x1", "FailedScheduling", UNSCHED)])
-    assert obs.kind == "creating" and obs.message == "kubernetes: pod run-abcde-x1 on node gpu-node-1 (starting)"
-
-
-def test_image_pull_and_missing_secret_stalls_are_waiting_reasons():
-    p = pod(node="n1", containerStatuses=[{"name": "prefect-job", "state": {"waiting": {
-        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "reg/x:1"'}}}])
-    assert observe(JOB, [p], []).message == 'waiting: ImagePullBackOff: Back-off pulling image "reg/x:1"'
-    p = pod(node="n1", containerStatuses=[{"name": "prefect-job", "state": {"waiting": {
-        "reason": "CreateContainerConfigError", "message": 'secret "x" not found'}}}])
-    assert observe(JOB, [p], []).message.startswith("waiting: CreateContainerConfigError: secret")
-
-
-def test_quota_forbidding_the_pod_is_a_waiting_reason():
-    obs = observe(JOB, [], [event("run-abcde", "FailedCreate", 'pods "run-abcde-x" is forbidden: exceeded quota: gpu',
-                                  kind="Job")])
-    assert obs.kind == "waiting" and "exceeded quota" in obs.message
-    assert observe(JOB, [], []).kind == "creating"
-
-
-def test_running_names_the_node():
-    obs = observe(JOB, [pod("Running", node="gpu-node-2")], [])
-    assert obs.kind == "running" and obs.message == "kubernetes: pod run-abcde-x1 on node gpu-node-2"
-
-
-def test_succeeded_and_exit_codes():
-    ok = observe(JOB, [pod("Succeeded", node="n", **terminated(0, "Completed"))], [])
-    assert (ok.kind, ok.end, ok.exit_code) == ("ended", "completed", 0)
-    bad = observe(JOB, [pod("Failed", node="n", **terminated(3, "Error", "boom"))], [])
-    assert (bad.end, bad.exit_code) == ("failed", 3)
-    assert bad.message == "the job's container exited with code 3 (boom)"
-
-
-def test_oom_kill():
-    obs = observe(JOB, [pod("Failed", node="n", **terminated(137, "OOMKilled"))], [])
-    assert obs.end == "crashed" and obs.message.startswith("out of memory: the container exceeded its memory limit 4Gi")
-
-
-def test_eviction_by_the_kubelet():
-    p = pod("Failed", node="n7", reason="Evicted", message="The node was low on resource: memory.")
-    obs = observe(JOB, [p], [])
-    assert obs.end == "crashed"
-    assert obs.message == "evicted by the kubelet: The node was low on resource: memory. (pod run-abcde-x1 on node n7)"
-
-
-def test_preemption_from_the_disruption_condition_or_the_event():
-    p = pod("Failed", node="n1", conditions=[{"type": "DisruptionTarget", "status": "True",
-                                              "reason": "PreemptionByScheduler",
-                                              "message": "default-scheduler: preempting to accommodate a higher "
-                                                         "priority pod"}])
-    obs = observe(JOB, [p], [])
-    assert obs.end == "crashed" and obs.message.startswith("preempted by the scheduler: default-scheduler")
+CASES = [
+    case("unschedulable-condition-is-the-waiting-reason",
+         [pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHED}])],
+         kind="waiting", message=f"waiting: unschedulable: {UNSCHED}"),
+    case("failed-scheduling-event-alone-is-enough",
+         [pod()], [event("run-abcde-x1", "FailedScheduling",
+                         "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.")],
+         kind="waiting", has="didn't match Pod's node affinity/selector"),
+    case("old-failed-scheduling-is-ignored-once-placed",
+         [pod(node="gpu-node-1", conditions=[{"type": "PodScheduled", "status": "True"}])],
+         [event("run-abcde-x1", "FailedScheduling", UNSCHED)],
+         kind="creating", message="kubernetes: pod run-abcde-x1 on node gpu-node-1 (starting)"),
+    case("image-pull-stall-is-a-waiting-reason",
+         [pod(node="n1", **waiting("ImagePullBackOff", 'Back-off pulling image "reg/x:1"'))],
+         message='waiting: ImagePullBackOff: Back-off pulling image "reg/x:1"'),
+    case("missing-secret-stall-is-a-waiting-reason",
+         [pod(node="n1", **waiting("CreateContainerConfigError", 'secret "x" not found'))],
+         starts="waiting: CreateContainerConfigError: secret"),
+    case("quota-forbidding-the-pod-is-a-waiting-reason",
+         [], [event("run-abcde", "FailedCreate", 'pods "run-abcde-x" is forbidden: exceeded quota: gpu', kind="Job")],
+         kind="waiting", has="exceeded quota"),
+    case("no-pod-and-no-event-yet-is-creating", [], kind="creating"),
+    case("running-names-the-node",
+         [pod("Running", node="gpu-node-2")], kind="running", message="kubernetes: pod run-abcde-x1 on node gpu-node-2"),
+    case("succeeded", [pod("Succeeded", node="n", **terminated(0, "Completed"))],
+         kind="ended", end="completed", exit_code=0),
+    case("failed-with-its-exit-code", [pod("Failed", node="n", **terminated(3, "Error", "boom"))],
+         end="failed", exit_code=3, message="the job's container exited with code 3 (boom)"),
+    case("oom-kill", [pod("Failed", node="n", **terminated(137, "OOMKilled"))],
+         end="crashed", starts="out of memory: the container exceeded its memory limit 4Gi"),
+    case("eviction-by-the-kubelet",
+         [pod("Failed", node="n7", reason="Evicted", message="The node was low on resource: memory.")],
+         end="crashed",
+         message="evicted by the kubelet: The node was low on resource: memory. (pod run-abcde-x1 on node n7)"),
+    case("preemption-from-the-disruption-condition",
+         [pod("Failed", node="n1", conditions=[{"type": "DisruptionTarget", "status": "True",
+                                                "reason": "PreemptionByScheduler",
+                                                "message": "default-scheduler: preempting to accommodate a higher "
+                                                           "priority pod"}])],
+         end="crashed", starts="preempted by the scheduler: default-scheduler"),
     # still Running, but the scheduler already announced the preemption
-    obs = observe(JOB, [pod("Running", node="n1")], [event("run-abcde-x1", "Preempted", "Preempted by pod 1234")])
-    assert obs.kind == "ended" and obs.message.startswith("preempted by the scheduler: Preempted by pod 1234")
+    case("preemption-from-the-event-while-running",
+         [pod("Running", node="n1")], [event("run-abcde-x1", "Preempted", "Preempted by pod 1234")],
+         kind="ended", starts="preempted by the scheduler: Preempted by pod 1234"),
+    case("job-failed-after-its-preempted-pod-was-deleted",
+         [], [event("run-abcde-x1", "Preempted", "Preempted by pod 99 on node n1")], job=FAILED_JOB,
+         end="crashed", starts="preempted by the scheduler"),
+    case("job-failed-after-its-pod-was-deleted", [], job=FAILED_JOB,
+         starts="the Kubernetes job failed (BackoffLimitExceeded)"),
+    case("job-past-its-deadline", [], job=DEADLINE_JOB, end="failed"),
+    case("deleted-job", [], job=None, kind="ended", end="crashed", has="deleted"),
+    case("latest-pod-counts",
+         [pod("Running", node="n2", name="b", created="2026-01-01T00:01:00Z"),
+          pod("Failed", name="a", created="2026-01-01T00:00:00Z", **terminated(1))],
+         kind="running"),
+]
 
 
-def test_job_failed_after_its_pod_was_deleted():
-    failed = {**JOB, "status": {"conditions": [{"type": "Failed", "status": "True",
-                                                "reason": "BackoffLimitExceeded", "message": "Job has reached the "
-                                                "specified backoff limit"}]}}
-    obs = observe(failed, [], [event("run-abcde-x1", "Preempted", "Preempted by pod 99 on node n1")])
-    assert obs.end == "crashed" and obs.message.startswith("preempted by the scheduler")
-    obs = observe(failed, [], [])
-    assert obs.message.startswith("the Kubernetes job failed (BackoffLimitExceeded)")
-    deadline = {**JOB, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
-    assert observe(deadline, [], []).end == "failed"
-
-
-def test_deleted_job():
-    obs = observe(None, [], [])
-    assert obs.kind == "ended" and obs.end == "crashed" and "deleted" in obs.message
-
-
-def test_latest_pod_counts():
-    old = pod("Failed", name="a", created="2026-01-01T00:00:00Z", **terminated(1))
-    new = pod("Running", node="n2", name="b", created="2026-01-01T00:01:00Z")
-    assert observe(JOB, [new, old], []).kind == "running"
+@pytest.mark.parametrize("job,pods,events,want", CASES)
+def test_observe(job, pods, events, want):
+    obs = observe(job, pods, events)
+    exact = {k: want[k] for k in ("kind", "end", "exit_code", "message") if k in want}
+    assert {k: getattr(obs, k) for k in exact} == exact
+    assert obs.message.startswith(want.get("starts", "")), obs.message
+    assert want.get("has", "") in obs.message, obs.message
