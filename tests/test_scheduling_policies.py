@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from prefect_launch.workers.scheduling.fair_share import Quota, dominant_share, drf_order, over_quota
 from prefect_launch.workers.cluster.fit import gang_plan, member_names
 from prefect_launch.workers.scheduling.preemption import Holder, choose_victims
@@ -23,35 +25,41 @@ def H(rid, gpu=1, minutes=0, pre=True, stopping=False, cpu=1.0):
 
 
 # ------------------------------------------------------------------ preemption
-def test_fits_already_preempts_nothing():
-    assert choose_victims(R(1, GI, 1), R(2, 4 * GI, 1), [H("a")]) == []
+NO_GPU_FREE = R(4, 8 * GI, 0)
 
 
-def test_fewest_then_newest():
-    holders = [H("old2", gpu=2, minutes=0), H("mid", gpu=1, minutes=5), H("new", gpu=1, minutes=9)]
+def fewest_then_newest():
+    return [H("old2", gpu=2, minutes=0), H("mid", gpu=1, minutes=5), H("new", gpu=1, minutes=9)]
+
+
+def preemptible_and_regular():
+    return [H("p", minutes=1), H("reg", pre=False, minutes=9)]
+
+
+def one_already_stopping():
+    return [H("going", stopping=True, minutes=9), H("other", minutes=1)]
+
+
+@pytest.mark.parametrize("need,free,holders,kw,victims", [
+    pytest.param(R(1, GI, 1), R(2, 4 * GI, 1), [H("a")], {}, [], id="fits-already-preempts-nothing"),
     # one run freeing 2 GPUs beats two newer runs freeing 1 each (fewest first)
-    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) == ["old2"]
+    pytest.param(R(1, GI, 2), NO_GPU_FREE, fewest_then_newest(), {}, ["old2"], id="fewest-first"),
     # needing one GPU: the newest one-GPU run goes
-    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders) == ["new"]
-
-
-def test_never_by_a_preemptible_run_and_never_a_regular_one():
-    holders = [H("p", minutes=1), H("reg", pre=False, minutes=9)]
-    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders, requester_preemptible=True) is None
+    pytest.param(R(1, GI, 1), NO_GPU_FREE, fewest_then_newest(), {}, ["new"], id="then-newest"),
+    pytest.param(R(1, GI, 1), NO_GPU_FREE, preemptible_and_regular(), {"requester_preemptible": True}, None,
+                 id="never-by-a-preemptible-run"),
     # two GPUs needed, only one preemptible GPU: preemption cannot make room, so nothing is preempted
-    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) is None
-
-
-def test_runs_already_stopping_count_and_are_not_picked_twice():
-    holders = [H("going", stopping=True, minutes=9), H("other", minutes=1)]
-    assert choose_victims(R(1, GI, 1), R(4, 8 * GI, 0), holders) == []  # room is coming
-    assert choose_victims(R(1, GI, 2), R(4, 8 * GI, 0), holders) == ["other"]
-
-
-def test_exactly_enough_not_more():
-    holders = [H(f"t{i}", minutes=i) for i in range(6)]  # a sweep of six 1-GPU trials
-    v = choose_victims(R(1, GI, 3), R(4, 8 * GI, 0), holders)
-    assert v == ["t5", "t4", "t3"]
+    pytest.param(R(1, GI, 2), NO_GPU_FREE, preemptible_and_regular(), {}, None, id="never-a-regular-one"),
+    pytest.param(R(1, GI, 1), NO_GPU_FREE, one_already_stopping(), {}, [],  # room is coming
+                 id="runs-already-stopping-count"),
+    pytest.param(R(1, GI, 2), NO_GPU_FREE, one_already_stopping(), {}, ["other"],
+                 id="runs-already-stopping-are-not-picked-twice"),
+    # a sweep of six 1-GPU trials
+    pytest.param(R(1, GI, 3), NO_GPU_FREE, [H(f"t{i}", minutes=i) for i in range(6)], {}, ["t5", "t4", "t3"],
+                 id="exactly-enough-not-more"),
+])
+def test_choose_victims(need, free, holders, kw, victims):
+    assert choose_victims(need, free, holders, **kw) == victims
 
 
 # ------------------------------------------------------------------ fair share
