@@ -72,6 +72,11 @@ def _cand(i: int, gpu: int, prio: int = 3, agent: str | None = None) -> Candidat
                      request=ResolvedRequest(preset="p", resources=Resources(cpu=1, memory=GI, gpu=gpu), agent=agent))
 
 
+def _owned(i: int, owner: str, gpu: int = 1, prio: int = 3, pre: bool = False) -> Candidate:
+    c = _cand(i, gpu, prio)
+    return c.model_copy(update={"owner": owner, "request": c.request.model_copy(update={"preemptible": pre})})
+
+
 TOTAL = Resources(cpu=4, memory=8 * GI, gpu=2)
 
 
@@ -193,16 +198,17 @@ def test_waiting_label_writes_per_cycle_are_budgeted_front_first():
     assert free.changed(SimpleNamespace(id="x", labels={}), "waiting: y") is True
 
 
-def test_backfill_lets_smaller_runs_pass():
+@pytest.mark.parametrize("runs,kw,actions", [
+    pytest.param([_cand(1, 2), _cand(2, 1), _cand(3, 1)], {"backfill": True}, {"r1": "wait", "r2": "start", "r3": "wait"},
+                 id="backfill-lets-smaller-runs-pass"),
+    pytest.param([_cand(1, 1, prio=3), _cand(2, 1, prio=1)], {}, {"r2": "start", "r1": "wait"},
+                 id="priority-then-submit-time"),
+    pytest.param([_owned(1, "a", pre=True), _owned(2, "b")], {}, {"r2": "start", "r1": "wait"},
+                 id="regular-runs-go-before-preemptible-ones-of-the-same-level"),
+])
+def test_who_gets_the_one_free_gpu(runs, kw, actions):
     free = Resources(cpu=4, memory=8 * GI, gpu=1)
-    d = {x.run_id: x.action for x in plan([_cand(1, 2), _cand(2, 1), _cand(3, 1)], free, TOTAL, "w1", backfill=True)}
-    assert d == {"r1": "wait", "r2": "start", "r3": "wait"}
-
-
-def test_priority_then_submit_time():
-    free = Resources(cpu=4, memory=8 * GI, gpu=1)
-    d = {x.run_id: x.action for x in plan([_cand(1, 1, prio=3), _cand(2, 1, prio=1)], free, TOTAL, "w1")}
-    assert d == {"r2": "start", "r1": "wait"}
+    assert {x.run_id: x.action for x in plan(runs, free, TOTAL, "w1", **kw)} == actions
 
 
 def test_runs_this_agent_can_never_take_do_not_block():
@@ -268,11 +274,6 @@ def test_one_priority_order_across_an_agents_queues():
     assert plan([low], free, TOTAL, "w1", backfill=True, foreign=[big])[0].action == "start"
 
 
-def _owned(i: int, owner: str, gpu: int = 1, prio: int = 3, pre: bool = False) -> Candidate:
-    c = _cand(i, gpu, prio)
-    return c.model_copy(update={"owner": owner, "request": c.request.model_copy(update={"preemptible": pre})})
-
-
 def test_quota_makes_an_owner_wait_without_holding_the_queue():
     from prefect_launch.workers.scheduling.fair_share import Quota
     from prefect_launch.workers.scheduling.placement import Quotas
@@ -296,9 +297,3 @@ def test_fair_share_interleaves_owners_in_a_priority_level():
     assert d["r10"] == "start" and all(d[f"r{i}"] == "wait" for i in range(4))
     d = {x.run_id: x.action for x in plan(flood, free, TOTAL, "w1", backfill=True)}
     assert d["r0"] == "start" and d["r10"] == "wait"  # without fair share: FIFO, alice first
-
-
-def test_regular_runs_go_before_preemptible_ones_of_the_same_level():
-    free = Resources(cpu=4, memory=8 * GI, gpu=1)
-    d = {x.run_id: x.action for x in plan([_owned(1, "a", pre=True), _owned(2, "b")], free, TOTAL, "w1")}
-    assert d == {"r2": "start", "r1": "wait"}
