@@ -208,9 +208,12 @@ def test_apply_run_keeps_what_the_pool_template_adds():
     _as_model(m)
 
 
-def test_quantities():
-    assert quantity_cpu(2) == "2" and quantity_cpu(0.5) == "500m" and quantity_cpu(1.25) == "1250m"
-    assert quantity_bytes(1 << 30) == "1Gi" and quantity_bytes(512 << 20) == "512Mi" and quantity_bytes(1000) == "1000"
+@pytest.mark.parametrize("quantity,value,text", [
+    (quantity_cpu, 2, "2"), (quantity_cpu, 0.5, "500m"), (quantity_cpu, 1.25, "1250m"),
+    (quantity_bytes, 1 << 30, "1Gi"), (quantity_bytes, 512 << 20, "512Mi"), (quantity_bytes, 1000, "1000"),
+], ids=["cpu-2", "cpu-0.5", "cpu-1.25", "bytes-1Gi", "bytes-512Mi", "bytes-1000"])
+def test_quantities(quantity, value, text):
+    assert quantity(value) == text
 
 
 def test_pod_events_become_waiting_or_end_reasons():
