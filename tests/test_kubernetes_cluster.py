@@ -187,11 +187,17 @@ def _exit(code: int, at: str = "2026-01-01T00:01:00Z", reason: str = "Error") ->
     return [{"name": "prefect-job", "state": {"terminated": {"exitCode": code, "reason": reason, "finishedAt": at}}}]
 
 
-def test_member_index_reads_annotation_label_hostname_or_name():
-    assert member_index(_pod(2), "job-x") == 2
-    assert member_index({"metadata": {"name": "x", "labels": {INDEX_ANNOTATION: "1"}}}, "job-x") == 1
-    assert member_index({"metadata": {"name": "x"}, "spec": {"hostname": "job-x-4"}}, "job-x") == 4
-    assert member_index({"metadata": {"name": "job-x-3-ab1cd"}}, "job-x") == 3
+@pytest.mark.parametrize("pod,index", [
+    pytest.param(_pod(2), 2, id="annotation"),
+    pytest.param({"metadata": {"name": "x", "labels": {INDEX_ANNOTATION: "1"}}}, 1, id="label"),
+    pytest.param({"metadata": {"name": "x"}, "spec": {"hostname": "job-x-4"}}, 4, id="hostname"),
+    pytest.param({"metadata": {"name": "job-x-3-ab1cd"}}, 3, id="name"),
+])
+def test_member_index_reads_annotation_label_hostname_or_name(pod, index):
+    assert member_index(pod, "job-x") == index
+
+
+def test_a_pod_name_without_a_member_index_gives_none():
     assert index_of_pod_name("job-x-ab1cd", "job-x") is None and index_of_pod_name("job-xy-1-ab", "job-x") is None
 
 
