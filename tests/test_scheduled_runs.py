@@ -7,6 +7,7 @@ from types import SimpleNamespace as NS
 from uuid import uuid4
 
 import anyio
+import pytest
 
 from prefect_launch.workers.agent.scheduled_runs import due_runs, needs_server_limits, read_due_runs, runnable_queues
 
@@ -15,10 +16,13 @@ def _q(name: str, paused: bool = False, limit=None):
     return NS(id=uuid4(), name=name, is_paused=paused, concurrency_limit=limit)
 
 
-def test_limits_send_the_agent_to_the_worker_poll():
-    assert not needs_server_limits(NS(concurrency_limit=None), [_q("a"), _q("b")])
-    assert needs_server_limits(NS(concurrency_limit=3), [_q("a")])
-    assert needs_server_limits(NS(concurrency_limit=None), [_q("a"), _q("b", limit=1)])
+@pytest.mark.parametrize("pool_limit,queues,limited", [
+    pytest.param(None, [_q("a"), _q("b")], False, id="no-limit"),
+    pytest.param(3, [_q("a")], True, id="pool-limit"),
+    pytest.param(None, [_q("a"), _q("b", limit=1)], True, id="queue-limit"),
+])
+def test_limits_send_the_agent_to_the_worker_poll(pool_limit, queues, limited):
+    assert bool(needs_server_limits(NS(concurrency_limit=pool_limit), queues)) is limited
 
 
 def test_paused_and_unwanted_queues_are_skipped_and_in_process_retries_too():
