@@ -282,7 +282,8 @@ def seed_metrics(summary: list[dict], seed: int = 11) -> bool:
     PREFECT_HOME), in bulk through the store's own table definitions."""
     try:
         from prefect_launch.blocks import metrics_schema as S
-        from prefect_launch.blocks.metrics_store import RunMetricsStore, to_ms
+        from prefect_launch.blocks.metrics_repository import to_ms
+        from prefect_launch.blocks.metrics_store import RunMetricsStore
     except Exception:
         return False
     rng = random.Random(seed)

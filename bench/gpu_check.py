@@ -126,7 +126,8 @@ def main() -> int:
     if not args.direct:
         return via_agent(args)
 
-    from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+    from prefect_launch.blocks.metrics_records import RunRecord
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
     from prefect_launch.workers.metrics.nvml import get_nvml
     from prefect_launch.workers.metrics.sampler import RunSampler
 

@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 from uuid import uuid4
 
-from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord, dispose_engines
+from prefect_launch.blocks.metrics_engines import dispose_engines
+from prefect_launch.blocks.metrics_records import RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.metrics.sampler import RunSampler
 
 BUSY = """

@@ -110,7 +110,8 @@ def wait_indexed(run_ids: list[str], timeout: float = 30.0) -> None:
 
 
 def _seed_metrics(client, seeded: Seeded, jobs: list[str], pool: str) -> None:
-    from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord, RunSummary
+    from prefect_launch.blocks.metrics_records import RunRecord, RunSummary
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
 
     # one explicit store for the test process and the dashboards it starts (they inherit the env)
     home = Path(os.environ.get("PREFECT_HOME") or tempfile.gettempdir())

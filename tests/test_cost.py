@@ -23,7 +23,9 @@ import sqlalchemy as sa
 
 from launch_helpers import agent, apply_queue, cli, read_runs
 from prefect_launch.blocks import metrics_schema as S
-from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, dispose_engines
+from prefect_launch.blocks.metrics_engines import dispose_engines
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.dashboard import cost as C
 
 UTC = dt.timezone.utc

@@ -11,7 +11,8 @@ from uuid import uuid4
 
 import pytest
 
-from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+from prefect_launch.blocks.metrics_records import RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.metrics.nvml import FakeNVML
 from prefect_launch.workers.metrics.sampler import RunSampler
 

@@ -14,7 +14,8 @@ import pandas as pd
 import sqlalchemy as sa
 
 from prefect_launch.blocks import metrics_schema as S
-from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.dashboard import cost as C
 from prefect_launch.dashboard.cost_rows import CostRows
 

@@ -480,7 +480,7 @@ def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
     import sqlalchemy as sa
 
     from prefect_launch.blocks import metrics_schema as S
-    from prefect_launch.blocks.metrics_store import dispose_engines
+    from prefect_launch.blocks.metrics_engines import dispose_engines
 
     url = f"sqlite:///{tmp_path / 'v7.db'}"
     engine = sa.create_engine(url)

@@ -20,7 +20,7 @@ from uuid import uuid4
 
 import pytest
 
-from prefect_launch.blocks.metrics_store import RunRecord
+from prefect_launch.blocks.metrics_records import RunRecord
 from prefect_launch.workers.agent import limits as L
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import MemoryGroup, RunLimits, tree_rss

@@ -12,14 +12,9 @@ import sqlalchemy as sa
 
 from fixtures_pg import pg_server, pg_url  # noqa: F401  (fixtures)
 from prefect_launch.blocks import metrics_schema as S
-from prefect_launch.blocks.metrics_store import (
-    MetricSample,
-    RunMetricsStore,
-    RunRecord,
-    RunSummary,
-    default_store_url,
-    dispose_engines,
-)
+from prefect_launch.blocks.metrics_engines import dispose_engines
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_store import RunMetricsStore, default_store_url
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 
@@ -101,7 +96,7 @@ def test_samples_series_idempotent_and_downsampled(store):
     assert {p["flow_run_id"] for p in both} == {fid, other} and len(both) == 4
 
 
-def test_summaries_filters_and_queue_aggregates(store):
+def test_summaries_filters_and_summary_round_trip(store):
     q = "q-" + uuid4().hex[:6]
     done, busy, elsewhere, old = (str(uuid4()) for _ in range(4))
     store.upsert_run(RunRecord(flow_run_id=done, queue=q, job="j", cpu=2, gpu=1, memory_bytes=4 << 30,
@@ -130,16 +125,6 @@ def test_summaries_filters_and_queue_aggregates(store):
     assert {r["flow_run_id"] for r in recent} == {done, busy}
     assert [r["flow_run_id"] for r in store.summaries(flow_run_ids=[elsewhere])] == [elsewhere]
     assert len(store.summaries(queue=[q, "other"])) == 4
-
-    agg = store.queue_aggregates(q, since=NOW - timedelta(hours=1), until=NOW + timedelta(hours=1))
-    assert agg["runs"] == 2 and agg["finished"] == 1 and agg["running"] == 1 and agg["wasteful"] == 1
-    assert agg["run_seconds"] == 60 and agg["queue_seconds"] == 15 and agg["max_queue_s"] == 10
-    assert agg["cpu_alloc_seconds"] == 120 and agg["cpu_used_pct"] == pytest.approx(50.0)
-    assert agg["gpu_alloc_seconds"] == 60 and agg["gpu_busy_seconds"] == pytest.approx(3.0)
-    assert agg["gpu_used_pct"] == pytest.approx(5.0)
-    assert agg["by_state"] == {"COMPLETED": 1, "RUNNING": 1}
-    assert agg["peak_rss_bytes"] == 1 << 30
-    assert store.queue_aggregates(q)["by_state"]["FAILED"] == 1
     # summary model round trip
     s = store.get_summary(done)
     assert s.allocated_gpus == 1 and s.allocated_cpus == 2 and s.wasteful and s.exit_state == "COMPLETED"

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from prefect_launch.blocks.metrics_store import MetricSample, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
 from prefect_launch.workers.metrics import nvml as nv
 from prefect_launch.workers.metrics.report import render_run_report, report_dict, sparkline, summary_artifact_rows
 from prefect_launch.workers.metrics.summary import SummaryAccumulator, WasteThresholds, summarize, waste_reasons

@@ -93,7 +93,8 @@ def test_store_retention_setting_and_purge_on_postgres(prefect_server_pg, unique
     import uuid
     from datetime import datetime, timedelta, timezone
 
-    from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+    from prefect_launch.blocks.metrics_records import RunRecord
+    from prefect_launch.blocks.metrics_store import RunMetricsStore
 
     store = RunMetricsStore(url=prefect_server_pg["metrics_url"])
     now = datetime.now(timezone.utc)

@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from fixtures_pg import pg_server, pg_url  # noqa: F401  (fixtures)
-from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+from prefect_launch.blocks.metrics_records import RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.metrics.nvml import FakeNVML
 from prefect_launch.workers.metrics.sampler import RunSampler
 

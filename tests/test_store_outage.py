@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 
 from launch_helpers import agent, apply_queue, cli_json, deploy_probe, records, wait_final, wait_running
 from prefect_launch import cli as launch_cli
-from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+from prefect_launch.blocks.metrics_records import RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.metrics.sampler import RunSampler
 
 

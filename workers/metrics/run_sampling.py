@@ -11,7 +11,8 @@ import os
 import socket
 from typing import Any, Optional
 
-from prefect_launch.blocks.metrics_store import RunMetricsStore, RunRecord
+from prefect_launch.blocks.metrics_records import RunRecord
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.tags import tag_value
 from prefect_launch.workers.metrics.sampler import RunSampler

@@ -56,7 +56,8 @@ from typing import Any, Callable, Optional
 
 import psutil
 
-from prefect_launch.blocks.metrics_store import MetricSample, RunMetricsStore, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.agent.limits import MemoryGroup, run_memory
 from prefect_launch.workers.cluster.usage import MemberTracker
 from prefect_launch.workers.metrics.nvml import Nvml, get_nvml

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.blocks.metrics_store import MetricSample, RunRecord, RunSummary
+from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
 
 GiB = 1024**3
 
