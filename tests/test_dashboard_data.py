@@ -160,11 +160,15 @@ def test_incremental_refresh_reads_new_and_open_runs(seeded):
 # ----------------------------------------------------------------- pure helpers
 
 
-def test_interval_and_alignment():
+@pytest.mark.parametrize("span,interval", [(dt.timedelta(days=7), 3600), (dt.timedelta(hours=24), 600),
+                                           (dt.timedelta(hours=1), 60)], ids=["7d", "24h", "1h"])
+def test_interval_follows_the_span(span, interval):
     now = dt.datetime(2026, 1, 5, 12, 34, 56, tzinfo=UTC)
-    assert D.interval_for(now - dt.timedelta(days=7), now) == 3600
-    assert D.interval_for(now - dt.timedelta(hours=24), now) == 600
-    assert D.interval_for(now - dt.timedelta(hours=1), now) == 60
+    assert D.interval_for(now - span, now) == interval
+
+
+def test_alignment():
+    now = dt.datetime(2026, 1, 5, 12, 34, 56, tzinfo=UTC)
     s, e = D.aligned_range(now - dt.timedelta(days=1), now, 900)
     assert s.timestamp() % 900 == 0 and e.timestamp() % 900 == 0 and s <= now - dt.timedelta(days=1) and e >= now
 
