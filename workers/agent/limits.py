@@ -41,9 +41,14 @@ logger = logging.getLogger("prefect_launch.limits")
 
 
 def run_environment(alloc: Allocation, agent: str) -> dict[str, str]:
-    """Environment a run gets from its allocation (set before its process starts)."""
+    """Environment a run gets from its allocation (set before its process starts).
+
+    Its GPUs are the ledger's NVML indices, which are PCI bus order; CUDA numbers devices fastest
+    first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so that is always set with them (on a host with
+    mixed GPUs, index 1 would otherwise be another run's device)."""
     threads = str(max(1, int(alloc.resources.cpu))) if alloc.resources.cpu else "1"
     env = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in alloc.gpu_indices),
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
@@ -59,6 +64,25 @@ def run_environment(alloc: Allocation, agent: str) -> dict[str, str]:
     if alloc.resources.shm_size:
         env["LAUNCH_SHM_SIZE"] = str(alloc.resources.shm_size)
     return env
+
+
+def gpu_device_ids(indices: Iterable[int], uuids: Optional[dict[int, str]] = None) -> list[str]:
+    """How a container's device request names the ledger's GPUs (pure): by UUID where NVML gave one
+    for every GPU (a UUID names one device whatever the enumeration order), else by NVML index."""
+    indices = list(indices)
+    uuids = uuids or {}
+    if indices and all(uuids.get(i) for i in indices):
+        return [uuids[i] for i in indices]
+    return [str(i) for i in indices]
+
+
+def container_gpu_env(device_ids: list[str]) -> dict[str, str]:
+    """``CUDA_*`` inside a container given ``device_ids`` (pure): it sees only those devices, renumbered
+    from 0, so the host's indices would name the wrong ones; UUIDs still name the right ones, and
+    without them the container's own ordinals, in bus order, do."""
+    uuids = all(d.startswith(("GPU-", "MIG-")) for d in device_ids)
+    visible = device_ids if uuids else [str(k) for k in range(len(device_ids))]
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(visible)}
 
 
 def physical_cores(cores: list[int]) -> list[int]:

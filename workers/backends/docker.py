@@ -30,7 +30,7 @@ from prefect_launch.workers.cluster.lifecycle import CLUSTER_STOP_GRACE_S, Clust
 from prefect_launch.workers.backends.container_engine import COMMAND as ENGINE_COMMAND
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
-from prefect_launch.workers.agent.limits import physical_cores
+from prefect_launch.workers.agent.limits import container_gpu_env, gpu_device_ids, physical_cores
 from prefect_launch.workers.scheduling.queue_spec import queue_spec_of
 from prefect_launch.workers.agent.recovery import Found, Recovery, pid_start_time
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
@@ -45,13 +45,14 @@ LIVE_STATUSES = ("created", "running", "restarting", "paused")
 
 
 def container_kwargs(resources: Resources, alloc: Allocation, run_id: str, agent: str, queue: str,
-                     send_gpus: bool) -> dict[str, Any]:
+                     send_gpus: bool, uuids: Optional[dict[int, str]] = None) -> dict[str, Any]:
     """docker-py ``containers.create`` keyword arguments for the run's allocation (pure).
 
     ``device_requests`` is a list of plain dicts in the Engine API's shape
     (``Driver``, ``DeviceIDs``, ``Capabilities``); under ``send_gpus=False`` it is
     returned as ``rendered_device_requests`` and not sent, so a GPU-less host can
-    run GPU-sized jobs on declared (virtual) GPUs and still check the request.
+    run GPU-sized jobs on declared (virtual) GPUs and still check the request. Its ``DeviceIDs`` are
+    the GPUs' UUIDs where ``uuids`` (NVML index -> UUID) has them all, else the NVML indices.
     """
     cores = physical_cores(alloc.cpu_cores) if alloc.cpu_cores else []
     kw: dict[str, Any] = {
@@ -67,7 +68,7 @@ def container_kwargs(resources: Resources, alloc: Allocation, run_id: str, agent
     }
     requests = []
     if alloc.gpu_indices:
-        requests.append({"Driver": "nvidia", "Count": 0, "DeviceIDs": [str(i) for i in alloc.gpu_indices],
+        requests.append({"Driver": "nvidia", "Count": 0, "DeviceIDs": gpu_device_ids(alloc.gpu_indices, uuids),
                          "Capabilities": [["gpu"]], "Options": {}})
     kw["device_requests" if send_gpus else "rendered_device_requests"] = requests
     return {k: v for k, v in kw.items() if v is not None}
@@ -80,6 +81,15 @@ def host_has_gpus() -> bool:
         return bool(detect_gpus())
     except Exception:
         return False
+
+
+def host_gpu_uuids() -> dict[int, str]:
+    try:
+        from prefect_launch.workers.metrics.nvml import gpu_uuids
+
+        return gpu_uuids()
+    except Exception:
+        return {}
 
 
 class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
@@ -340,8 +350,9 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
             alloc = alloc.model_copy(update={"resources": m.resources, "gpu_indices": m.gpu_indices,
                                              "cpu_cores": m.cpu_cores})
         resources = alloc.resources
-        kw = container_kwargs(resources, alloc, run_id, self.name, alloc.queue or self._work_pool_name,
-                              self.gpus_sent())
+        send = self.gpus_sent()
+        kw = container_kwargs(resources, alloc, run_id, self.name, alloc.queue or self._work_pool_name, send,
+                              uuids=host_gpu_uuids() if send else None)
         configuration.labels = {**configuration.labels, **kw.pop("labels")}
         configuration.mem_limit = kw.pop("mem_limit", None)
         configuration.memswap_limit = kw.pop("memswap_limit", None)
@@ -353,6 +364,15 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
                 driver=r["Driver"], device_ids=r["DeviceIDs"], capabilities=r["Capabilities"])
                 for r in kw["device_requests"]]
         configuration.container_create_kwargs = {**(configuration.container_create_kwargs or {}), **kw}
+
+    def _build_container_settings(self, docker_client: Any, configuration: Any) -> dict[str, Any]:
+        """prefect-docker's settings; a container given GPUs names them as it sees them (`container_gpu_env`),
+        not by the host's indices, which the run's environment carries."""
+        settings = super()._build_container_settings(docker_client, configuration)
+        ids = [str(d) for r in settings.get("device_requests") or [] for d in (r.get("DeviceIDs") or [])]
+        if ids:
+            settings["environment"] = {**(settings.get("environment") or {}), **container_gpu_env(ids)}
+        return settings
 
     def _watch_container_safe(self, container: Any, configuration: Any, created_event: Any) -> Any:
         """prefect-docker's watch, with the container read again at its end: its exit code is read from the

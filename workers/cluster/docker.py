@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 from prefect_launch.workers.cluster.process import NO_EXIT_STATUS, MEMBER_MODULE, ClusterProcesses, SubMember
 from prefect_launch.workers.scheduling.ledger import MemberAlloc
-from prefect_launch.workers.agent.limits import physical_cores
+from prefect_launch.workers.agent.limits import container_gpu_env, gpu_device_ids, physical_cores
+from prefect_launch.workers.metrics.nvml import gpu_uuids
 from prefect_launch.workers.agent.tags import RUN_ID_LABEL
 
 MEMBER_LABEL = "io.prefect-launch.member"
@@ -31,7 +32,7 @@ ENDED = ("exited", "dead")
 
 
 def member_settings(main: dict[str, Any], member: MemberAlloc, env: dict[str, str], run_id: str,
-                    send_gpus: bool) -> dict[str, Any]:
+                    send_gpus: bool, uuids: Optional[dict[int, str]] = None) -> dict[str, Any]:
     """docker-py ``containers.create`` arguments for a sub member, from main1's container settings (pure).
 
     Same image, volumes, network, shm and memory as main1 (each member has the run's preset); its own
@@ -49,11 +50,12 @@ def member_settings(main: dict[str, Any], member: MemberAlloc, env: dict[str, st
     })
     if cores:
         kw["cpuset_cpus"] = ",".join(map(str, cores))
-    if member.gpu_indices and send_gpus:
+    if member.gpu_indices and send_gpus:  # by UUID (NVML's, unless ``uuids`` is given); named so inside too
         import docker.types
 
-        kw["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", capabilities=[["gpu"]],
-                                                            device_ids=[str(i) for i in member.gpu_indices])]
+        ids = gpu_device_ids(member.gpu_indices, gpu_uuids() if uuids is None else uuids)
+        kw["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", capabilities=[["gpu"]], device_ids=ids)]
+        kw["environment"] = {**env, **container_gpu_env(ids)}
     return kw
 
 

@@ -3,7 +3,8 @@
 Backend.AI-style names (``LAUNCH_CLUSTER_*``) and the torch.distributed ones (``WORLD_SIZE``,
 ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``torchrun``-style code and
 ``torch.distributed.init_process_group("gloo")`` work unchanged. Each member is pinned to its
-own GPUs and cores: its ``CUDA_VISIBLE_DEVICES``, thread counts and ``LAUNCH_CPU*`` are its own.
+own GPUs and cores: its ``CUDA_VISIBLE_DEVICES`` (NVML indices, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), thread
+counts and ``LAUNCH_CPU*`` are its own.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Everything here degrades to "no GPUs": when the library or the driver is missing
 :func:`detect_gpus` returns ``[]`` and :class:`Nvml` reports ``available=False``;
 nothing raises for the absence of NVML.
 
-Indices are NVML's (physical) indices, the same ones the worker puts into
-``CUDA_VISIBLE_DEVICES`` (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+Indices are NVML's (physical) indices, in PCI bus order: the same ones the worker puts into
+``CUDA_VISIBLE_DEVICES``, always with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA's own default is
+fastest first); a container's device request names them by UUID (:func:`gpu_uuids`).
 
 Tests inject :class:`FakeNVML`, which implements exactly the handful of
 ``pynvml`` functions used here: directly, or in processes a test starts (an agent)
@@ -282,6 +283,11 @@ def detect_gpus(nvml: Any = None) -> list[GpuInfo]:
     return get_nvml(nvml).detect_gpus()
 
 
+def gpu_uuids(nvml: Any = None) -> dict[int, str]:
+    """NVML index -> UUID of this host's GPUs (those whose UUID NVML reads); ``{}`` without NVML."""
+    return {g.index: g.uuid for g in detect_gpus(nvml) if g.uuid}
+
+
 # ---------------------------------------------------------------------- fake
 
 
@@ -393,7 +399,7 @@ class FakeNVML:
         return self.gpus[h].get("name", "Fake GPU").encode()
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
-        return f"GPU-fake-{h}"
+        return self.gpus[h].get("uuid", f"GPU-fake-{h}")
 
     def nvmlDeviceGetMemoryInfo(self, h: int, version: Any = None) -> "FakeNVML._Mem":
         return self._Mem(self.gpus[h].get("memory_total", 16 << 30), self.mem_used.get(h, 0))
