@@ -47,6 +47,7 @@ def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "
         "start": start,
         "end": time.time(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "launch_cpu": os.environ.get("LAUNCH_CPU"),
         "launch_memory": os.environ.get("LAUNCH_MEMORY"),

@@ -84,6 +84,7 @@ def test_mixed_presets_respect_capacity_priority_and_fifo(tmp_path: Path, unique
         assert sum(float(x["launch_cpu"]) for x in active) <= 2
         want = GPU_PRESETS[next(p[1] for p in plan if p[0] == r["tag"])]
         assert len(list(filter(None, r["cuda_visible_devices"].split(",")))) == want["gpu"]
+        assert r["cuda_device_order"] == "PCI_BUS_ID"
         assert r["omp_num_threads"] == str(max(1, int(want["cpu"])))
         assert len(r["affinity"]) >= 1 and len(r["affinity"]) <= max(1, int(want["cpu"] + 0.99))
 
@@ -194,6 +195,7 @@ def test_prefect_worker_start_finds_launch_process_type(tmp_path: Path, unique_n
     assert run.state.is_completed()
     r = records(rec)[rid]
     assert r["cuda_visible_devices"] == "0" and r["launch_agent"] == f"pw-{unique_name}"
+    assert r["cuda_device_order"] == "PCI_BUS_ID"  # the ledger's indices are NVML's, i.e. bus order (issue 38)
 
 
 def test_cancel_and_failure_release_capacity_and_metrics_are_recorded(tmp_path: Path, unique_name: str):
