@@ -36,7 +36,6 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -46,17 +45,17 @@ import anyio
 import anyio.to_thread
 
 from prefect.states import Cancelled, Crashed, Failed, State
-from prefect.utilities.engine import propose_state
 
 from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRecord, SubStep
+from prefect_launch.workers.agent.active_run import RunHandle
+from prefect_launch.workers.agent.intake import QueueIntake
 from prefect_launch.workers.agent.context import AgentContext
 from prefect_launch.workers.agent.registry import AgentRun, AgentState, offline_reasons, publish, read_agents
-from prefect_launch.workers.scheduling.dispatch import DispatchHooks, WaitNotes, dispatch_cycle
+from prefect_launch.workers.scheduling.dispatch import DispatchHooks, dispatch_cycle
 from prefect_launch.times import format_duration
 from prefect_launch.workers.metrics.idle_checks import IdleChecker, Verdict, app_activity
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import run_environment
-from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec, queue_spec_of
 from prefect_launch.workers.agent.queued_state import QUEUED, queued
 from prefect_launch.workers.agent.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
@@ -84,23 +83,11 @@ HEARTBEAT_S = os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30")  # Prefect's mini
 HISTORY_FLUSH_S = float(os.environ.get("LAUNCH_HISTORY_FLUSH_SECONDS", "1"))
 IDLE_PUBLISH_S = float(os.environ.get("LAUNCH_IDLE_PUBLISH_SECONDS", "30"))  # moving idle deadlines: label refresh
 
-DEFAULT_SPEC = QueueSpec(
-    name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default"
-)
 
 WAKE_EVENTS = tuple(f"prefect.flow-run.{name}" for name in (QUEUED, "Scheduled", "Pending", "Cancelled"))
 
 
-@dataclass
-class RunHandle:
-    """Where a started run lives: its host pid (the container's init for docker) and/or container id."""
-
-    pid: Optional[int] = None
-    pid_started: Optional[float] = None
-    container: Optional[str] = None
-
-
-class LaunchWorkerCore:
+class LaunchWorkerCore(QueueIntake):
     """Mixin: put it before the Prefect worker class, e.g. ``class W(LaunchWorkerCore, ProcessWorker)``."""
 
     def __init__(self, *args: Any, agent: Optional[AgentContext] = None, capacity: Optional[str] = None,
@@ -115,30 +102,14 @@ class LaunchWorkerCore:
         self.agent.on_release(self._wake_up)
         self.use_cgroups = use_cgroups
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
-        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
-        self._wait_notes = WaitNotes()
-        self._limits: dict[UUID, Any] = {}
-        self._kill_reasons: dict[UUID, str] = {}
-        self._end_states: dict[UUID, State] = {}  # why the agent ended a run (timeout, cancel on exit)
-        self._ended: set[UUID] = set()  # runs whose end state the agent recorded itself
-        self._unlabelled: set[UUID] = set()  # claimed runs without Prefect's worker labels yet
-        self._requests: dict[UUID, ResolvedRequest] = {}  # resolved once by dispatch, read by run()
-        self._handles: dict[UUID, RunHandle] = {}
         self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
         self.journal = self.agent.journal(self.name)
         self._priorities: dict[str, int] = {}
         self._wake: Optional[asyncio.Event] = None
         self._publish_wanted: Optional[asyncio.Event] = None
-        self._samplers: dict[UUID, Any] = {}
         self._metrics_store: Any = None
         self._background_started = False
-        self._signalled: dict[UUID, float] = {}  # when the agent signalled a run it decided to stop
-        self._ever_started: set[UUID] = set()  # runs whose process/container came up (start SUCCESS)
-        self._idle: dict[UUID, IdleChecker] = {}
-        self._stops: dict[UUID, list[SubStep]] = {}
         self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
-        self._freed: set[UUID] = set()  # capacity given back before Prefect's slot release (_free_capacity)
-        self._ending: dict[UUID, anyio.CancelScope] = {}  # process gone, end being recorded (`cut_ending`)
         self._cut_ends = False  # the agent stops without waiting for the server: ends are recorded locally only
 
     @property
@@ -190,10 +161,6 @@ class LaunchWorkerCore:
                 self._logger.exception("rebuilding the ledger failed; placing nothing until it succeeds")
         await self._publish_state()
 
-    async def _in_scope(self, scope: anyio.CancelScope, fn) -> None:
-        with scope:
-            await fn()
-
     def _refill_warm_pool(self) -> None:
         """Only the process back end keeps warm engines."""
 
@@ -214,11 +181,6 @@ class LaunchWorkerCore:
             await self._refresh_priorities()
             at, queues = getattr(self, "_queues_read", (0.0, None))
         return queues if queues is not None else await self.client.read_work_queues(work_pool_name=self._work_pool_name)
-
-    def queue_spec(self) -> QueueSpec:
-        """The queue declaration carried by the pool's base job template."""
-        spec = queue_spec_of(self._work_pool) if self._work_pool else None
-        return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
 
     # ------------------------------------------------------------------ intake
     def _wake_up(self) -> None:
@@ -336,17 +298,6 @@ class LaunchWorkerCore:
         self._elsewhere_cache = (time.monotonic(), placed)
         return placed
 
-    async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
-        if deployment_id is None:
-            return {}
-        cached = self._deployments.get(deployment_id)
-        if cached and time.monotonic() - cached[0] < 30:
-            return cached[1]
-        deployment = await self.client.read_deployment(deployment_id)
-        values = dict(deployment.job_variables or {})
-        self._deployments[deployment_id] = (time.monotonic(), values)
-        return values
-
     # ---------------------------------------------------------------- dispatch
     async def _submit_scheduled_flow_runs(
         self, flow_run_response: list["WorkerFlowRunResponse"]
@@ -372,9 +323,9 @@ class LaunchWorkerCore:
 
     def _start(self, flow_run: "FlowRun", alloc: Allocation, request: ResolvedRequest) -> None:
         self._wait_notes.forget(flow_run.id)
-        self._ended.discard(flow_run.id)  # a preempted run placed again starts with a clean slate
-        self._kill_reasons.pop(flow_run.id, None)
-        self._requests[flow_run.id] = request
+        self._active.take(flow_run.id, "ended")  # a preempted run placed again starts with a clean slate
+        self._active.take(flow_run.id, "kill_reason")
+        self._active.of(flow_run.id).request = request
         self.get_flow_run_logger(flow_run).info(
             f"Agent '{self.name}' starting flow run with {alloc.resources.describe()}"
             f" gpus={alloc.gpu_indices} cores={alloc.cpu_cores}")
@@ -382,18 +333,6 @@ class LaunchWorkerCore:
         if self._cancelling_observer is not None:
             self._cancelling_observer.add_in_flight_flow_run_id(flow_run.id)
         self._runs_task_group.start_soon(self._submit_run, flow_run)
-
-    async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
-        """Put the one-line reason on the Prefect run, only when it changes (dispatch.WaitNotes: not over
-        another agent's fresh words, at most LAUNCH_WAIT_LABEL_BUDGET writes a cycle)."""
-        if not self._wait_notes.changed(flow_run, reason):
-            return
-        try:
-            with single_try():  # a busy server's 503 is not repeated: the next cycle decides again
-                await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
-        except Exception as exc:
-            self._wait_notes.forget(flow_run.id)  # not written: the next cycle decides again
-            self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
 
     async def _propose_pending_state(self, flow_run: "FlowRun") -> bool:
         """Prefect's claim (Scheduled -> Pending); a refused claim is a decision worth recording."""
@@ -409,22 +348,13 @@ class LaunchWorkerCore:
         try:
             result = await super()._submit_run_and_capture_errors(flow_run, task_status)
         finally:
-            started = flow_run.id in self._ever_started
-            self._ever_started.discard(flow_run.id)
+            started = self._active.get(flow_run.id).ever_started
+            self._active.take(flow_run.id, "ever_started")
         if isinstance(result, Exception) and not started:
             self._note(flow_run.id, "start", "FAILURE", error_code="start-failed", from_state="PENDING",
                        to_state="CRASHED", message=f"agent {self.name} could not start the run: "
                                                    f"{type(result).__name__}: {result}")
         return result
-
-    async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
-        """A run the queue can never serve as given fails now, with the reason."""
-        message = f"Rejected by agent {self.name}: {reason}"
-        self.get_flow_run_logger(flow_run).error(message)
-        try:
-            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
-        except Exception as exc:
-            self._logger.warning("could not reject run %s: %s", flow_run.id, exc)
 
     # --------------------------------------------------------------- lifecycle
     def _allocation_of(self, flow_run: "FlowRun") -> Allocation:
@@ -446,20 +376,20 @@ class LaunchWorkerCore:
     def _on_started(self, flow_run: "FlowRun", alloc: Allocation, handle: RunHandle, limits: Any = None) -> None:
         """The run exists: journal its handle, apply limits, start the sampler and the deadline."""
         run_id = flow_run.id
-        self._handles[run_id] = handle
-        self._ever_started.add(run_id)
+        self._active.of(run_id).handle = handle
+        self._active.of(run_id).ever_started = True
         where = f"container {handle.container[:12]}" if handle.container else f"process {handle.pid}"
         self._note(run_id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
                    message=f"agent {self.name} started the run ({where})")
         if handle.pid:
             self.journal.set_pid(str(run_id), handle.pid, handle.pid_started, container=handle.container)
         if limits is not None:
-            self._limits[run_id] = limits
+            self._active.of(run_id).limits = limits
             if handle.pid:
                 limits.apply(handle.pid)
         if handle.pid:
             self._after_start(flow_run, alloc, handle.pid)
-        request = self._requests.pop(run_id, None)
+        request = self._active.take(run_id, "request")
         self._arm_deadline(flow_run, handle, request.timeout_s if request else None, time.time())
 
     async def _on_finished(self, flow_run: "FlowRun", status_code: Optional[int], limits: Any = None,
@@ -468,34 +398,34 @@ class LaunchWorkerCore:
         reason = (limits.finish() if limits is not None else None) or reason
         if limits is not None:
             self._note_peak(flow_run.id, limits)
-        self._limits.pop(flow_run.id, None)
-        self._requests.pop(flow_run.id, None)
+        self._active.take(flow_run.id, "limits")
+        self._active.take(flow_run.id, "request")
         with anyio.CancelScope(shield=True) as scope:  # shielded from the agent's stop; `cut_ending` may end it
-            self._ending[flow_run.id] = scope
+            self._active.of(flow_run.id).ending = scope
             if self._cut_ends:
                 scope.cancel()
             try:
                 try:
                     if reason:
-                        self._kill_reasons[flow_run.id] = reason
+                        self._active.of(flow_run.id).kill_reason = reason
                         await self._mark_stopped(flow_run, Crashed(message=reason))
-                    elif flow_run.id in self._end_states:
-                        await self._mark_stopped(flow_run, self._end_states[flow_run.id])
+                    elif self._active.get(flow_run.id).end_state is not None:
+                        await self._mark_stopped(flow_run, self._active.get(flow_run.id).end_state)
                     self._free_capacity(flow_run.id)  # its process is gone: the next run need not wait for the summary
                     await self._after_finish(flow_run, status_code)  # cut short: still writes the summary locally
                 finally:
                     self._free_capacity(flow_run.id)  # also when cut short: the hardware is free either way
-                    sampler = self._samplers.pop(flow_run.id, None)
+                    sampler = self._active.take(flow_run.id, "sampler")
                     if sampler is not None:  # cut short before its summary: it still reaches the local store
                         await self._stop_sampler(sampler, "UNKNOWN")
-                    if flow_run.id in self._handles:  # it ran: record its end (a failed start: the caller records it)
+                    if self._active.get(flow_run.id).handle is not None:  # it ran: record its end (a failed start: the caller records it)
                         await self._note_end(flow_run, status_code, reason)
             finally:
-                self._ending.pop(flow_run.id, None)
+                self._active.take(flow_run.id, "ending")
 
     async def _note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str]) -> None:
         """``terminate``: how the run ended and that its capacity goes back (the release follows at once)."""
-        agent_state = Crashed(message=reason) if reason else self._end_states.get(flow_run.id)
+        agent_state = Crashed(message=reason) if reason else self._active.get(flow_run.id).end_state
         try:
             state = (await self.client.read_flow_run(flow_run.id)).state
         except Exception:
@@ -532,10 +462,10 @@ class LaunchWorkerCore:
 
     async def _mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
         """The run's executor already reported a bare signal; record the agent's reason instead."""
-        self._ended.add(flow_run.id)
+        self._active.of(flow_run.id).ended = True
         try:
             current = (await self.client.read_flow_run(flow_run.id)).state
-            signalled = self._signalled.get(flow_run.id)
+            signalled = self._active.get(flow_run.id).signalled_at
             if current is not None and current.is_completed() and (
                     signalled is None or current.timestamp.timestamp() < signalled):
                 return  # it finished before the signal landed (after it: it ended because of it)
@@ -549,7 +479,7 @@ class LaunchWorkerCore:
 
     def _note_peak(self, run_id: UUID, limits: Any) -> None:
         """The kernel's final peak reaches the summary (finish() removes the cgroup before the last sample)."""
-        sampler = self._samplers.get(run_id)
+        sampler = self._active.get(run_id).sampler
         if sampler is not None and getattr(limits, "peak_rss", None):
             sampler.note_peak_memory(limits.peak_rss)
 
@@ -561,11 +491,11 @@ class LaunchWorkerCore:
         sampler = start_sampler(self._metrics_store, flow_run, alloc, self.name, alloc.queue or self._work_pool_name,
                                 pid, self._logger, started_at=started_at)
         if sampler is not None:
-            self._samplers[flow_run.id] = sampler
+            self._active.of(flow_run.id).sampler = sampler
             self._arm_idle_checks(flow_run, alloc, sampler, started_at)
         if self._runs_task_group is not None:  # off the start path: the run is already running
-            worker_labels = flow_run.id in self._unlabelled
-            self._unlabelled.discard(flow_run.id)
+            worker_labels = self._active.get(flow_run.id).unlabelled
+            self._active.take(flow_run.id, "unlabelled")
             self._runs_task_group.start_soon(self._label_placement, flow_run, alloc, worker_labels)
 
     def _placement_text(self, alloc: Allocation) -> str:
@@ -611,7 +541,7 @@ class LaunchWorkerCore:
 
     async def _after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
         """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
-        sampler = self._samplers.pop(flow_run.id, None)
+        sampler = self._active.take(flow_run.id, "sampler")
         if sampler is None:
             return
         from prefect_launch.workers.metrics.run_sampling import publish_summary_artifact
@@ -643,40 +573,40 @@ class LaunchWorkerCore:
         SQLite server most label writes of many agents failed (503) and were retried with back-off, the
         start waiting on them (bench/scale.py (b)). Until then the journal holds the claim (recovery reads
         it first); a run that ends before it started gets them when it ends (`_release_limit_slot`)."""
-        self._unlabelled.add(flow_run_id)
+        self._active.of(flow_run_id).unlabelled = True
 
     async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
-        reason = self._kill_reasons.pop(flow_run.id, None)
-        if flow_run.id in self._ended:  # the agent already recorded why (memory, timeout, cancel on exit)
-            self._ended.discard(flow_run.id)
+        reason = self._active.take(flow_run.id, "kill_reason")
+        if self._active.get(flow_run.id).ended:  # the agent already recorded why (memory, timeout, cancel on exit)
+            self._active.take(flow_run.id, "ended")
             return
         await super()._propose_crashed_state(flow_run, reason or message, client)
 
     def _release_limit_slot(self, flow_run_id: UUID) -> None:
         super()._release_limit_slot(flow_run_id)
         self._release_allocation(flow_run_id)
-        if flow_run_id in self._unlabelled and self._runs_task_group is not None:  # never started: labelled now
-            self._unlabelled.discard(flow_run_id)
+        if self._active.get(flow_run_id).unlabelled and self._runs_task_group is not None:  # never started: labelled now
+            self._active.take(flow_run_id, "unlabelled")
             self._runs_task_group.start_soon(self._write_labels, flow_run_id, self._worker_labels())
 
     def _release_allocation(self, flow_run_id: UUID) -> None:
-        self._handles.pop(flow_run_id, None)
-        self._requests.pop(flow_run_id, None)
-        self._idle.pop(flow_run_id, None)
-        self._signalled.pop(flow_run_id, None)
-        self._stops.pop(flow_run_id, None)
+        self._active.take(flow_run_id, "handle")
+        self._active.take(flow_run_id, "request")
+        self._active.take(flow_run_id, "idle")
+        self._active.take(flow_run_id, "signalled_at")
+        self._active.take(flow_run_id, "stops")
         self.agent.preempting.discard(str(flow_run_id))
         self._free_capacity(flow_run_id)
-        if flow_run_id in self._freed:  # freed now or when its process ended
-            self._freed.discard(flow_run_id)
-            self._end_states.pop(flow_run_id, None)
+        if self._active.get(flow_run_id).freed:  # freed now or when its process ended
+            self._active.take(flow_run_id, "freed")
+            self._active.take(flow_run_id, "end_state")
 
     def _free_capacity(self, flow_run_id: UUID) -> bool:
         """Give the run's capacity back (once): called as soon as its process or container is gone, before the
         bookkeeping of its end (metrics summary, artifact, history), which used to delay the next placement."""
         if self.ledger.release(str(flow_run_id)) is None:
             return False
-        self._freed.add(flow_run_id)
+        self._active.of(flow_run_id).freed = True
         self.journal.remove(str(flow_run_id))
         self.agent.released()
         self._publish_soon()
@@ -745,7 +675,7 @@ class LaunchWorkerCore:
             alloc = self.ledger.get(run_id)
             worker = self.agent.workers.get(alloc.queue) if alloc else None
             worker = worker if isinstance(worker, LaunchWorkerCore) else self
-            handle = worker._handles.get(UUID(run_id))
+            handle = worker._active.get(UUID(run_id)).handle
             if alloc is None or handle is None or run_id in self.agent.preempting:
                 continue
             try:
@@ -777,12 +707,12 @@ class LaunchWorkerCore:
         (its engine would report "Crashed ... termination signal" over it on a SIGTERM).
         """
         run_id = str(flow_run.id)
-        if flow_run.id in self._end_states:
+        if self._active.get(flow_run.id).end_state is not None:
             return  # already being stopped
-        self._end_states[flow_run.id] = state
-        self._signalled[flow_run.id] = time.time()
+        self._active.of(flow_run.id).end_state = state
+        self._active.of(flow_run.id).signalled_at = time.time()
         self.get_flow_run_logger(flow_run).warning(f"agent {self.name} is stopping the run: {state.message}")
-        steps = self._stops[flow_run.id] = []  # read by the terminate record once the run is gone
+        steps = self._active.of(flow_run.id).stops = []  # read by the terminate record once the run is gone
         t0 = datetime.now(timezone.utc)
         if grace_s > 0 and state.is_final():
             # The agent's state first, so readers see its reason at once. Prefect's engine still forces
@@ -813,7 +743,7 @@ class LaunchWorkerCore:
 
     def _stop_steps(self, run_id: UUID) -> list[SubStep]:
         """The stop's own steps (signal, kill) for the ``terminate`` record, when the agent stopped it."""
-        return list(self._stops.pop(run_id, []))
+        return list(self._active.take(run_id, "stops") or [])
 
     # ------------------------------------------------------------ idle checks
     def _arm_idle_checks(self, flow_run: "FlowRun", alloc: Allocation, sampler: Any,
@@ -833,7 +763,7 @@ class LaunchWorkerCore:
         checker = IdleChecker(policy, started=started, session_type=session_type,
                               requested_gpu=alloc.resources.gpu, allocated_memory=alloc.resources.memory,
                               interval_s=sampler.interval_s, scheduled=scheduled)
-        self._idle[flow_run.id] = checker
+        self._active.of(flow_run.id).idle = checker
         ports = [int(p) for p in str((flow_run.labels or {}).get("launch.session.ports") or "").split(",")
                  if p.strip().isdigit()]
         watch_net = bool(policy.network_idle_timeout and session_type == "interactive" and ports)
@@ -875,7 +805,7 @@ class LaunchWorkerCore:
     async def _reclaim_idle(self, flow_run: "FlowRun", verdict: Verdict) -> None:
         """An idle checker said so: end the run Cancelled with the checker's reason (the timeout's stop path)."""
         run_id = str(flow_run.id)
-        handle = self._handles.get(flow_run.id)
+        handle = self._active.get(flow_run.id).handle
         if handle is None or self.ledger.get(run_id) is None or not await self._handle_alive(run_id, handle) \
                 or await self._reported_end(flow_run):
             return  # ended meanwhile, or reported its end and is only exiting
@@ -888,14 +818,14 @@ class LaunchWorkerCore:
         """Runs whose process or container is alive: what a drain waits for (not for the record of their end,
         which needs the server)."""
         n = 0
-        for run_id, handle in list(self._handles.items()):
-            if run_id not in self._ending and await self._handle_alive(str(run_id), handle):
+        for run_id, handle in list(self._active.having("handle").items()):
+            if self._active.get(run_id).ending is None and await self._handle_alive(str(run_id), handle):
                 n += 1
         return n
 
     def held(self) -> list[str]:
         """Runs this worker still holds: alive, or ended with their end not yet recorded."""
-        return [str(r) for r in self._handles]
+        return [str(r) for r in self._active.having("handle")]
 
     def cut_ending(self) -> None:
         """The agent stops and the server does not answer: give up recording the ends still pending.
@@ -904,13 +834,13 @@ class LaunchWorkerCore:
         server can hold (the agent's own end state, the summary artifact) is not written. A run the server
         still shows live is settled by the next start's recovery (crashed: its process is gone)."""
         self._cut_ends = True
-        for scope in list(self._ending.values()):
+        for scope in list(self._active.having("ending").values()):
             scope.cancel()
 
     async def cancel_running(self, reason: str, grace_s: float = 10.0) -> None:
         """Stop every run this worker holds (SIGTERM, then SIGKILL) and record them Cancelled with why."""
         handles = {}
-        for run_id, handle in dict(self._handles).items():
+        for run_id, handle in self._active.having("handle").items():
             try:  # a run that already reported its end (its process is only exiting) keeps that end
                 with anyio.fail_after(END_READ_S):  # a server that does not answer must not delay the stop
                     state = (await self.client.read_flow_run(run_id)).state
@@ -921,7 +851,7 @@ class LaunchWorkerCore:
             if not await self._handle_alive(str(run_id), handle):
                 continue
             handles[run_id] = handle
-            self._end_states[run_id] = Cancelled(message=reason)
+            self._active.of(run_id).end_state = Cancelled(message=reason)
             await self._terminate(str(run_id), handle, force=False)
 
         async def any_alive() -> bool:
@@ -936,7 +866,7 @@ class LaunchWorkerCore:
         for run_id, handle in handles.items():
             if await self._handle_alive(str(run_id), handle):
                 await self._terminate(str(run_id), handle, force=True)
-        while time.time() < deadline + 15 and any(r in self._handles and r not in self._ending for r in handles):
+        while time.time() < deadline + 15 and any(self._active.get(r).handle is not None and self._active.get(r).ending is None for r in handles):
             await asyncio.sleep(0.2)  # until run() sees the process gone (the agent then waits on `ending`)
 
     # --------------------------------------------------------------- recovery
@@ -985,11 +915,11 @@ class LaunchWorkerCore:
             flow_run = None
         try:
             handle, limits = await self._adopt_handle(rec)
-            self._handles[run_id] = handle
+            self._active.of(run_id).handle = handle
             self._note(run_id, "start", "SUCCESS", message=f"agent {self.name} re-adopted the running run after a "
                                                            "restart (its capacity is held again)")
             if limits is not None:
-                self._limits[run_id] = limits
+                self._active.of(run_id).limits = limits
             if flow_run is not None:
                 if handle.pid:
                     self._after_start(flow_run, alloc, handle.pid, started_at=rec.started_at)
@@ -1000,13 +930,13 @@ class LaunchWorkerCore:
             while await self._handle_alive(rec.run_id, handle):
                 await asyncio.sleep(0.5)
             with anyio.CancelScope() as scope:  # its end is recorded now; `cut_ending` may give up on it
-                self._ending[run_id] = scope
+                self._active.of(run_id).ending = scope
                 await self._record_adopted_end(rec, run_id, flow_run, handle, limits)
         except Exception:
             self._logger.exception("watching re-adopted run %s failed", rec.run_id)
         finally:
-            self._ending.pop(run_id, None)
-            self._limits.pop(run_id, None)
+            self._active.take(run_id, "ending")
+            self._active.take(run_id, "limits")
             self._release_allocation(run_id)
 
     async def _record_adopted_end(self, rec: Recovery, run_id: UUID, flow_run: Optional["FlowRun"],
@@ -1020,8 +950,8 @@ class LaunchWorkerCore:
         state = (await self.client.read_flow_run(run_id)).state
         if reason:
             await self._mark_stopped(flow_run, Crashed(message=reason))
-        elif run_id in self._end_states:
-            await self._mark_stopped(flow_run, self._end_states[run_id])
+        elif self._active.get(run_id).end_state is not None:
+            await self._mark_stopped(flow_run, self._active.get(run_id).end_state)
         elif state is None or not state.is_final():
             await self._mark_stopped(flow_run, Crashed(message=(
                 f"the run's {'container' if handle.container else 'process'} ended without reporting a final "

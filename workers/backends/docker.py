@@ -196,7 +196,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
                 with anyio.CancelScope(shield=True):
                     await self._end_cluster(flow_run, cluster, status_code)
                     await anyio.to_thread.run_sync(cluster.remove)
-            handle = self._handles.get(flow_run.id)
+            handle = self._active.get(flow_run.id).handle
             if handle is not None and handle.container:
                 with anyio.CancelScope(shield=True):
                     reason = await anyio.to_thread.run_sync(self._end_of, handle.container, alloc,
@@ -271,7 +271,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
 
         while True:
             await anyio.sleep(every_s)
-            ids = [rid for rid in self._handles if rid not in self._end_states]
+            ids = [rid for rid in self._active.having("handle") if self._active.get(rid).end_state is None]
             if not ids:
                 continue
             try:
@@ -282,8 +282,8 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
                 self._logger.debug("cancel watch: %s", exc)
                 continue
             for fr in runs:
-                handle = self._handles.get(fr.id)
-                if handle is not None and fr.id not in self._end_states:
+                handle = self._active.get(fr.id).handle
+                if handle is not None and self._active.get(fr.id).end_state is None:
                     state = Cancelled(message=f"cancelled: agent {self.name} stopped the run's container after "
                                               f"the cancel request")
                     self._runs_task_group.start_soon(self._stop_run, fr, handle, state)

@@ -25,13 +25,10 @@ from prefect.workers.process import (
 )
 
 from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, GangAborted
-from prefect_launch.workers.agent.core import (  # noqa: F401  (re-exported for older importers)
-    DEFAULT_SPEC, HEARTBEAT_S, PUBLISH_DEBOUNCE_S, TIMEOUT_GRACE_S, LaunchWorkerCore, PidHook, RunHandle,
-)
+from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.agent.limits import RunLimits
 from prefect_launch.workers.agent.recovery import pid_start_time
-from prefect_launch.workers.agent.tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL  # noqa: F401
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun

@@ -45,7 +45,7 @@ class ClusterRunMixin(GangFollowerMixin):
     async def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
         """Start this agent's sub members now (multi-node: once every other agent started its own);
         give main1's env to the engine's configuration. Raises `GangAborted` when another agent refused."""
-        request = self._requests.get(flow_run.id)
+        request = self._active.get(flow_run.id).request
         mode = request.cluster.mode if request is not None else "single-node"
         port = free_port()
         if alloc.remote_members:
@@ -122,7 +122,7 @@ class ClusterRunMixin(GangFollowerMixin):
             except Exception:
                 continue
             if state is not None and state.is_final():
-                handle = self._handles.get(flow_run.id)
+                handle = self._active.get(flow_run.id).handle
                 if state.type == StateType.FAILED and (state.message or "").startswith("cluster-member-failed") \
                         and handle is not None and await self._handle_alive(run_id, handle):
                     await self._stop_run(flow_run, handle, Failed(message=state.message), grace_s=0)
@@ -133,7 +133,7 @@ class ClusterRunMixin(GangFollowerMixin):
         """main1 exists: pin it to its own cores, bring the subs under the run's memory group, watch them."""
         pin_cores(pid, alloc.members[0].cpu_cores)
         group = getattr(limits, "group", None)
-        sampler = self._samplers.get(flow_run.id)
+        sampler = self._active.get(flow_run.id).sampler
         gpus_of = {m.name: m.gpu_indices for m in alloc.members}
         if sampler is not None:  # main1 is the run's own process: named, so its figures are also kept apart
             sampler.track(pid, member="main1", gpu_indices=gpus_of.get("main1"))
@@ -177,14 +177,14 @@ class ClusterRunMixin(GangFollowerMixin):
         except Exception as exc:
             self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
         await procs.stop(CLUSTER_STOP_GRACE_S)
-        handle = self._handles.get(flow_run.id)
+        handle = self._active.get(flow_run.id).handle
         if handle is not None:
             await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=0)
 
     async def _end_cluster(self, flow_run: "FlowRun", procs: ClusterProcesses, status_code: Optional[int]) -> None:
         """main1 has exited: let the subs finish (main1 completed) or stop them; a late failure fails the run."""
         late: Optional[str] = None
-        if status_code == 0 and procs.failed is None and flow_run.id not in self._end_states \
+        if status_code == 0 and procs.failed is None and self._active.get(flow_run.id).end_state is None \
                 and await self._main_completed(flow_run):  # cancelled or failed: no waiting for the rest
             if not await procs.wait(CLUSTER_DRAIN_S):
                 late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} still ran "
@@ -200,7 +200,7 @@ class ClusterRunMixin(GangFollowerMixin):
             self.get_flow_run_logger(flow_run).error(late)
             try:
                 await self.client.set_flow_run_state(flow_run.id, Failed(message=late), force=True)
-                self._ended.add(flow_run.id)
+                self._active.of(flow_run.id).ended = True
             except Exception as exc:
                 self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
         if procs.failed is None and late is None:
@@ -228,7 +228,7 @@ class ClusterRunMixin(GangFollowerMixin):
     def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int, started_at: Any = None) -> None:
         """Sampling as for any run; a re-adopted cluster run's subs are measured and watched again."""
         super()._after_start(flow_run, alloc, pid, started_at=started_at)
-        if alloc.members and flow_run.id not in self._ever_started:  # re-adopted after a restart
+        if alloc.members and not self._active.get(flow_run.id).ever_started:  # re-adopted after a restart
             self._watch_adopted_members(flow_run, alloc)
 
     def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
@@ -240,7 +240,7 @@ class ClusterRunMixin(GangFollowerMixin):
         if not subs or self._runs_task_group is None:
             return
         procs = adopt_members(run_id, subs, lambda name: self._member_log(run_id, name))
-        sampler = self._samplers.get(flow_run.id)
+        sampler = self._active.get(flow_run.id).sampler
         gpus_of = {m.name: m.gpu_indices for m in alloc.members}
         if sampler is not None:
             sampler.track(sampler.pid, member="main1", gpu_indices=gpus_of.get("main1"))

@@ -48,7 +48,6 @@ import anyio.abc
 from pydantic import Field, PrivateAttr
 
 from prefect.states import Cancelled, Crashed, Failed, State
-from prefect.utilities.engine import propose_state
 from prefect.workers.base import BaseWorker
 from prefect_kubernetes.utilities import _slugify_label_value, _slugify_name
 from prefect_kubernetes.worker import (
@@ -59,7 +58,7 @@ from prefect_kubernetes.worker import (
 )
 
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
-from prefect_launch.workers.scheduling.dispatch import WaitNotes
+from prefect_launch.workers.agent.intake import DEFAULT_SPEC, QueueIntake
 from prefect_launch.times import format_duration
 from prefect_launch.workers.cluster.kubernetes_events import observe_cluster
 from prefect_launch.workers.cluster.kubernetes_run import KubernetesClusterMixin
@@ -67,7 +66,7 @@ from prefect_launch.workers.backends.kubernetes.events import Observation, obser
 from prefect_launch.workers.backends.kubernetes.manifest import apply_run
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import run_environment
-from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec, queue_spec_of
+from prefect_launch.workers.scheduling.queue_spec import QueueSpec, queue_spec_of
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 from prefect_launch.workers.agent.tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL, WORKER_LABEL
@@ -81,7 +80,6 @@ DELETE_GRACE_S = 30
 PULL_SECRET_PREFIX = "prefect-launch-pull-"
 ENV_SECRET_PREFIX = "prefect-launch-env-"
 LIVE_STATES = ("PENDING", "RUNNING", "CANCELLING")
-DEFAULT_SPEC = QueueSpec(name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default")
 
 # The pool's variables that the preset replaces (prefect-kubernetes >= 0.8 has them; the preset owns resources).
 PRESET_OWNED = ("cpu_request", "cpu_limit", "memory_request", "memory_limit")
@@ -307,7 +305,7 @@ class LaunchKubernetesVariables(KubernetesWorkerVariables):
         "(members spread over nodes, preferred pod anti-affinity).")
 
 
-class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
+class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWorker):
     type = "launch-kubernetes"
     job_configuration = LaunchKubernetesJobConfiguration
     job_configuration_variables = LaunchKubernetesVariables
@@ -326,12 +324,8 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
         self.agent = agent  # the agent's shared context: only its draining flag matters here (no ledger)
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
         self.watch_seconds = POLL_S
-        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
-        self._requests: dict[UUID, ResolvedRequest] = {}
-        self._wait_notes = WaitNotes()
         self._watching: dict[UUID, tuple[str, str]] = {}  # run -> (namespace, job)
         self._stop: dict[UUID, State] = {}  # runs the worker is ending (cancel, timeout), with their end state
-        self._ended: set[UUID] = set()  # runs whose end state the worker recorded itself
         self._background_started = False
         self._reattached = False
 
@@ -367,10 +361,6 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
             self._reattached = True
             self._runs_task_group.start_soon(self._reattach)
 
-    async def _in_scope(self, scope: anyio.CancelScope, fn) -> None:
-        with scope:
-            await fn()
-
     async def _poll_loop(self) -> None:
         """Claim runs every few seconds (Prefect's own 10 s poll keeps running underneath)."""
         while True:
@@ -380,25 +370,11 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
             except Exception:
                 self._logger.exception("poll failed; polling continues")
 
-    def queue_spec(self) -> QueueSpec:
-        spec = queue_spec_of(self._work_pool) if self._work_pool else None
-        return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
-
     # ---------------------------------------------------------------- dispatch
     async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
         if self.agent is not None and getattr(self.agent, "draining", False):
             return []
         return await super().get_and_submit_flow_runs()
-
-    async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
-        if deployment_id is None:
-            return {}
-        cached = self._deployments.get(deployment_id)
-        if cached and time.monotonic() - cached[0] < 30:
-            return cached[1]
-        values = dict((await self.client.read_deployment(deployment_id)).job_variables or {})
-        self._deployments[deployment_id] = (time.monotonic(), values)
-        return values
 
     async def _submit_scheduled_flow_runs(self, flow_run_response: list["WorkerFlowRunResponse"]) -> list["FlowRun"]:
         """Resolve each run once; fail the ones the queue can never serve; the cluster places the rest."""
@@ -419,29 +395,13 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
             if request.agent and request.agent != self.name:
                 await self._note_waiting(fr, f"waiting: pinned to agent {request.agent}")
                 continue
-            self._requests[fr.id] = request
+            self._active.of(fr.id).request = request
             accepted.append(entry)
         return await super()._submit_scheduled_flow_runs(accepted)
 
     def _release_limit_slot(self, flow_run_id: UUID) -> None:
         super()._release_limit_slot(flow_run_id)
-        self._requests.pop(flow_run_id, None)  # a run accepted but never started (its Pending claim lost)
-
-    async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
-        message = f"Rejected by agent {self.name}: {reason}"
-        self.get_flow_run_logger(flow_run).error(message)
-        try:
-            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
-        except Exception as exc:
-            self._logger.warning("could not reject run %s: %s", flow_run.id, exc)
-
-    async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
-        if not self._wait_notes.changed(flow_run, reason):
-            return
-        try:
-            await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
-        except Exception as exc:
-            self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+        self._active.take(flow_run_id, "request")  # a run accepted but never started (its Pending claim lost)
 
     async def _note_placed(self, flow_run: "FlowRun", placement: str) -> None:
         self._wait_notes.forget(flow_run.id)
@@ -465,7 +425,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
     async def run(self, flow_run: "FlowRun", configuration: LaunchKubernetesJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> KubernetesWorkerResult:
         logger = self.get_flow_run_logger(flow_run)
-        request = self._requests.pop(flow_run.id, None) or configuration._request
+        request = self._active.take(flow_run.id, "request") or configuration._request
         if request is None:
             request = resolve_request(configuration._spec or self.queue_spec(),
                                       await self._deployment_vars(flow_run.deployment_id), flow_run.job_variables)
@@ -505,7 +465,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
                     await self._forget_secret(api, namespace, env_secret[0])
         status = await self._record_end(flow_run, end)
         if status == 0:
-            self._ended.discard(flow_run.id)  # no crash proposal follows a zero status
+            self._active.take(flow_run.id, "ended")  # no crash proposal follows a zero status
         return KubernetesWorkerResult(identifier=pid, status_code=status)
 
     async def _env_secret(self, api: KubeApi, namespace: str, flow_run: "FlowRun",
@@ -648,7 +608,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
             if end.end == "failed" and state is not None and state.is_failed():
                 # the engine recorded the failure (the flow's own error): keep it. Not its Crashed: that is the
                 # engine stopped with the Job, and the Job's reason (e.g. which member failed) says why
-                self._ended.add(flow_run.id)
+                self._active.of(flow_run.id).ended = True
             elif end.end == "failed":
                 await self._mark(flow_run, Failed(message=end.message))
             else:
@@ -663,7 +623,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
 
     async def _mark(self, flow_run: "FlowRun", state: State) -> None:
         """Record the worker's reason, unless the run completed or was rescheduled before it."""
-        self._ended.add(flow_run.id)
+        self._active.of(flow_run.id).ended = True
         current = await self._state_of(flow_run)
         if current is not None and (current.is_completed() or current.is_scheduled()):
             return
@@ -677,8 +637,8 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, KubernetesWorker):
             self._logger.warning("could not record why run %s ended: %s", flow_run.id, exc)
 
     async def _propose_crashed_state(self, flow_run: "FlowRun", message: str, client: Any = None) -> None:
-        if flow_run.id in self._ended:  # the worker already recorded why (eviction, exit code, cancel, timeout)
-            self._ended.discard(flow_run.id)
+        if self._active.get(flow_run.id).ended:  # the worker already recorded why (eviction, exit code, cancel, timeout)
+            self._active.take(flow_run.id, "ended")
             return
         await super()._propose_crashed_state(flow_run, message, client)
 

@@ -1,0 +1,83 @@
+"""What every launch back end does with a queue's runs before placing them: read the queue's declaration,
+the deployment's job variables, say why a run waits, and reject what the queue can never serve.
+
+Shared by the process/docker core (`agent.core.LaunchWorkerCore`) and the kubernetes worker
+(`backends.kubernetes.worker`), which used to carry copies of each method. Mixed in front of a
+Prefect worker class; it owns the one `ActiveRuns` record per run both keep.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Optional
+from uuid import UUID
+
+import anyio
+
+from prefect.states import Failed
+from prefect.utilities.engine import propose_state
+
+from prefect_launch.api_retry import single_try
+from prefect_launch.workers.agent.active_run import ActiveRuns
+from prefect_launch.workers.agent.tags import WAIT_LABEL
+from prefect_launch.workers.scheduling.dispatch import WaitNotes
+from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec, queue_spec_of
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+DEFAULT_SPEC = QueueSpec(name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default")
+DEPLOYMENT_VARS_TTL_S = 30.0  # a deployment's job variables are read again after this long
+
+
+class QueueIntake:
+    """Mixin: put it before the Prefect worker class (after the core or the cluster parts)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
+        self._wait_notes = WaitNotes()
+        self._active = ActiveRuns()  # one record per run: request, handle, limits, sampler, end (active_run.py)
+
+    def queue_spec(self) -> QueueSpec:
+        """The queue declaration carried by the pool's base job template."""
+        spec = queue_spec_of(self._work_pool) if self._work_pool else None
+        return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
+
+    async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
+        """The deployment's job variables (the middle layer of `resolve_request`), cached a while."""
+        if deployment_id is None:
+            return {}
+        cached = self._deployments.get(deployment_id)
+        if cached and time.monotonic() - cached[0] < DEPLOYMENT_VARS_TTL_S:
+            return cached[1]
+        deployment = await self.client.read_deployment(deployment_id)
+        values = dict(deployment.job_variables or {})
+        self._deployments[deployment_id] = (time.monotonic(), values)
+        return values
+
+    async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
+        """Put the one-line reason on the Prefect run, only when it changes (dispatch.WaitNotes: not over
+        another agent's fresh words, at most LAUNCH_WAIT_LABEL_BUDGET writes a cycle)."""
+        if not self._wait_notes.changed(flow_run, reason):
+            return
+        try:
+            with single_try():  # a busy server's 503 is not repeated: the next cycle decides again
+                await self.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: reason})
+        except Exception as exc:
+            self._wait_notes.forget(flow_run.id)  # not written: the next cycle decides again
+            self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+
+    async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
+        """A run the queue can never serve as given fails now, with the reason."""
+        message = f"Rejected by agent {self.name}: {reason}"
+        self.get_flow_run_logger(flow_run).error(message)
+        try:
+            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
+        except Exception as exc:
+            self._logger.warning("could not reject run %s: %s", flow_run.id, exc)
+
+    async def _in_scope(self, scope: anyio.CancelScope, fn) -> None:
+        """Run one of the worker's own loops inside a scope Prefect's teardown cancels."""
+        with scope:
+            await fn()
