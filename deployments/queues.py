@@ -15,11 +15,27 @@ from prefect_launch.workers.scheduling.template import build_base_job_template
 
 WAITING_SHOWN = 10  # waiting runs listed per queue (all are counted)
 LAUNCH_POOL_TYPES = ("launch-process", "launch-docker", "docker", "kubernetes")
+SESSION_TARGETS = ("process", "docker")  # the queues that get the built-in session flow
 
 
 class ApplyResult(BaseModel):
     queue: str
     action: str  # created | updated | unchanged
+    session_job: Optional[str] = None  # the built-in session flow's deployment on the queue (process and docker)
+
+
+class QueueApplyError(Exception):
+    """`apply_queues` stopped part-way (the server failed after the checks passed): says exactly what was
+    written before the failure and what was not."""
+
+    def __init__(self, queue: str, error: BaseException, written: list[str], not_applied: list[str]):
+        self.queue, self.error, self.written, self.not_applied = queue, error, written, not_applied
+        super().__init__(
+            f"applying queue {queue!r} failed: {type(error).__name__}: {error}\n"
+            + (f"  written before the failure: {'; '.join(written)}\n" if written
+               else "  nothing was written before the failure\n")
+            + (f"  not applied: {', '.join(not_applied)}\n" if not_applied else "")
+            + "  `queue apply` is idempotent: run it again once the cause is fixed")
 
 
 def apply_queue(client: Any, spec: QueueSpec) -> ApplyResult:
@@ -54,6 +70,66 @@ def apply_queue(client: Any, spec: QueueSpec) -> ApplyResult:
         action = "updated" if changed else "unchanged"
     _ensure_priority_queues(client, spec)
     return ApplyResult(queue=spec.name, action=action)
+
+
+def apply_problems(client: Any, specs: list[QueueSpec]) -> list[str]:
+    """Every reason the queues cannot all be applied, found before anything is written: a queue that exists
+    with another target type, a template that cannot be built, the session flow missing from the installation."""
+    from prefect.exceptions import ObjectNotFound
+
+    problems = []
+    for spec in specs:
+        try:
+            build_base_job_template(spec)
+        except Exception as exc:
+            problems.append(f"queue {spec.name!r}: its work pool template cannot be built: {exc}")
+        try:
+            pool = client.read_work_pool(spec.name)
+        except ObjectNotFound:
+            pool = None
+        if pool is not None and pool.type != spec.pool_type:
+            problems.append(f"queue {spec.name!r} exists with target type {pool.type!r}, the file says "
+                            f"{spec.pool_type!r}; delete it first with `prefect work-pool delete {spec.name}`")
+    if any(s.target in SESSION_TARGETS for s in specs):
+        from prefect_launch.deployments.sessions import session_flow_file
+        from prefect_launch.workers.scheduling.resources import LaunchValidationError
+
+        try:
+            session_flow_file()
+        except LaunchValidationError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def apply_queues(client: Any, specs: list[QueueSpec]) -> list[ApplyResult]:
+    """Apply a whole queues file: check everything first (:func:`apply_problems`; a
+    ``LaunchValidationError`` listing every problem, nothing written), then write each queue: its work
+    pool, priority queues and, on process and docker queues, the built-in session flow. A failure while
+    writing raises :class:`QueueApplyError` naming what was written and what was not."""
+    from prefect_launch.deployments.sessions import deploy_session_flow
+    from prefect_launch.workers.scheduling.resources import LaunchValidationError
+
+    problems = apply_problems(client, specs)
+    if problems:
+        raise LaunchValidationError("nothing applied:\n  - " + "\n  - ".join(problems))
+    results: list[ApplyResult] = []
+    written: list[str] = []
+    for i, spec in enumerate(specs):
+        step = f"work pool {spec.name}"
+        try:
+            result = apply_queue(client, spec)
+            written.append(f"work pool {spec.name} {result.action} with its priority queues")
+            if spec.target in SESSION_TARGETS:
+                step = f"session job on {spec.name}"
+                result.session_job = deploy_session_flow(spec.name, spec.default_priority, target=spec.target,
+                                                         image=spec.image)
+                written.append(f"session job {result.session_job}")
+        except Exception as exc:
+            if step.startswith("work pool"):  # the pool may have been created before its priority queues failed
+                written.append(f"work pool {spec.name}: possibly created or updated (the failure came while writing it)")
+            raise QueueApplyError(spec.name, exc, written, [s.name for s in specs[i + 1:]]) from exc
+        results.append(result)
+    return results
 
 
 def _ensure_priority_queues(client: Any, spec: QueueSpec) -> None:

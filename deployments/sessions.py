@@ -31,7 +31,18 @@ SESSION_TAG = "launch-session"
 NAME_RE = re.compile(r"^(?=.{4,64}$)[A-Za-z0-9][A-Za-z0-9_.-]*[A-Za-z0-9]$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMAGE_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
-FLOWS_DIR = Path(__file__).resolve().parents[1] / "flows"
+
+
+def _flows_dir() -> Path:
+    """The installed ``prefect_launch.flows`` package's folder (package data, found through importlib.resources:
+    site-packages in a wheel install, ``flows/`` in an editable one); deployments and docker sessions refer to
+    its files by this path, so it must be a real folder (not inside a zip)."""
+    from importlib.resources import files
+
+    return Path(str(files("prefect_launch.flows")))
+
+
+FLOWS_DIR = _flows_dir()
 LIVE = ("SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED")
 _ADJ = ("amber", "brisk", "calm", "deft", "eager", "fresh", "gentle", "keen", "lucid", "mellow", "nimble",
         "quiet", "rapid", "steady", "swift", "vivid")
@@ -299,10 +310,22 @@ def deploy_session_flow(queue: str, work_queue: str, target: str = "process", im
     not this project); the queue's image is the default environment, ``session start --image`` another."""
     from prefect import flow
 
-    kw: dict[str, Any] = {}
+    job_variables: dict[str, Any] = {}
     if target == "docker":
-        kw = {"image": image, "job_variables": {"volumes": [flows_volume()], "image_pull_policy": "IfNotPresent"}}
-    flow.from_source(source=str(FLOWS_DIR), entrypoint="session.py:session").deploy(
-        name=f"session-{queue}", work_pool_name=queue, work_queue_name=work_queue, build=False, push=False,
-        print_next_steps=False, ignore_warnings=True, **kw)
+        job_variables = {"volumes": [flows_volume()], "image_pull_policy": "IfNotPresent"}
+    # to_deployment + apply is what Flow.deploy does for a pre-built image (build=False, push=False), without
+    # its console output: `queue apply --json` prints one JSON document and nothing else
+    deployment = flow.from_source(source=str(session_flow_file().parent), entrypoint="session.py:session").to_deployment(
+        name=f"session-{queue}", work_pool_name=queue, work_queue_name=work_queue, job_variables=job_variables)
+    deployment.apply(work_pool_name=queue, image=image if target == "docker" else None)
     return session_deployment(queue)
+
+
+def session_flow_file() -> Path:
+    """flows/session.py as installed; a clear error (not a FileNotFoundError deep in Prefect) when the
+    installation lacks it."""
+    path = FLOWS_DIR / "session.py"
+    if not path.is_file():
+        raise LaunchValidationError(f"the built-in session flow is missing from this installation: {path} does not "
+                                    "exist (reinstall prefect-launch; its wheel ships prefect_launch/flows/)")
+    return path

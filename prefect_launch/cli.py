@@ -39,8 +39,10 @@ app.add_typer(store_app, name="store")
 @queue_app.command("apply")
 def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
                 as_json: bool = typer.Option(False, "--json", help="Print results as JSON.")) -> None:
-    """Create or update the queues declared in FILE (idempotent)."""
-    from prefect_launch.deployments.queues import apply_queue
+    """Create or update the queues declared in FILE (idempotent), with the built-in session job on every
+    process and docker queue. Everything is checked before anything is written; a server failure part-way
+    says what was written and what was not."""
+    from prefect_launch.deployments.queues import QueueApplyError, apply_queues
     from prefect_launch.workers.scheduling.queue_spec import load_queues_file
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
@@ -48,22 +50,25 @@ def queue_apply(file: str = typer.Argument(..., help="queues.yaml to apply"),
         spec_file = load_queues_file(file)
     except LaunchValidationError as exc:
         fail(str(exc))
-    results = []
     with prefect_client() as client:
-        for spec in spec_file.queues:
-            try:
-                results.append(apply_queue(client, spec))
-            except ValueError as exc:
-                fail(str(exc))
-            if spec.target in ("process", "docker"):  # the built-in session flow on every process and docker queue
-                from prefect_launch.deployments.sessions import deploy_session_flow
-
-                deploy_session_flow(spec.name, spec.default_priority, target=spec.target, image=spec.image)
+        try:
+            results = apply_queues(client, spec_file.queues)
+        except (LaunchValidationError, QueueApplyError) as exc:
+            fail(str(exc))
     if as_json:
         print_json([r.model_dump() for r in results])
     else:
         for r in results:
-            console.print(f"queue [bold]{r.queue}[/]: {r.action}")
+            console.print(f"queue [bold]{r.queue}[/]: {r.action}"
+                          + (f"; session job [bold]{r.session_job}[/]" if r.session_job else ""))
+
+
+@queue_app.command("example")
+def queue_example() -> None:
+    """Print the example queues file shipped with prefect-launch (``queue example > queues.yaml``)."""
+    from importlib.resources import files
+
+    sys.stdout.write(files("prefect_launch.deployments").joinpath("queues.yaml").read_text())
 
 
 @queue_app.command("ls")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import time
 from typing import List, Optional
 
@@ -164,7 +165,9 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
 @session_app.command("logs")
 def session_logs(session: str = typer.Argument(...), owner: Optional[str] = typer.Option(None, "--owner"),
                  follow: bool = typer.Option(False, "--follow", "-f"),
-                 as_json: bool = typer.Option(False, "--json")) -> None:
+                 as_json: bool = typer.Option(False, "--json", help="One JSON list of {time, level, message}; "
+                                              "with --follow, one such object per line (JSON Lines) as they come")
+                 ) -> None:
     """The session's logs (Prefect's run logs); --follow until it ends."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
@@ -180,9 +183,18 @@ def session_logs(session: str = typer.Argument(...), owner: Optional[str] = type
         while True:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])),
                                     sort=LogSort.TIMESTAMP_ASC, limit=200, offset=seen)
+            if as_json and not follow:  # one document: every line read so far
+                rows = [{"time": lg.timestamp, "level": lg.level, "message": lg.message} for lg in logs]
+                while len(logs) == 200:
+                    logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])),
+                                            sort=LogSort.TIMESTAMP_ASC, limit=200, offset=len(rows))
+                    rows += [{"time": lg.timestamp, "level": lg.level, "message": lg.message} for lg in logs]
+                print_json(rows)
+                return
             for lg in logs:
                 if as_json:
-                    print_json({"time": lg.timestamp, "level": lg.level, "message": lg.message})
+                    print(json.dumps({"time": lg.timestamp, "level": lg.level, "message": lg.message}, default=str),
+                          flush=True)
                 else:
                     print(f"{lg.timestamp:%H:%M:%S} {lg.message}", flush=True)
             seen += len(logs)
