@@ -78,3 +78,20 @@ def test_a_failure_part_way_says_what_was_written(tmp_path: Path, unique_name, m
     done = json.loads(cli("queue", "apply", str(qfile), "--json").stdout)
     assert [(r["queue"], r["action"]) for r in done] == [(a, "unchanged"), (b, "unchanged"), (c, "created")]
     assert _deployment(f"launch-session/session-{b}") is not None
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_docker_queue_gets_the_session_job_with_its_image_and_the_flows_folder(tmp_path: Path, unique_name):
+    """No Docker daemon needed: the session job's job variables name the queue's image (as written, never
+    retagged) and mount the installed flows folder read-only."""
+    from prefect_launch.deployments.sessions import FLOWS_DIR
+
+    q = f"qa-docker-{unique_name}"
+    qfile = tmp_path / "queues.yaml"
+    qfile.write_text(json.dumps({"queues": [_queue(q, target="docker", image="python:3.12-slim")]}))
+    out = json.loads(cli("queue", "apply", str(qfile), "--json").stdout)
+    assert out == [{"queue": q, "action": "created", "session_job": f"launch-session/session-{q}"}]
+    dep = _deployment(f"launch-session/session-{q}")
+    assert dep.job_variables["image"] == "python:3.12-slim"
+    assert dep.job_variables["volumes"] == [f"{FLOWS_DIR}:{FLOWS_DIR}:ro"]
+    assert dep.work_queue_name == "medium" and dep.entrypoint == "session.py:session"
