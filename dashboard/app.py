@@ -22,20 +22,16 @@ import streamlit as st
 
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard.caption_text import as_written
-from prefect_launch.dashboard import choices as CH
 from prefect_launch.dashboard import chart_data as CD
-from prefect_launch.dashboard import figures as FG
 from prefect_launch.dashboard import frames as F
-from prefect_launch.dashboard import heatmap_table as HT
-from prefect_launch.dashboard import light_table as LT
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
-from prefect_launch.dashboard import text_block as TB
 from prefect_launch.dashboard.sidebar import sidebar
 from prefect_launch.dashboard import timeline
 from prefect_launch.dashboard import view as V
+from prefect_launch.dashboard import widgets as W
 
 st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
 st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer menu for the people who read the page
@@ -44,24 +40,24 @@ st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer 
 def panel_waiting(p: P.PageData) -> None:
     """Who waits and why, with queue position and predicted start (inside the summary panel)."""
     if p.waiting_error is not None:  # the rest of the page stands without it
-        TB.text("waiting_note", lines=[f"Waiting runs: unavailable ({p.waiting_error})"])
+        W.heading(lines=[f"Waiting runs: unavailable ({p.waiting_error})"])
         return
     waits = p.waiting
     if not waits:
-        TB.text("waiting_note", lines=["Who waits and why: no run is waiting."])
+        W.heading(lines=["Who waits and why: no run is waiting."])
         return
-    TB.text("waiting_note", lines=["Who waits and why: each waiting run's position in its queue (1 = next; empty while "
+    W.heading(lines=["Who waits and why: each waiting run's position in its queue (1 = next; empty while "
                                    "its starts-at is ahead) and predicted start (ETA, UTC: the agents' placement replayed "
                                    "forward with each run's expected length; empty when it cannot be told)."])
-    LT.table(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), "waiting_table", "Waiting runs",  # as of this visit
-             labels={"eta": "ETA (UTC)", "waited_s": "waited s", "eta_in_s": "starts in s"},
-             digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
+    W.table(SM.waiting_frame(waits, dt.datetime.now(S.UTC)), "waiting_table",  # as of this visit
+            labels={"eta": "ETA (UTC)", "waited_s": "waited s", "eta_in_s": "starts in s"},
+            digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
 def _once(v: V.View, what: Optional[tuple], make: Callable[[], Any]) -> Any:
     """``make()`` for this view, built by the first visit that draws ``what``: every visit within a step of
-    the page's clock gets the same View, so the next ones mount the same payloads without building them
-    again (~0.15 s of each visit's script at 100k runs: the lanes, the runs table, the charts). ``what``
+    the page's clock gets the same View, so the next ones draw the same payloads and frames without building
+    them again (~0.15 s of each visit's script at 100k runs: the lanes, the runs table, the charts). ``what``
     None: built each time (a brushed span is one person's, and would only grow the view)."""
     if what is None:
         return make()
@@ -78,11 +74,11 @@ def _linked(v: V.View, runs: pd.DataFrame) -> pd.DataFrame:
 RUN_LINK = dict(labels={"link": "Prefect UI"}, links={"link": "open run"})  # how every runs table shows the link
 
 
-def _runs_table(v: V.View, runs: pd.DataFrame, key: str, title: str, drop_id: bool = False, **kw) -> None:
+def _runs_table(v: V.View, runs: pd.DataFrame, key: str, drop_id: bool = False, **kw) -> None:
     """A table of runs (``runs`` has their ``id``) with a link to each in Prefect's UI."""
     shown = _linked(v, runs)
-    LT.table(shown.drop(columns=["id"]) if drop_id else shown, key, title,
-             labels={**RUN_LINK["labels"], **kw.pop("labels", {})}, links=RUN_LINK["links"], **kw)
+    W.table(shown.drop(columns=["id"]) if drop_id else shown, key,
+            labels={**RUN_LINK["labels"], **kw.pop("labels", {})}, links=RUN_LINK["links"], **kw)
 
 
 def _view_costs(p: P.PageData):
@@ -104,15 +100,13 @@ def _links_block():
 def panel_summary(p: P.PageData) -> None:
     v = p.view
     with st.container(key="panel-summary", border=True):
-        TB.text("summary_head", "Queue summary")
+        W.heading("Queue summary")
         summary = v.summary
         occ = v.occupancy
         load, idle, share = occ.load, occ.idle, occ.share
         head = SM.headline(summary)
-        FG.figures([FG.Figure(label="Queues busy now", value=f"{head['busy']} / {head['queues']}"),
-                    FG.Figure(label="Queued now", value=f"{head['queued']:,}"),
-                    FG.Figure(label="Running now", value=f"{head['running']:,}"),
-                    FG.Figure(label="Runs in range", value=f"{v.totals['runs']:,}")], key="summary_figures")
+        W.figures([("Queues busy now", f"{head['busy']} / {head['queues']}"), ("Queued now", f"{head['queued']:,}"),
+                   ("Running now", f"{head['running']:,}"), ("Runs in range", f"{v.totals['runs']:,}")])
         used = _capacity_used(p)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
                     "(n/a without agents)")
@@ -121,51 +115,50 @@ def panel_summary(p: P.PageData) -> None:
                    ("CPU capacity held", share.get("cpu"), "CPU-seconds runs held", "CPUs"),
                    ("CPU capacity used", used.get("cpu"), "CPU-seconds used (measured)", "CPUs")]
         if any(val is not None for _, val, _, _ in figures):
-            FG.figures([FG.Figure(label=label, value=f"{val:.0f}%" if val is not None else "n/a",
-                                  help=cap_help.format(what=what, unit=unit)) for label, val, what, unit in figures],
-                       key="capacity_figures")
+            W.figures([(label, f"{val:.0f}%" if val is not None else "n/a", cap_help.format(what=what, unit=unit))
+                       for label, val, what, unit in figures])
         elif not occ.complete:
-            TB.text("capacity_note", lines=["Capacity held and used: shown once the run index covers the range (only the "
+            W.heading(lines=["Capacity held and used: shown once the run index covers the range (only the "
                                             "newest runs are read from Prefect's API yet)."])
         else:
-            TB.text("capacity_note", lines=["Capacity held and used: n/a (no online agent publishes capacity for these "
+            W.heading(lines=["Capacity held and used: n/a (no online agent publishes capacity for these "
                                             "queues)."])
         shown = summary if "sharing" in summary and summary["sharing"].astype(bool).any() else summary.drop(
             columns=["sharing"], errors="ignore")  # the column only where a queue shares by owner
-        LT.draw(_once(v, ("summary_table",), lambda: LT.payload(shown, "Queue summary")), "summary_table")
+        W.table(shown, "summary_table")
         panel_waiting(p)
         if not v.agents.empty:
-            TB.text("agents_note", lines=["Agents (capacity published by launch workers)"])
-            LT.draw(_once(v, ("agents_table",), lambda: LT.payload(
-                v.agents, "Agents", digits={"memory_gib": 1, "free_memory_gib": 1})), "agents_table")
+            W.heading(lines=["Agents (capacity published by launch workers)"])
+            W.table(v.agents, "agents_table", digits={"memory_gib": 1, "free_memory_gib": 1})
         left, right = st.columns([3, 2])
         with left:
-            TB.text("load_note", lines=["Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per "
+            W.heading(lines=["Load: runs holding a slot (claimed or running) and GPUs held, time-weighted per "
                                         "interval (red: the agents' GPUs). Idle stretches on fixed capacity are room for "
                                         "low-priority work." + ("" if occ.complete else " Only the span the newest runs "
                                         "read so far cover is drawn: the run index does not cover the range yet.")])
             timeline.chart(_once(v, ("load_chart",), lambda: CD.load_payload(
-                load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart")
+                load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart",
+                           fallback=load)
             if not occ.complete:
-                TB.text("idle_note", lines=["Idle periods: shown once the run index covers the range (an interval none "
+                W.heading(lines=["Idle periods: shown once the run index covers the range (an interval none "
                                             "of the newest runs touch is not known to be idle)."])
             else:
-                TB.text("idle_note", lines=[f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
+                W.heading(lines=[f"Idle periods (no run held a slot at any moment of the interval): {len(idle)}, "
                                             f"{idle['hours'].sum() if not idle.empty else 0:.1f} h in total; 'waiting' > 0: "
                                             "runs waited meanwhile"])
             if not idle.empty:
-                LT.draw(_once(v, ("idle_table",), lambda: LT.payload(idle.head(10), "Idle periods", digits={"hours": 2})),
-                        "idle_table")
+                W.table(idle.head(10), "idle_table", digits={"hours": 2})
         with right:
-            TB.text("heatmap_note", lines=["Held load by hour of day and weekday (UTC): periodic bursts are where scheduled "
+            W.heading(lines=["Held load by hour of day and weekday (UTC): periodic bursts are where scheduled "
                                            "cloud capacity pays."])
             if not occ.complete:
                 st.info("Shown once the run index covers the range (averages need every run of it).")
             elif occ.heatmap.empty:
                 st.info("No runs in this range.")
             else:
-                # a table (as a Vega chart it was the page's dearest draw), drawn by its own component
-                HT.draw(_once(v, ("heatmap",), lambda: HT.payload(occ.heatmap)), key="heatmap")
+                from prefect_launch.dashboard import charts  # Altair: imported once a heatmap is drawn
+
+                st.altair_chart(charts.heatmap_chart(occ.heatmap), width="stretch", key="heatmap")
 
 
 def _capacity_used(p: P.PageData) -> dict:
@@ -180,7 +173,7 @@ def panel_cost(p: P.PageData) -> None:
 
     v = p.view
     with st.container(key="panel-cost", border=True):
-        TB.text("cost_head", "Cost and waste")
+        W.heading("Cost and waste")
         runs, error = _view_costs(p)
         if runs is None:
             st.info(f"Metrics store not readable: {error}")
@@ -188,8 +181,8 @@ def panel_cost(p: P.PageData) -> None:
         if runs.empty:
             st.info("No measured runs in this range.")
             return
-        by = st.radio("By", C.BY, index=C.BY.index(v.spec.grouping) if v.spec.grouping in C.BY else 0,
-                      horizontal=True, key=f"cost_by_{v.spec.grouping}")  # follows the sidebar's grouping
+        by = W.single("By", C.BY, f"cost_by_{v.spec.grouping}",  # follows the sidebar's grouping
+                      v.spec.grouping if v.spec.grouping in C.BY else C.BY[0])
         table = C.cost_table(runs, by)
         total = table.iloc[-1]
         idle = C.idle_share(runs)
@@ -197,36 +190,35 @@ def panel_cost(p: P.PageData) -> None:
         def num(x, fmt="{:,.1f}"):  # short: a figure wraps past ~10 characters at laptop width
             return "n/a" if x is None or x != x else fmt.format(x)
 
-        FG.figures([
-            FG.Figure(label="GPU-hours used / held", value=f"{num(total['gpu_used_h'])} / {num(total['gpu_alloc_h'])}",
-                      help="Held: GPUs x time. Used: utilisation-weighted, from the agents' samples (n/a: not measured). "
-                           f"Core-hours: {num(total['cpu_used_h'])} used of {num(total['cpu_alloc_h'])} held."),
-            FG.Figure(label="Held GPU time idle", value=num(idle, "{:.0f}%"),
-                      help="Of the GPU time held by runs whose GPUs were measured, the share not used"),
-            FG.Figure(label="GPU energy", value=num(total["gpu_energy_wh"], "{:,.0f} Wh"),
-                      help=f"NVML energy counters of the runs' GPUs; measured for {total['gpu_energy_runs']} GPU runs "
-                           "(n/a: none could be measured; never estimated)"),
-            FG.Figure(label="CPU energy", value=num(total["cpu_energy_wh"], "{:,.0f} Wh"),
-                      help=f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
-                           "(n/a: RAPL not readable by the agents; never estimated)")], key="cost_figures")
+        W.figures([
+            ("GPU-hours used / held", f"{num(total['gpu_used_h'])} / {num(total['gpu_alloc_h'])}",
+             "Held: GPUs x time. Used: utilisation-weighted, from the agents' samples (n/a: not measured). "
+             f"Core-hours: {num(total['cpu_used_h'])} used of {num(total['cpu_alloc_h'])} held."),
+            ("Held GPU time idle", num(idle, "{:.0f}%"),
+             "Of the GPU time held by runs whose GPUs were measured, the share not used"),
+            ("GPU energy", num(total["gpu_energy_wh"], "{:,.0f} Wh"),
+             f"NVML energy counters of the runs' GPUs; measured for {total['gpu_energy_runs']} GPU runs "
+             "(n/a: none could be measured; never estimated)"),
+            ("CPU energy", num(total["cpu_energy_wh"], "{:,.0f} Wh"),
+             f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
+             "(n/a: RAPL not readable by the agents; never estimated)")])
         notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
         notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
-        TB.text("cost_note", lines=["Allocated vs used over the range, by " + by + ". " + "; ".join(notes)])
+        W.heading(lines=["Allocated vs used over the range, by " + by + ". " + "; ".join(notes)])
         left, right = st.columns([2, 3])
         with left:
             from prefect_launch.dashboard import charts
 
             st.altair_chart(charts.cost_chart(table, by), width="stretch")
         with right:
-            LT.table(table, "cost_table", "Cost and waste by " + by, digits={c: 1 for c in table.columns if c.endswith("_h")},
-                     empty={c: "unavailable" for c in table.columns})
-        TB.text("wasters_note", lines=["Top wasters: runs that left the most of what they held idle (GPU-hours, then "
+            W.table(table, "cost_table", digits={c: 1 for c in table.columns if c.endswith("_h")}, empty="unavailable")
+        W.heading(lines=["Top wasters: runs that left the most of what they held idle (GPU-hours, then "
                                        "core-hours)"])
         w = C.wasters(runs)
         if w.empty:
             st.success("No run left held hardware idle in this range.")
         else:
-            _runs_table(v, w, "wasters_table", "Top wasters", empty={c: "unavailable" for c in w.columns})
+            _runs_table(v, w, "wasters_table", empty="unavailable")
 
 
 def _partial_note(v: V.View) -> str:
@@ -236,7 +228,7 @@ def _partial_note(v: V.View) -> str:
 
 def panel_status(v: V.View) -> None:
     with st.container(key="panel-status", border=True):
-        TB.text("status_head", "Job status", ["Per interval: runs queued, pending and running at any moment of it, and runs "
+        W.heading("Job status", ["Per interval: runs queued, pending and running at any moment of it, and runs "
                                               "that finished in it by end state; the tooltip gives the time-weighted average "
                                               "number." + _partial_note(v)])
         counts = v.occupancy.status
@@ -244,21 +236,21 @@ def panel_status(v: V.View) -> None:
             st.info("No runs in this range.")
         else:
             timeline.chart(_once(v, ("status_chart",), lambda: CD.status_payload(
-                counts, v.spec.since, v.spec.until, v.interval_s).packed()), key="status_chart")
+                counts, v.spec.since, v.spec.until, v.interval_s).packed()), key="status_chart", fallback=counts)
 
 
 def panel_queued(v: V.View) -> None:
     with st.container(key="panel-queued", border=True):
         qt = v.occupancy.queued
         total = float(qt["queued_s"].sum()) if not qt.empty else 0.0
-        TB.text("queued_head", "Queued time", [f"Seconds runs spent waiting inside each interval (a long wait spreads over the "
+        W.heading("Queued time", [f"Seconds runs spent waiting inside each interval (a long wait spreads over the "
                                                f"intervals it spans), by {v.spec.grouping}; the tooltip shows how many waited "
                                                f"and their mean. Total: {total:,.0f} s." + _partial_note(v)])
         if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
             timeline.chart(_once(v, ("queued_chart",), lambda: CD.queued_payload(
-                qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).packed()), key="queued_chart")
+                qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).packed()), key="queued_chart", fallback=qt)
 
 
 def _when(t: pd.Timestamp) -> str:
@@ -276,7 +268,7 @@ def panel_runs(v: V.View) -> None:
         note = f"{len(g)} runs that started"
         if v.truncated:
             note += f" (the newest {len(v.runs):,} of {v.runs_total:,} in range; narrow the range or filters to see older ones)"
-        TB.text("runs_head", "Job runs", [note + ". Drag across the chart to select a span; the table lists the runs in it."])
+        W.heading("Job runs", [note + ". Drag across the chart to select a span; the table lists the runs in it."])
         if g.empty:
             st.info("No run started in this range.")
             return
@@ -294,18 +286,17 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
     if brush:
         lo, hi = pd.to_datetime(brush[0], unit="ms", utc=True), pd.to_datetime(brush[1], unit="ms", utc=True)
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
-        TB.text("selection_note", lines=[f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"])
+        W.heading(lines=[f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"])
 
-    def build() -> bytes:
+    def build() -> pd.DataFrame:
         # the members column (cluster runs) after the link: the columns are chosen here, the link as every runs table's
-        table = _with_members(_linked(v, sel)[
+        return _with_members(_linked(v, sel)[
             ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end",
              "link"]], sel["id"], v.metrics)
-        return LT.payload(table, "Job runs", rows_shown=12,
-                          labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s"},
-                          digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
 
-    LT.draw(_once(v, None if brush else ("runs_table",), build), "runs_table")
+    W.table(_once(v, None if brush else ("runs_table",), build), "runs_table", rows_shown=12,
+            labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s"},
+            digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
 
 
 def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -324,7 +315,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
            "its devices' time in each pixel (more devices than lanes the chart can show)" if lanes.attrs.get("folded") else
            f"one lane per agent and GPU (CPU-only runs: per core) with the runs that held it, coloured by {v.spec.grouping} "
            "(runs closer than a pixel merge)")
-    TB.text("runs_head", "Job runs", [f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to select a span; "
+    W.heading("Job runs", [f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to select a span; "
                                       "the table lists the runs in it."])
     shown = timeline.brush_of("gantt")
     brush = timeline.chart(_once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
@@ -349,30 +340,30 @@ def panel_metrics(v: V.View) -> None:
         cols = st.columns(2)
         for c, (y, title, ytitle) in zip(cols, METRICS[i : i + 2]):
             with c, st.container(key=f"panel-{y}", border=True):
-                TB.text(f"{y}_head", title)
+                W.heading(title)
                 d = m[m[y].notna()] if not m.empty else m
                 if d.empty:
                     st.info("No measured runs in this range" + ("" if v.metrics_available else " (metrics store not reachable)") + ".")
                 else:
                     st.altair_chart(charts.metric_chart(d, y, ytitle, col), width="stretch")
     with st.container(key="panel-waste", border=True):
-        TB.text("waste_head", "Runs that waste hardware")
+        W.heading("Runs that waste hardware")
         w = M.waste_frame(m) if not m.empty else pd.DataFrame()
         if w.empty:
             st.success("No run flagged as waste in this range.")
         else:
-            _runs_table(v, w, "waste_table", "Runs that waste hardware")
+            _runs_table(v, w, "waste_table")
 
 
 def panel_errors(v: V.View) -> None:
     with st.container(key="panel-errors", border=True):
         e = v.errors
-        TB.text("errors_head", "Errors", [] if e.empty else [
+        W.heading("Errors", [] if e.empty else [
             f"{len(e)} failed or crashed runs, newest first (message: the state's, else the run's last ERROR log)"])
         if e.empty:
             st.success("No failed or crashed run in this range.")
             return
-        _runs_table(v, e, "errors_table", "Errors", drop_id=True)
+        _runs_table(v, e, "errors_table", drop_id=True)
 
 
 def _links_unlocked() -> bool:
@@ -403,17 +394,13 @@ def panel_links(p: P.PageData, opts: dict) -> None:
     v = p.view
     with st.container(key="panel-links", border=True):
         queues = [q for q in (list(v.spec.queues) or opts["queues"]) if p.links.get(q)]
-        TB.text("links_head", "External Links",
+        W.heading("External Links",
                 [f"Links: unavailable ({p.links_error})"] if p.links_error is not None else [] if queues else
                 ["No links yet: add Grafana, Datadog, a cloud console… with Manage Links."])
         for q in queues:  # anchors built (and escaped) by QueueLinks.html
             st.markdown(f"**{html.escape(q)}**: {p.links[q]}", unsafe_allow_html=True)
-        # the form is drawn only when asked for (its widgets cost every visit a share of the drawing); the switch is
-        # a button of the sidebar's kind (dashboard/choices.py), not a Streamlit toggle with a script of its own
-        col = CH.Column()
-        opened = CH.toggle(col, "Manage Links", "links_open")
-        col.flush()
-        if not opened:
+        # the form is drawn only when asked for (its widgets cost every visit a share of the drawing)
+        if not st.toggle("Manage Links", key="links_open"):
             return
         if not opts["queues"]:
             st.info("No queue exists yet.")
@@ -502,7 +489,7 @@ def _until_newer(spec: S.ViewSpec, shown: dt.datetime) -> None:
 
 
 def main() -> None:
-    TB.text("page_title", "Queue monitor", level=1)
+    W.heading("Queue monitor", level=1)
     try:
         opts = P.options()
     except Exception as exc:  # server down or misconfigured: say so plainly
@@ -522,7 +509,7 @@ def main() -> None:
     if stale:
         _until_newer(spec, v.now)
     filters = v.spec.filters_note()
-    TB.text("page_note", lines=[
+    W.heading(lines=[
         f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
         f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
         + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
@@ -535,9 +522,7 @@ def main() -> None:
         panel_queued(v)
     # the panels below: one section at a time, only the chosen one drawn (the browser's drawing of
     # charts and grids is most of what a visit waits for; each section stays one click away)
-    col = CH.Column()  # buttons of the sidebar's kind (dashboard/choices.py): no Streamlit control to load for it
-    section = CH.single(col, "Section", list(SECTIONS), "section", next(iter(SECTIONS)), hide_label=True)
-    col.flush()
+    section = W.single("Section", list(SECTIONS), "section", next(iter(SECTIONS)), hide_label=True)
     SECTIONS[section](p)
     panel_links(p, opts)
 

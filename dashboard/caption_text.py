@@ -18,3 +18,14 @@ _CLOSES_CODE = re.compile(r"(?<=[\w+-]):")
 def as_written(text: str) -> str:
     """``text`` with each colon that could close an emoji shortcode escaped (drawn the same)."""
     return _CLOSES_CODE.sub(r"\\:", text)
+
+
+_MARKUP = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+
+
+def plain(text: str) -> str:
+    """``text`` drawn as written by Streamlit's markdown (a caption, a heading): every ASCII character that
+    markdown, its HTML, LaTeX (``$``) or emoji shortcodes (``:``) could read as markup is escaped with a
+    backslash, CommonMark's escape for punctuation. A job, owner or queue name in a caption is shown as it
+    is, never as emphasis, a link or a formula."""
+    return _MARKUP.sub(r"\\\1", text)

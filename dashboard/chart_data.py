@@ -15,6 +15,7 @@ here is HTML: the browser sets every label as text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Optional, Sequence
 
@@ -22,7 +23,6 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from prefect_launch.dashboard.component_js import packed
 from prefect_launch.dashboard.spec import STATUS_COLORS, STATUSES
 
 # Tableau 20 (as Vega's "tableau20" scheme), the colours the charts used before
@@ -62,6 +62,7 @@ class Payload(BaseModel):
     y_title: str = ""
     names: list[str] = Field(default_factory=list)
     colors: list[str] = Field(default_factory=list)
+    themed: bool = False  # series without a meaning of their own: drawn in the theme's categorical colours
     rows: list[str] = Field(default_factory=list)  # lane labels, top to bottom
     items: dict[str, list] = Field(default_factory=dict)
     tips: list[Tip] = Field(default_factory=list)
@@ -73,13 +74,25 @@ class Payload(BaseModel):
     note: str = ""  # said under the chart (e.g. series folded away)
 
     def packed(self) -> bytes:
-        """The payload as the component gets it (:func:`.component_js.packed`: led by ``sig``, by which the
+        """The payload as the component gets it (:func:`packed`: led by ``sig``, by which the
         browser tells a rerun's unchanged chart, kept as drawn, from a new one without parsing it)."""
         return packed(self.model_dump(exclude_none=True))
 
     def dump(self) -> dict:
         """:meth:`packed` as a dict (for checks)."""
         return json.loads(self.packed())
+
+
+def packed(payload: dict) -> bytes:
+    """``payload`` as the bytes the timeline component gets: JSON whose first key is ``sig``, a digest of the rest.
+
+    Streamlit forwards bytes as they are, where a dict is JSON-encoded on every mount, and encoded and
+    digested once more for the element's identity (about 60 ms a visit for the lanes at 100k runs, holding
+    the GIL). The script reads ``sig`` from the first bytes (``sigOf`` in timeline.js) and parses the rest
+    only for a payload it has not drawn (a rerun sending the same one keeps the drawn chart and its brush)."""
+    body = json.dumps(payload, separators=(",", ":"), sort_keys=True)
+    sig = hashlib.blake2b(body.encode(), digest_size=12).hexdigest()
+    return ('{"sig":"' + sig + '"' + ("," + body[1:] if body != "{}" else "}")).encode()
 
 
 def ms(t: Any) -> np.ndarray:
@@ -149,7 +162,7 @@ def queued_payload(qt: pd.DataFrame, grouping: str, since, until, interval_s: in
     x0, x1 = _domain(since, until)
     return Payload(
         kind="bars", title="Queued time per interval", height=260, x0=x0, x1=x1, x_title="interval",
-        y_title="seconds queued", names=names, colors=_palette(names), legend_title=grouping,
+        y_title="seconds queued", names=names, themed=True, colors=_palette(names), legend_title=grouping,
         items={"x": _floats(x, 0), "x2": _floats(x + interval_s * 1000, 0), "y0": _floats(y0, 1), "y1": _floats(y1, 1),
                "c": c.tolist()},
         tips=[Tip(label="from", fmt=TIME, src="x"), Tip(label=grouping, src="name"),
@@ -177,7 +190,7 @@ def load_payload(load: pd.DataFrame, gpu_capacity: Optional[float], since, until
     x0, x1 = _domain(since, until)
     return Payload(
         kind="steps", title="Load per interval", height=160, x0=x0, x1=x1, x_title="", y_title="time-weighted average",
-        names=[name for _, name in LOAD_SERIES], colors=["#4c78a8", "#f58518"],
+        names=[name for _, name in LOAD_SERIES], themed=True, colors=["#4c78a8", "#f58518"],
         items={"x": _floats(x_all, 0), "x2": _floats(x_all + interval_s * 1000, 0), "y0": _floats(y_all),
                "y1": _floats(y_all), "c": (np.concatenate(cs) if n else np.zeros(0)).astype("int64").tolist()},
         tips=[Tip(label="from", fmt=TIME, src="x"), Tip(label="series", src="name"), Tip(label="value", fmt=2, src="y1"),
@@ -202,7 +215,8 @@ def lanes_payload(seg: pd.DataFrame, grouping: str, since, until, selected: Opti
     x0, x1 = _domain(since, until)
     return Payload(
         kind="lanes", title="Runs per agent and device", height=_rows_height(len(rows), 18, 160, 640), x0=x0, x1=x1,
-        y_title="agent · devices" if folded else "agent · device", names=names, colors=_palette(names), rows=rows,
+        y_title="agent · devices" if folded else "agent · device", names=names, themed=True, colors=_palette(names),
+        rows=rows,
         legend_title=grouping, brush=True, selected=list(selected) if selected else None,
         items={"x": _floats(ms(seg["start"]), 0), "x2": _floats(ms(seg["end"]), 0),
                "row": seg["lane"].astype(str).map(row).astype("int64").tolist(),
@@ -230,7 +244,7 @@ def gantt_payload(g: pd.DataFrame, grouping_col: str, since, until, selected: Op
     text = lambda c: g[c].astype(str).where(g[c].notna(), "").tolist() if c in g else [""] * len(g)  # noqa: E731
     return Payload(
         kind="lanes", title="Runs", height=_rows_height(len(g), 14, 200, 520), x0=x0, x1=x1, y_title="run",
-        names=names, colors=_palette(names), rows=rows, legend_title=col, brush=True,
+        names=names, themed=True, colors=_palette(names), rows=rows, legend_title=col, brush=True,
         selected=list(selected) if selected else None,
         items={"x": _floats(ms(g["start"]), 0), "x2": _floats(ms(g["bar_end"]), 0), "row": list(range(len(g))),
                "c": groups.map(code).astype("int64").tolist()},

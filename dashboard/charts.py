@@ -59,3 +59,30 @@ def cost_chart(table: pd.DataFrame, by: str, n: int = 12) -> alt.Chart:
         )
         .properties(height=min(max(34 * len(t), 120), 480))
     )
+
+
+# ------------------------------------------------------------------------ load by hour and weekday
+
+
+def heatmap_chart(hm: pd.DataFrame) -> alt.Chart:
+    """Held load by UTC hour (x) and weekday (y), Monday first: one cell per hour the range holds, shaded by
+    the mean runs holding a slot in the theme's sequential colours; the tooltip gives the weekday, hour, mean
+    runs holding a slot, mean GPUs held and the hours averaged. ``hm``: :func:`.occupancy.heatmap`'s frame
+    (weekday, hour, busy, gpus, hours)."""
+    from prefect_launch.dashboard.occupancy import DAYS
+
+    d = hm[["weekday", "hour", "busy", "gpus", "hours"]]
+    return (
+        alt.Chart(d)
+        .mark_rect()
+        .encode(
+            x=alt.X("hour:O", title="hour (UTC)", sort=list(range(24)), axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("weekday:O", title=None, sort=list(DAYS)),
+            color=alt.Color("busy:Q", title="avg runs holding a slot"),
+            tooltip=[alt.Tooltip("weekday:O"), alt.Tooltip("hour:O"),
+                     alt.Tooltip("busy:Q", title="avg runs holding a slot", format=".2f"),
+                     alt.Tooltip("gpus:Q", title="avg GPUs held", format=".2f"),
+                     alt.Tooltip("hours:Q", title="hours averaged")],
+        )
+        .properties(height=7 * 26)
+    )

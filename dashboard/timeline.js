@@ -5,8 +5,50 @@
 const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
 const STEPS = [60e3, 300e3, 600e3, 900e3, 1800e3, 3600e3, 3 * 3600e3, 6 * 3600e3, 12 * 3600e3,
   86400e3, 2 * 86400e3, 7 * 86400e3, 28 * 86400e3];
-const FONT = '12px "Source Sans", "Source Sans Pro", "Source Sans 3", sans-serif'; // Streamlit's font (its CSS names it "Source Sans")
-const INK = "#31333f", GRID = "#e6e9ef", MUTED = "#808495";
+
+const pad2 = (n) => String(n).padStart(2, "0");
+
+// A chart's or table's payload arrives as bytes (dashboard/component_js.py, packed): JSON whose first key
+// is sig, a digest of the rest. sigOf reads it from the first bytes; unpack parses the whole, which a
+// component does only for a payload it has not drawn.
+const utf8 = new TextDecoder();
+function sigOf(bytes) {
+  const m = /^\{"sig":"([0-9a-f]+)"/.exec(utf8.decode(bytes.subarray(0, 64)));
+  return m ? m[1] : null;
+}
+function unpack(bytes) {
+  return JSON.parse(utf8.decode(bytes));
+}
+
+// an element with a class and its text set as text (never as HTML)
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// epoch ms as "YYYY-MM-DD HH:MM:SS" in UTC
+function fmtTime(ms) {
+  const t = new Date(ms);
+  return `${t.getUTCFullYear()}-${pad2(t.getUTCMonth() + 1)}-${pad2(t.getUTCDate())} ` +
+    `${pad2(t.getUTCHours())}:${pad2(t.getUTCMinutes())}:${pad2(t.getUTCSeconds())}`;
+}
+
+
+// The page's theme (light, dark or custom), from the --st-* variables Streamlit sets on components
+// (each with Streamlit's light default where a variable is unset): text, grid, axis, font and, for a
+// chart whose series have no meaning of their own (p.themed: groupings, load), the categorical palette.
+function themeOf(host) {
+  const cs = getComputedStyle(host);
+  const v = (name, dflt) => { const x = (cs.getPropertyValue(name) || "").trim(); return x && x !== "unset" ? x : dflt; };
+  const cat = v("--st-chart-categorical-colors", "").split(",").map((c) => c.trim()).filter(Boolean);
+  return {
+    INK: v("--st-text-color", "#31333f"), GRID: v("--st-border-color-light", "#e6e9ef"),
+    MUTED: v("--st-gray-text-color", "#808495"), AXIS: v("--st-border-color", "#c3c6cf"),
+    FONT: "12px " + v("--st-font", '"Source Sans", "Source Sans Pro", sans-serif'), cat,
+  };
+}
 
 function fmt(v, f) {
   if (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v))) return "n/a";
@@ -75,13 +117,15 @@ function parts(host) {
 
 function draw(host, p, setStateValue) {
   const { legend, cv, brushEl, tip, note } = parts(host);
+  const { INK, GRID, MUTED, AXIS, FONT, cat } = themeOf(host);
+  const colors = p.themed && cat.length ? p.names.map((_, i) => cat[i % cat.length]) : p.colors;
   host.dataset.kind = p.kind;
   legend.replaceChildren();
   if (p.legend && p.names.length > 1) {
     if (p.legend_title) legend.appendChild(el("span", "lt-legend-title", p.legend_title));
     p.names.slice(0, 24).forEach((n, i) => {
       const it = el("span", "lt-legend-item");
-      const sw = el("span", "lt-swatch"); sw.style.background = p.colors[i];
+      const sw = el("span", "lt-swatch"); sw.style.background = colors[i];
       it.append(sw, el("span", "", n));
       legend.appendChild(it);
     });
@@ -149,7 +193,7 @@ function draw(host, p, setStateValue) {
   if (p.kind === "steps") {
     ctx.lineWidth = 2;
     for (let c = 0; c < p.names.length; c++) {
-      ctx.strokeStyle = p.colors[c]; ctx.beginPath();
+      ctx.strokeStyle = colors[c]; ctx.beginPath();
       let open = false;
       for (let i = 0; i < n; i++) {
         if (it.c[i] !== c || it.y1[i] === null) { continue; }
@@ -179,10 +223,10 @@ function draw(host, p, setStateValue) {
         path.rect(a, y1, Math.max(b - a - (b - a > 3 ? 1 : 0), 1), Math.max(y0 - y1, 1));
       }
     }
-    for (const [c, path] of paths) { ctx.fillStyle = p.colors[c] || INK; ctx.fill(path); }
+    for (const [c, path] of paths) { ctx.fillStyle = colors[c] || INK; ctx.fill(path); }
   }
   ctx.restore();
-  ctx.strokeStyle = "#c3c6cf"; ctx.beginPath(); ctx.moveTo(left, top + ph + 0.5); ctx.lineTo(left + pw, top + ph + 0.5); ctx.stroke();
+  ctx.strokeStyle = AXIS; ctx.beginPath(); ctx.moveTo(left, top + ph + 0.5); ctx.lineTo(left + pw, top + ph + 0.5); ctx.stroke();
 
   // hover: the mark under the pointer, its tooltip lines as text
   const hit = (mx, my) => {

@@ -89,13 +89,14 @@ def wait_indexed(run_ids: list[str], timeout: float = 30.0) -> None:
     """
     import time
 
-    from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import index_sync as X
+    from prefect_launch.dashboard.api import get_api
+    from prefect_launch.dashboard.metrics_source import metrics_store
 
-    store = D.metrics_store()
+    store = metrics_store()
     if store is None:
         return
-    svc = X.service_for(store, D.get_api())
+    svc = X.service_for(store, get_api())
     deadline = time.monotonic() + timeout
     while svc.building() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -151,76 +152,57 @@ def fresh_app(timeout: float = 120):
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import metrics_source as M
     from prefect_launch.dashboard import page_data as P
 
     st.cache_data.clear()
     P.clear()
-    D.STORE_CACHE.clear()
+    M.STORE_CACHE.clear()
     return AppTest.from_file(ROOT_APP, default_timeout=timeout)
 
 
-def table_payloads(at) -> list:
-    """Every light table on an AppTest page (dashboard/light_table.py) as the browser gets it."""
-    from prefect_launch.dashboard.light_table import COMPONENT
-    from prefect_launch.dashboard.table_data import TablePayload
-
-    return [TablePayload.model_validate_json(e.proto.bytes) for e in at.get("bidi_component")
-            if e.proto.component_name == COMPONENT]
-
-
 def tables(at) -> list:
-    """Every table on an AppTest page as a frame: Streamlit's grids (the sessions page) and the
-    monitor's light tables, as the browser gets them."""
-    return [d.value for d in at.dataframe] + [p.frame() for p in table_payloads(at)]
+    """Every table on an AppTest page (``st.dataframe``) as a frame, in page order."""
+    return [d.value for d in at.dataframe]
 
 
 def figures(at) -> dict:
-    """Every headline figure on an AppTest page, label to value as shown (dashboard/figures.py)."""
-    from prefect_launch.dashboard.figures import COMPONENT, FiguresPayload
-
-    out = {m.label: m.value for m in at.metric}
-    for e in at.get("bidi_component"):
-        if e.proto.component_name == COMPONENT:
-            out.update({f.label: f.value for f in FiguresPayload.model_validate_json(e.proto.bytes).figures})
-    return out
+    """Every headline figure on an AppTest page (``st.metric``), label to value as shown."""
+    return {m.label: m.value for m in at.metric}
 
 
-def text_blocks(at) -> list:
-    """Every heading-and-captions block on an AppTest page (dashboard/text_block.py), in page order."""
-    from prefect_launch.dashboard.text_block import COMPONENT, TextBlock
+def _as_shown(text: str) -> str:
+    """Markdown text as the page shows it (dashboard/caption_text.plain escapes punctuation with backslashes)."""
+    import re
 
-    return [TextBlock.model_validate_json(e.proto.bytes) for e in at.get("bidi_component")
-            if e.proto.component_name == COMPONENT]
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 def headings(at) -> list[str]:
-    """The page's panel headings: Streamlit's subheaders, then the text blocks' (each in page order)."""
-    return [s.value for s in at.subheader] + [b.heading for b in text_blocks(at) if b.heading and b.level == 3]
+    """The page's panel headings (``st.subheader``), in page order."""
+    return [_as_shown(s.value) for s in at.subheader]
 
 
 def captions(at) -> str:
-    """Every caption line on an AppTest page: Streamlit's captions, then the text blocks' lines, one a line."""
-    return "\n".join([c.value for c in at.caption] + [line for b in text_blocks(at) for line in b.lines])
+    """Every caption line on an AppTest page (``st.caption``), as shown, one a line."""
+    return "\n".join(_as_shown(c.value) for c in at.caption)
 
 
-def choice_groups(at) -> list:
-    """The sidebar's choices drawn as buttons (dashboard/choices.py), as the browser gets them, in page order."""
-    from prefect_launch.dashboard.choices import COMPONENT, ChoicesPayload
-
-    return [g for e in at.get("bidi_component") if e.proto.component_name == COMPONENT
-            for g in ChoicesPayload.model_validate_json(e.proto.bytes).groups]
+def control(at, key: str):
+    """The control with ``key`` on an AppTest page: pills, a segmented control, a multiselect or a toggle."""
+    for kind in ("button_group", "multiselect", "toggle"):
+        for w in at.get(kind):
+            if w.key == key:
+                return w
+    raise KeyError(f"no control {key!r}")
 
 
 def choose(at, key: str, values: list):
-    """Pick ``values`` in the sidebar's choice ``key`` (several, or one for a single choice): typed into its
-    multiselect while its options are many, else kept as a click on its buttons keeps them (the click itself,
-    sent by the browser, is the browser test's: dashboard/choices.py); the shared server's queues, jobs and
-    owners are as many as the tests made. Returns ``at``, to be run."""
-    for w in at.sidebar.multiselect:
-        if w.key == key:
-            return w.set_value(values)
-    if key not in {g.key for g in choice_groups(at)}:
-        raise KeyError(f"no sidebar choice {key!r}")
-    at.session_state[f"{key}__kept"] = [str(v) for v in values]
-    return at
+    """Pick ``values`` in the control ``key`` as a click would: several for pills or a multiselect, the first
+    for a segmented control, on (any value) or off (none) for a toggle. Returns ``at``, to be run."""
+    w = control(at, key)
+    if w.type == "toggle":
+        return w.set_value(bool(values))
+    if w.type == "button_group" and w._is_single_select:
+        return w.set_value(values[0])
+    return w.set_value(list(values))

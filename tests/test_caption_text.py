@@ -20,3 +20,15 @@ def test_times_no_longer_look_like_shortcodes():
 def test_colons_that_close_nothing_are_left_alone():
     for text in ("a : b", " :x", "(: )", ""):
         assert as_written(text) == text
+
+
+def test_plain_text_is_drawn_as_written():
+    """A name in a caption or heading (dashboard/widgets.heading) is never read as markdown, HTML, LaTeX or an
+    emoji shortcode: every such character is escaped, and nothing else changes."""
+    from prefect_launch.dashboard.caption_text import plain
+
+    text = "job *a_b* [x](javascript:1) <b>$1$</b> 08:30:10 · #1 ~ok~ & `c`"
+    shown = plain(text)
+    assert re.sub(r"\\(.)", r"\1", shown) == text  # the same text once the escapes are read
+    assert not re.search(r"(?<!\\)[*_\[\]()<>$:#~&`]", shown)  # every markup character escaped
+    assert plain("grouping job · read at") == "grouping job · read at"

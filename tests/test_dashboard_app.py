@@ -181,13 +181,13 @@ def test_queue_link_validation_unit():
 
 
 def test_a_second_visit_in_the_same_step_reuses_the_payloads(seeded, monkeypatch):
-    """Visits within a step of the page's clock get one View: the second builds no chart or table payload
-    again and mounts the very ones the first built (dashboard/app.py's _once)."""
+    """Visits within a step of the page's clock get one View: the second builds no chart payload or runs
+    table again and mounts the very charts the first built (dashboard/app.py's _once)."""
     from fixtures_dashboard import ROOT_APP
+    from prefect_launch.dashboard import api as A
     from prefect_launch.dashboard import chart_data as CD
-    from prefect_launch.dashboard import light_table as LT
 
-    def mounted(at: AppTest) -> list[str]:
+    def mounted(at: AppTest) -> list[bytes]:
         return [e.proto.bytes or e.proto.json for e in at.get("bidi_component")]
 
     def read_at(at: AppTest) -> str:
@@ -196,8 +196,8 @@ def test_a_second_visit_in_the_same_step_reuses_the_payloads(seeded, monkeypatch
     built: list[str] = []
     for name in ("status_payload", "queued_payload", "load_payload", "lanes_payload", "gantt_payload"):
         monkeypatch.setattr(CD, name, lambda *a, _o=getattr(CD, name), _n=name, **k: (built.append(_n), _o(*a, **k))[1])
-    payload = LT.payload
-    monkeypatch.setattr(LT, "payload", lambda frame, title, **k: (built.append(title), payload(frame, title, **k))[1])
+    run_url = A.run_url  # each runs table links its runs: counted once per table built
+    monkeypatch.setattr(A, "run_url", lambda *a, **k: (built.append("run link"), run_url(*a, **k))[1])
     for _attempt in range(3):  # the two visits may straddle a step of the clock: then both build, try again
         first = _app().run()
         assert not first.exception
@@ -208,8 +208,49 @@ def test_a_second_visit_in_the_same_step_reuses_the_payloads(seeded, monkeypatch
         del built[:]
     else:
         raise AssertionError("three pairs of visits each straddled a step of the page's clock")
-    assert {"status_payload", "queued_payload", "Queue summary", "Job runs"} <= set(built[:n_first])  # the first built them
-    # the second built none but the waiting runs' (their waits and ETAs are as of each visit)
-    assert [b for b in built[n_first:] if b != "Waiting runs"] == [], built[n_first:]
-    same = [a for a, b in zip(mounted(first), mounted(second)) if a == b]
-    assert len(same) >= len(mounted(first)) - 1 and len(mounted(first)) >= 5
+    assert {"status_payload", "queued_payload", "run link"} <= set(built[:n_first])  # the first built them
+    assert built[n_first:] == [], built[n_first:]  # the second built none
+    assert mounted(first) == mounted(second) and len(mounted(first)) >= 3  # the same charts, as bytes
+    # the runs table (Job runs, the default section) is the same frame
+    assert _table(first, "priority", "link").equals(_table(second, "priority", "link"))
+
+
+def test_heatmap_figures_match_occupancy(seeded):
+    """The hour x weekday heatmap (an Altair chart) holds the occupancy module's figure for every hour of the
+    page's range (that module is checked against the runs' own state histories in test_dashboard_occupancy.py)."""
+    import re
+
+    import pyarrow as pa
+
+    from prefect_launch.dashboard import index_sync as X
+    from prefect_launch.dashboard import spec as S
+    from prefect_launch.dashboard import view as V
+    from prefect_launch.dashboard.api import get_api
+    from prefect_launch.dashboard.metrics_source import metrics_store
+
+    X.build(X.RunIndex(metrics_store()), get_api(), days=8)  # the page's 7 days from the run index
+    at = _app().run()
+    assert not at.exception, [e.value for e in at.exception]
+    caption = next(c for c in _captions(at).splitlines() if " read at " in c)
+    assert "from the run index" in caption, caption
+    frames = []
+    for el in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")]:
+        blobs = [d.data.data for d in el.proto.datasets] + ([el.proto.data.data] if el.proto.data.data else [])
+        frames += [pa.ipc.open_stream(b).read_all().to_pandas() for b in blobs if b]
+    hm = next(f for f in frames if {"weekday", "hour", "busy"} <= set(f.columns))
+    shown = {(r.weekday, int(r.hour)): float(r.busy) for r in hm.itertuples()}
+    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
+    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]),
+                                                    microsecond=500_000)  # within 0.5 s of the page's read
+    if read > dt.datetime.now(dt.timezone.utc):  # read before midnight, checked after it
+        read -= dt.timedelta(days=1)
+    since, until = S.time_window("Last 7 days", S.page_now(read))
+    v = V.load_view(S.ViewSpec(since=since, until=until, grouping="job"), now=read, source="index")
+    want = {(r.weekday, int(r.hour)): float(r.busy) for r in v.occupancy.heatmap.itertuples()}
+    assert set(shown) == set(want) and len(shown) == 168 and any(x > 0 for x in want.values())
+    current = (["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][read.weekday()], read.hour)
+    for cell, val in want.items():
+        # the hour of the read moves on while runs hold slots: each running run adds the 0.5 s the caption's
+        # second leaves open
+        tol = 1.0 / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
+        assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)

@@ -30,25 +30,32 @@ SECTION_OF = {"panel-runs": "Job runs", "panel-gpu_util_pct": "Resource use", "p
               "panel-gpu_mem_gib": "Resource use", "panel-rss_gib": "Resource use", "panel-waste": "Resource use",
               "panel-cost": "Cost and waste", "panel-errors": "Errors"}
 TIME_CHART = ".lt-chart[data-drawn] canvas"  # the first page's time charts (dashboard/timeline.py), once drawn
-TABLES = '[data-testid="stDataFrame"], .lt-table[data-drawn]'  # the first page's tables: dashboard/light_table.py
+TABLES = '[data-testid="stDataFrame"]'  # every table: Streamlit's grid (dashboard/widgets.py)
 IDLE_JS = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
 
 
-CHOICE = '.ch-box[data-drawn] .ch-group[data-key="%s"]'  # a sidebar choice drawn as buttons (dashboard/choices.js)
+CHOICE = '.st-key-%s [data-testid="stButtonGroup"]'  # a choice drawn as pills or a segmented control (dashboard/widgets.py)
+PRESSED = '[aria-checked="true"], [aria-pressed="true"]'  # a chosen segment (a radio) or pill (a toggle button)
 
 
 def choice(page, key: str):
-    """The buttons of the sidebar's choice ``key``."""
+    """The buttons of the choice ``key`` (pills or a segmented control)."""
     return page.locator(CHOICE % key)
+
+
+def option(page, key: str, name: str):
+    """The option ``name`` of the choice ``key``: a radio of a segmented control, or a pill."""
+    group = choice(page, key)
+    return group.get_by_role("radio", name=name, exact=True).or_(group.get_by_role("button", name=name, exact=True))
 
 
 def choose_queue(page, queue: str) -> None:
     """Choose ``queue`` alone in the sidebar: a button while the server holds few queues, else typed into the
-    multiselect (dashboard/choices.pick); the shared server holds as many as the tests made."""
-    buttons, box = choice(page, "queues"), page.locator(".st-key-queues")
+    multiselect (dashboard/widgets.pick); the shared server holds as many as the tests made."""
+    box = page.locator(".st-key-queues")
     page.locator(f'{CHOICE % "queues"}, .st-key-queues [data-testid="stMultiSelect"]').first.wait_for(timeout=60_000)
-    if buttons.count():
-        buttons.get_by_role("button", name=queue, exact=True).click()
+    if choice(page, "queues").count():
+        option(page, "queues", queue).click()
         return
     box.click()
     page.keyboard.type(queue)
@@ -60,7 +67,7 @@ def _show_section(page, key: str) -> None:
     """Choose the section that holds panel ``key`` (if it is in one) and wait until it is drawn."""
     if key not in SECTION_OF or page.locator(f".st-key-{key}").count():
         return
-    choice(page, "section").get_by_role("button", name=SECTION_OF[key], exact=True).click()
+    option(page, "section", SECTION_OF[key]).click()
     page.locator(f".st-key-{key}").wait_for(timeout=60_000)
     page.wait_for_function(IDLE_JS, timeout=60_000)
     page.wait_for_function("""() => [...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg'))""",
@@ -79,10 +86,11 @@ def dashboard(prefect_server, tmp_path_factory):
     blk.store()
     # the run index built beforehand (in the store the page will use), so the page serves its
     # run panels from it at once rather than from the API while it builds in the background
-    from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import index_sync as X
+    from prefect_launch.dashboard.api import get_api
+    from prefect_launch.dashboard.metrics_source import metrics_store
 
-    X.build(X.RunIndex(D.metrics_store()), D.get_api(), days=8)  # the page shows the last 7 days
+    X.build(X.RunIndex(metrics_store()), get_api(), days=8)  # the page shows the last 7 days
     port = free_port()
     env = dict(os.environ, PREFECT_API_URL=prefect_server)
     # as `make dashboard` starts it: the default view read before it takes visits, kept ready after
@@ -121,13 +129,9 @@ def test_every_panel_renders_with_data(dashboard):
             errors = page.locator('[data-testid="stException"]')
             assert errors.count() == 0, errors.first.inner_text()
             assert page.locator(f".st-key-panel-summary {TIME_CHART}").count() == 1  # the load chart
-            # the hour x weekday heatmap: a table of 7 x 24 shaded cells, each saying what it holds
-            assert page.locator(".st-key-panel-summary table.lh-heat td.lh-cell").count() == 168
-            # ... laid out by its own style (which the component's drawing must leave in place): it fills its column
-            widths = page.evaluate("""() => { const t = document.querySelector('.st-key-panel-summary table.lh-heat');
-                return [t.getBoundingClientRect().width, t.closest('.lh-box').parentElement.getBoundingClientRect().width,
-                        getComputedStyle(t.querySelector('th')).fontWeight]; }""")
-            assert widths[0] >= 0.95 * widths[1] > 0 and widths[2] == "400", widths
+            # the hour x weekday heatmap: an Altair chart (its figures: test_dashboard_app's heatmap test)
+            page.locator(".st-key-panel-summary .vega-embed canvas, .st-key-panel-summary .vega-embed svg").first.wait_for(
+                timeout=60_000)
             # the bars, steps and lanes are painted (one filled path per colour): each chart holds coloured
             # pixels (its axes, grid and labels are grey)
             painted = page.evaluate("""() => [...document.querySelectorAll('.lt-chart[data-drawn] canvas')].map((cv) => {
@@ -137,10 +141,10 @@ def test_every_panel_renders_with_data(dashboard):
                     if (Math.max(px[i], px[i + 1], px[i + 2]) - Math.min(px[i], px[i + 1], px[i + 2]) > 60) n++;
                 return n; })""")
             assert len(painted) >= 4 and all(n >= 20 for n in painted), painted
-            # what a visit need not fetch: Streamlit's emoji plugin (the caption's times looked like shortcodes)
-            # and its HTML sanitiser (the heatmap is its own component, not st.html)
+            # what a visit need not fetch: Streamlit's emoji plugin (the caption's times looked like shortcodes;
+            # dashboard/caption_text.plain escapes them)
             assert any("/static/js/" in u for u in fetched)
-            assert not [u for u in fetched if "remark-emoji" in u or "purify" in u]
+            assert not [u for u in fetched if "remark-emoji" in u]
             link = page.locator('.st-key-panel-links a[href="https://grafana.example.com/d/gpu"]')
             link.first.wait_for(timeout=60_000)  # drawn after the section above it: it streams in last
             assert link.count() == 1 and link.inner_text() == "Grafana GPU board"
@@ -162,7 +166,7 @@ def test_every_panel_renders_with_data(dashboard):
             for key in TABLE_PANELS:
                 _show_section(page, key)
                 panel = page.locator(f".st-key-{key}")
-                shown = panel.locator(TABLES)  # Streamlit's grid (sections) or the first page's light tables
+                shown = panel.locator(TABLES)
                 shown.first.wait_for(timeout=30_000)
                 assert shown.count() >= 1, f"{key}: no table"
             _show_section(page, "panel-cost")
@@ -174,37 +178,33 @@ def test_every_panel_renders_with_data(dashboard):
     assert (out / "dashboard.png").stat().st_size > 10_000
 
 
-def _round_half_up(x: float) -> str:
-    """``x`` as the light table writes a number with no decimals (en-US grouping, halves away from zero)."""
-    from decimal import ROUND_HALF_UP, Decimal
-
-    return f"{int(Decimal(repr(x)).quantize(Decimal(1), rounding=ROUND_HALF_UP)):,}"
+def _link(row: dict) -> str:
+    """A CSV row's run link (the column is headed by its label, or its name)."""
+    return row.get("Prefect UI") or row["link"]
 
 
-def _check_shown_text(table, runs: dict) -> int:
-    """The text the runs table shows (not only the values it holds) for each drawn row of a finished run:
-    its start to the second (UTC), its duration (end - start) and queued seconds (start - expected start,
-    never below 0) rounded to whole seconds, from the run's own record in Prefect. Returns how many rows
-    were checked."""
-    drawn = table.evaluate("""t => {
-        const heads = [...t.querySelectorAll('.lt-thead .lt-th')].map(h => h.innerText.trim());
-        return [...t.querySelectorAll('.lt-rows .lt-tr')].map(tr => {
-            const cells = [...tr.querySelectorAll('.lt-td')];
-            const row = Object.fromEntries(heads.map((h, i) => [h, cells[i].innerText]));
-            const a = tr.querySelector('a'); row.href = a ? a.href : null;
-            return row; });
-    }""")
+def _check_rows(rows: list[dict], runs: dict) -> int:
+    """The runs table's CSV (what Streamlit's grid exports, as shown) for each row of a finished run: its start
+    to the second (UTC), its duration (end - start) and queued seconds (start - expected start, never below
+    0) to the second, from the run's own record in Prefect. Returns how many rows were checked."""
+    import pandas as pd
+
+    def num(row: dict, label: str, name: str) -> float:
+        return float(str(row.get(label) or row[name]).replace(",", ""))
+
     checked = 0
-    for row in drawn:
-        run = runs[row["href"].rsplit("/", 1)[-1]]
+    for row in rows:
+        run = runs[_link(row).rsplit("/", 1)[-1]]
         if run.end_time is None or run.start_time is None:
             continue  # still going: its duration counts to the page's now
-        assert row["start"] == run.start_time.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), row
-        assert row["duration s"] == _round_half_up((run.end_time - run.start_time).total_seconds()), row
+        start = pd.Timestamp(row["start"])
+        start = start.tz_localize("UTC") if start.tzinfo is None else start.tz_convert("UTC")
+        assert abs((start - pd.Timestamp(run.start_time)).total_seconds()) < 1, row
+        assert abs(num(row, "duration s", "duration_s") - (run.end_time - run.start_time).total_seconds()) <= 0.5 + 1e-6, row
         queued = max(0.0, (run.start_time - run.expected_start_time).total_seconds())
-        assert row["queued s"] == _round_half_up(queued), (row, queued)
+        assert abs(num(row, "queued s", "queued_s") - queued) <= 0.5 + 1e-6, (row, queued)
         checked += 1
-    assert drawn
+    assert rows
     return checked
 
 
@@ -269,9 +269,10 @@ def test_gantt_brush_fills_the_details_table(dashboard):
                     page.wait_for_function(
                         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
                     before = cap.inner_text()
-                    table = panel.locator(".lt-table[data-drawn]").first
+                    table = panel.locator('[data-testid="stElementContainer"]:has([data-testid="stDataFrame"])').first
+                    table.hover()  # the grid's toolbar shows on hover
                     with page.expect_download(timeout=30_000) as dl:
-                        table.get_by_role("button", name="Download CSV").click()
+                        table.get_by_role("button", name=re.compile("Download as CSV")).first.click()
                     rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8-sig"))))
                     settled = before != last_caption and cap.inner_text() == before
                     if (settled and len(rows) == int(caption_re.search(before).group(3))) or time.monotonic() > deadline:
@@ -281,13 +282,13 @@ def test_gantt_brush_fills_the_details_table(dashboard):
                 lo_s, hi_s, n = caption_re.search(before).groups()
                 lo = dt.datetime.fromisoformat(lo_s).replace(tzinfo=utc)
                 hi = dt.datetime.fromisoformat(hi_s).replace(tzinfo=utc)
-                shown = {r["link"].rsplit("/", 1)[-1] for r in rows}
+                shown = {_link(r).rsplit("/", 1)[-1] for r in rows}
                 want = {str(r.id) for r in _flow_runs_started()
                         if r.start_time <= hi and (r.end_time is None or r.end_time >= lo)}
                 assert len(rows) == int(n) and shown == want, (lo, hi, sorted(shown ^ want))
                 proper += 0 < len(want) < len(_flow_runs_started())
                 if int(n):  # a brush over no run (the runs crowd to the left edge as the module runs on) draws no row
-                    texts += _check_shown_text(table, {str(r.id): r for r in _flow_runs_started()})
+                    texts += _check_rows(rows, {str(r.id): r for r in _flow_runs_started()})
             page.screenshot(path=str(out / "dashboard-brush.png"), full_page=True)
             assert proper >= 1, "no brush selected a part of the runs"
             assert texts >= 1, "no finished run's row was drawn to check its text"
@@ -296,90 +297,17 @@ def test_gantt_brush_fills_the_details_table(dashboard):
             page.set_viewport_size({"width": 1280, "height": 7000})
             page.wait_for_timeout(1500)
             # (nor broken over two lines: a value wraps rather than being cut, which reads as badly)
-            cut = page.evaluate("""() => [...document.querySelectorAll('.lf-value')]
-                .filter(e => e.scrollWidth > e.clientWidth + 1
-                             || e.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(e).lineHeight))
-                .map(e => e.innerText)""")
+            cut = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMetricValue"]')]
+                .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)
+                             || m.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(m).lineHeight))
+                .map(m => m.innerText)""")
             page.screenshot(path=str(out / "dashboard-laptop.png"), full_page=True)
-            assert page.locator('.lf-row[data-drawn] .lf-value').count() >= 8  # the summary's and the cost panel's
+            assert page.locator('[data-testid="stMetricValue"]').count() >= 8  # the summary's and the cost panel's
             assert cut == [], f"figures cut off or wrapped at 1280 px: {cut}"
             # no Deploy button / developer menu for the page's readers
             assert page.get_by_role("button", name="Deploy").count() == 0
         finally:
             browser.close()
-
-
-def test_heatmap_cells_match_occupancy(dashboard):
-    """Every cell of the hour x weekday heatmap drawn in the browser holds the occupancy
-    module's figure for the page's range (the module is checked against the runs' own
-    state histories in test_dashboard_occupancy.py)."""
-    import datetime as dt
-    import re
-
-    from playwright.sync_api import sync_playwright
-
-    from prefect_launch.dashboard import data as D
-
-    url, seeded = dashboard
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 7000})
-            page.goto(url, wait_until="domcontentloaded")
-            cells = page.locator('.st-key-panel-summary table.lh-heat td.lh-cell')
-            page.wait_for_function("""() => document.querySelectorAll(
-                '.st-key-panel-summary table.lh-heat td.lh-cell').length >= 168""", timeout=120_000)
-            drawn = cells.evaluate_all("""els => els.map(e => [e.getAttribute('aria-label'), e.getAttribute('title'),
-                e.dataset.weekday, e.dataset.hour, e.dataset.busy, getComputedStyle(e).backgroundColor])""")
-            caption = page.get_by_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d – ")).first.inner_text()
-        finally:
-            browser.close()
-    shown, said, shade = {}, {}, {}
-    for label, title, day, hour, busy, bg in drawn:
-        assert label == title  # the tooltip and the screen reader read the same
-        f = dict(part.split(": ", 1) for part in label.split("; "))
-        assert (f["weekday"], f["hour"]) == (day, hour)
-        shown[(day, int(hour))] = float(busy)
-        said[(day, int(hour))] = float(f["avg runs holding a slot"])
-        shade[(day, int(hour))] = bg
-    # the page's range: the last 7 days up to the step of its clock (its caption gives the minute)
-    from prefect_launch.dashboard import spec as S
-
-    now = S.page_now()
-    since, until = D.time_window("Last 7 days", now)
-    assert caption.startswith(f"{since:%Y-%m-%d %H:%M} – ") or caption.startswith(
-        f"{since - dt.timedelta(minutes=1):%Y-%m-%d %H:%M} – "), caption
-    # runs still going count up to when the page's view was read: its caption gives the second; the same
-    # figures read as of that second (the page's read lies inside it)
-    hms = re.search(r"read at (\d\d):(\d\d):(\d\d) UTC", caption)
-    assert hms, caption
-    read = dt.datetime.now(dt.timezone.utc).replace(hour=int(hms[1]), minute=int(hms[2]), second=int(hms[3]),
-                                                    microsecond=500_000)  # within 0.5 s of the page's read
-    if read > dt.datetime.now(dt.timezone.utc):  # read before midnight, checked after it
-        read -= dt.timedelta(days=1)
-    assert "from the run index" in caption, caption  # and so is this read: the same state times as the page's
-    v = D.load_view(D.ViewSpec(since=since, until=until, grouping="job"), now=read, source="index")
-    assert v.source == "index"
-    want = {(r.weekday, int(r.hour)): float(r.busy) for r in v.occupancy.heatmap.itertuples()}
-    assert set(shown) == set(want) and len(shown) == 168
-    assert any(val > 0 for val in want.values())
-    current = (["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"][read.weekday()], read.hour)
-    for cell, val in want.items():
-        # the hour of the read moves on while runs hold slots: each running run adds the 0.5 s the caption's
-        # second leaves open, and the page's read of the same runs may differ by a fraction of a second more
-        tol = 1.0 / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
-        assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)
-        assert abs(said[cell] - val) <= tol + 0.005 + 1e-9, (cell, said[cell], val)  # the text, to 2 places
-    # the shading follows the figures: the busiest cell is the darkest, an idle one the lightest
-    from prefect_launch.dashboard import heatmap_table as HT
-
-    def rgb(css: str) -> str:
-        return "#" + "".join(f"{int(x):02x}" for x in re.findall(r"\d+", css)[:3])
-
-    top = max(shown.values())
-    for cell in shown:
-        assert rgb(shade[cell]) == HT.colour(shown[cell], top), (cell, shade[cell])
-    assert rgb(shade[max(shown, key=shown.get)]) == HT.BLUES[-1]
 
 
 def _read_at(caption: str):
@@ -423,8 +351,8 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
     from playwright.sync_api import sync_playwright
 
     from prefect_launch.dashboard import chart_data as CD
-    from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import spec as S
+    from prefect_launch.dashboard import view as V
 
     url, seeded = dashboard
     # (where, pixels down and across between pointer moves): bars are hit anywhere inside; a step line within
@@ -446,7 +374,7 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             choose_queue(page, seeded.pool)
             # the last hour in 1-minute intervals: the seeded runs span several (on the 7-day default they
             # fall in its newest hour, a pixel or two wide)
-            choice(page, "range").get_by_role("button", name="Last 1 hour", exact=True).click()
+            option(page, "range", "Last 1 hour").click()
             # the caption names the filter once the filtered page is drawn (the unfiltered one's caption,
             # shown until then, does not: a sweep before this read the all-queues chart, CI stop 25)
             filtered = page.get_by_text(re.compile(rf"interval 1 min · grouping job · queues {re.escape(seeded.pool)} · read at "))
@@ -455,7 +383,7 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             # the caption and the charts' tooltips read in one step in the page: the keeper redraws the page
             # at each step of its clock, and a read across a redraw would mix two reads
             caption, *swept = page.evaluate("""(sels) => {
-                const cap = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText).find((t) => / · read at /.test(t));
+                const cap = [...document.querySelectorAll('p')].map((p) => p.innerText).find((t) => / · read at /.test(t));
                 const sweep = %s;
                 return [cap, ...sels.map(([s, dy, dx]) => sweep(document.querySelector(s + ' .lt-chart[data-drawn] canvas'), dy, dx))];
             }""" % SWEEP_JS, list(charts.values()))
@@ -470,12 +398,12 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
             assert tip.inner_text().startswith("from: ") and "runs (at any moment / finished): " in tip.inner_text()
             # a second click on the range already chosen keeps it (a single choice is never emptied, which
             # would read as the default range): still pressed, still the 1-hour page, after any rerun
-            pressed = choice(page, "range").get_by_role("button", name="Last 1 hour", exact=True)
+            pressed = option(page, "range", "Last 1 hour")
             pressed.click()
             page.wait_for_timeout(1_000)
             page.wait_for_function(IDLE_JS, timeout=60_000)
-            assert pressed.get_attribute("aria-pressed") == "true"
-            assert choice(page, "range").locator('button[aria-pressed="true"]').count() == 1
+            assert choice(page, "range").locator(PRESSED).count() == 1
+            assert choice(page, "range").locator(PRESSED).inner_text() == "Last 1 hour"
             assert page.get_by_text(re.compile(r"interval 1 min · grouping job · ")).count() >= 1
         finally:
             browser.close()
@@ -485,11 +413,11 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
     # the page's range ends at its clock's step, the one of its read or (read ahead by the keeper) the next;
     # an interval's figures do not depend on where the range starts or ends, so a range spanning both has them
     step = S.page_now(read)
-    spec = D.ViewSpec(since=step - S.RANGES["Last 1 hour"], until=step + dt.timedelta(seconds=S.PAGE_STEP_S),
+    spec = S.ViewSpec(since=step - S.RANGES["Last 1 hour"], until=step + dt.timedelta(seconds=S.PAGE_STEP_S),
                       grouping="job", queues=(seeded.pool,), interval_s=60)
     # the caption gives the read time to the second: the figures are those of a moment in [read, read + 1 s)
     # (a run still waiting adds a second to the current interval's queued time each second)
-    occ, occ_hi = (D.load_view(spec, now=read + dt.timedelta(seconds=s), source="index").occupancy for s in (0, 1))
+    occ, occ_hi = (V.load_view(spec, now=read + dt.timedelta(seconds=s), source="index").occupancy for s in (0, 1))
     at = lambda t: f"{t:%Y-%m-%d %H:%M:%S} UTC"  # noqa: E731  (a tooltip's "from")
 
     status, status_hi = ({(at(r.bucket), r.status): int(r.count) for r in o.status.itertuples()} for o in (occ, occ_hi))
@@ -557,7 +485,7 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
                 page.add_init_script("""(() => {
                     const take = () => {
                         if (window.__olderShown) return;
-                        const ps = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.textContent);
+                        const ps = [...document.querySelectorAll('p')].map((p) => p.textContent);
                         const note = ps.find((t) => t.startsWith('Showing the figures read at '));
                         const cap = ps.find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
                         if (note && cap) window.__olderShown = [note, cap];
@@ -569,7 +497,7 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
                     shown = page.wait_for_function("() => window.__olderShown || null", timeout=60_000).json_value()
                 except Exception:
                     page.screenshot(path=str(ROOT / "test-output" / "monitor-slow-view.png"), full_page=True)
-                    texts = page.evaluate("() => [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText)")
+                    texts = page.evaluate("() => [...document.querySelectorAll('p')].map((p) => p.innerText)")
                     raise AssertionError(f"no note of older figures after the reload (first read at {first}); "
                                          f"the page shows: {texts[:8]}")
                 note_text, caption_text = shown
@@ -621,7 +549,7 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
                              what="streamlit")
                 # no reload: the open page reconnects; the next choice is served by the new process
                 page.wait_for_function(IDLE_JS, timeout=60_000)
-                choice(page, "range").get_by_role("button", name="Last 24 hours", exact=True).click()
+                option(page, "range", "Last 24 hours").click()
                 try:
                     caption = _new_caption(page, before)
                 except Exception:
@@ -652,7 +580,7 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
 def _new_caption(page, before) -> str:
     """The caption under the title once it names a read time other than ``before``'s."""
     return page.wait_for_function("""(shown) => {
-        const cap = [...document.querySelectorAll('p, .tb-caption')].map((p) => p.innerText)
+        const cap = [...document.querySelectorAll('p')].map((p) => p.innerText)
             .find((t) => /^\\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d – .* read at /.test(t));
         const m = cap && cap.match(/read at (\\d\\d:\\d\\d:\\d\\d) UTC/);
         return m && m[1] !== shown ? cap : null;

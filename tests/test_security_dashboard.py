@@ -40,7 +40,7 @@ def _links(pool: str):
 
 
 def _open(at: AppTest) -> AppTest:
-    at.session_state["links_open__kept"] = ["Manage Links"]  # the switch on, as its click keeps it (dashboard/choices.py)
+    at.session_state["links_open"] = True  # the Manage Links toggle on
     return at.run()
 
 

@@ -1,14 +1,12 @@
-"""The first page's table payloads (dashboard/table_data.py): pure, no server, no browser."""
+"""The monitor's table links and column config (dashboard/table_data.py, widgets.py): pure, no server, no browser."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from prefect_launch.dashboard.table_data import safe_link, table_payload
+from prefect_launch.dashboard.table_data import linked, safe_link
 
 
 def _frame() -> pd.DataFrame:
@@ -22,54 +20,27 @@ def _frame() -> pd.DataFrame:
     })
 
 
-def test_payload_kinds_values_and_json():
-    p = table_payload(_frame(), "Job runs", labels={"link": "Prefect UI"}, links={"link": "open run"},
-                      digits={"queued_s": 1})
-    kinds = {c.name: c.kind for c in p.columns}
-    assert kinds == {"name": "text", "priority": "number", "queued_s": "number", "start": "time", "online": "text",
-                     "link": "link"}
-    cols = {c.name: c for c in p.columns}
-    assert cols["link"].label == "Prefect UI" and cols["link"].link_text == "open run"
-    assert cols["priority"].digits == 0 and cols["queued_s"].digits == 1
-    data = dict(zip(kinds, p.data))
-    assert data["name"] == ["<img src=x onerror=alert(1)>", "b", None]  # sent as text: the browser sets textContent
-    assert data["priority"] == [3, None, 1] and data["queued_s"] == [1.5, None, 12.25]
-    assert data["start"][0] == pd.Timestamp("2026-12-01 10:00:00.250", tz="UTC").value / 1e6 and data["start"][1] is None
-    assert data["online"] == ["yes", "no", "yes"]
-    assert data["link"] == ["https://ui.example/runs/flow-run/1", None, None]  # no script or relative target
-    assert p.n == 3 and p.file == "job-runs.csv"
-    dumped = p.dump()
-    json.dumps(dumped, allow_nan=False)  # strict JSON: no NaN reaches the browser
-    assert dumped["sig"] == table_payload(_frame(), "Job runs", labels={"link": "Prefect UI"}, links={"link": "open run"},
-                                          digits={"queued_s": 1}).dump()["sig"]
-    assert dumped["sig"] != table_payload(_frame().head(2), "Job runs").dump()["sig"]
-
-
-def test_empty_cells_say_what_they_are():
-    p = table_payload(pd.DataFrame({"gpu_energy_wh": [1.5, np.nan], "owner": ["a", None]}), "Cost",
-                      empty={"gpu_energy_wh": "unavailable"})
-    assert [(c.name, c.empty) for c in p.columns] == [("gpu_energy_wh", "unavailable"), ("owner", "")]
-    assert p.data == [[1.5, None], ["a", None]]  # the value stays empty (the CSV too): only the page says why
-
-
-def test_default_digits_follow_the_values():
-    p = table_payload(pd.DataFrame({"whole": [1.0, 2.0], "part": [1.0, 2.5]}), "t")
-    assert [c.digits for c in p.columns] == [0, 2]
-
-
-def test_frame_round_trips_what_the_page_shows():
+def test_link_columns_hold_only_safe_urls():
     f = _frame()
-    back = table_payload(f, "t", links={"link": "open"}).frame()
-    assert list(back.columns) == list(f.columns)
-    assert back["start"].tolist()[::2] == f["start"].tolist()[::2] and pd.isna(back["start"][1])
-    assert back["queued_s"].equals(f["queued_s"])
-    assert back["priority"].tolist()[0] == 3 and np.isnan(back["priority"].tolist()[1])
-    assert back["link"].tolist() == ["https://ui.example/runs/flow-run/1", None, None]
+    shown = linked(f, ["link", "not_a_column"])
+    assert [v if isinstance(v, str) else None for v in shown["link"]] == ["https://ui.example/runs/flow-run/1", None,
+                                                                          None]  # no script or relative target
+    assert shown.drop(columns=["link"]).equals(f.drop(columns=["link"]))  # the rest as it was
+    assert f["link"].tolist()[1] == "javascript:alert(1)"  # the frame given is left as it is
+    assert linked(f, []) is f
 
 
-def test_empty_frame_keeps_its_columns():
-    p = table_payload(pd.DataFrame(columns=["from", "to", "hours"]), "Idle periods")
-    assert p.n == 0 and [c.name for c in p.columns] == ["from", "to", "hours"] and p.data == [[], [], []]
+def test_table_config_labels_digits_times_and_links():
+    """What st.dataframe gets (dashboard/widgets.py): headings, decimals, UTC times, a LinkColumn for URLs."""
+    from prefect_launch.dashboard.widgets import column_config
+
+    cfg = column_config(_frame(), labels={"link": "Prefect UI", "name": "run"}, digits={"queued_s": 1},
+                        links={"link": "open run"})
+    assert cfg["link"]["label"] == "Prefect UI" and cfg["link"]["type_config"]["type"] == "link"
+    assert cfg["link"]["type_config"]["display_text"] == "open run"
+    assert cfg["queued_s"]["type_config"]["format"] == "%.1f"
+    assert cfg["start"]["type_config"]["type"] == "datetime" and cfg["name"]["label"] == "run"
+    assert "priority" not in cfg and "online" not in cfg  # Streamlit's own way
 
 
 @pytest.mark.parametrize("url, ok", [
