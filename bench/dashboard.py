@@ -595,19 +595,22 @@ def main() -> None:
     try:
         has_metrics = True if args.home else seed_metrics(summary)
         stage(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
-        from prefect_launch.dashboard import data
+        from prefect_launch.dashboard import view as V
+        from prefect_launch.dashboard.api import get_api
+        from prefect_launch.dashboard.metrics_source import metrics_store
+        from prefect_launch.dashboard.spec import ViewSpec
 
         since, until = now - dt.timedelta(days=7), now + dt.timedelta(minutes=1)
-        base = data.ViewSpec(since=since, until=until, grouping="job")
+        base = ViewSpec(since=since, until=until, grouping="job")
         # a filter change happens on the page some seconds later: its clock (10 s steps) moved on
         later = dict(since=since + dt.timedelta(seconds=10), until=until + dt.timedelta(seconds=10))
         changes = {
-            "queue": data.ViewSpec(**later, grouping="job", queues=("gpu-a100",)),
-            "owner": data.ViewSpec(**later, grouping="job", owners=("alice",)),
-            "job": data.ViewSpec(**later, grouping="job", jobs=("train-llm",)),
-            "preset": data.ViewSpec(**later, grouping="job", presets=("gpu-1",)),
-            "status": data.ViewSpec(**later, grouping="job", statuses=("failed",)),
-            "grouping": data.ViewSpec(**later, grouping="owner"),
+            "queue": ViewSpec(**later, grouping="job", queues=("gpu-a100",)),
+            "owner": ViewSpec(**later, grouping="job", owners=("alice",)),
+            "job": ViewSpec(**later, grouping="job", jobs=("train-llm",)),
+            "preset": ViewSpec(**later, grouping="job", presets=("gpu-1",)),
+            "status": ViewSpec(**later, grouping="job", statuses=("failed",)),
+            "grouping": ViewSpec(**later, grouping="owner"),
         }
 
         cpu: dict[str, list[float]] = {}  # this process's CPU seconds per timed call, by what was timed
@@ -624,9 +627,9 @@ def main() -> None:
         # the run index is built once (what the page does in the background on first use)
         from prefect_launch.dashboard import index_sync
 
-        store = data.metrics_store()
+        store = metrics_store()
         t = time.perf_counter()
-        built = index_sync.build(index_sync.RunIndex(store), data.get_api(api_url), days=8)
+        built = index_sync.build(index_sync.RunIndex(store), get_api(api_url), days=8)
         t_build = time.perf_counter() - t
         stage(f"run index built in {t_build:.1f} s ({built.runs_read} runs read, one-off; kept in step by syncs afterwards)")
 
@@ -649,17 +652,17 @@ def main() -> None:
             per: dict[str, list[float]] = {k: [] for k in changes}
             for _ in range(args.repeat):
                 for kind, spec in changes.items():
-                    data.clear_caches()
-                    colds.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=True, source=source), f"{source} cold"))
+                    V.clear_caches()
+                    colds.append(timed(lambda: V.load_view(base, api_url=api_url, use_cache=True, source=source), f"{source} cold"))
                     time.sleep(index_sync.MIN_SYNC_S)  # a person takes longer than this: the change syncs the index first
                     what = f"{source} filter" if kind in ("queue", "owner") else f"{source} {kind}"
-                    per[kind].append(timed(lambda: data.load_view(spec, api_url=api_url, use_cache=True, source=source), what))
-            data.clear_caches()
-            data.load_view(base, api_url=api_url, use_cache=True, source=source)
+                    per[kind].append(timed(lambda: V.load_view(spec, api_url=api_url, use_cache=True, source=source), what))
+            V.clear_caches()
+            V.load_view(base, api_url=api_url, use_cache=True, source=source)
             refreshes = []
             for _ in range(args.repeat):
                 time.sleep(index_sync.MIN_SYNC_S)  # the page re-syncs at most this often
-                refreshes.append(timed(lambda: data.load_view(base, api_url=api_url, use_cache=True, source=source)))
+                refreshes.append(timed(lambda: V.load_view(base, api_url=api_url, use_cache=True, source=source)))
             return colds, per, refreshes
 
         sources = [x for x in ("index", "api") if x in args.sources.split(",")]
@@ -669,7 +672,7 @@ def main() -> None:
         for source in sources:
             results[source] = measure(source)
             stage(f"{source} path timed")
-        view = data.load_view(base, api_url=api_url, use_cache=False, source="index")
+        view = V.load_view(base, api_url=api_url, use_cache=False, source="index")
         in_range = int(view.totals["runs"])
         naives = []
         counted = 0
@@ -683,7 +686,7 @@ def main() -> None:
         # the occupancy panels of the 7-day view (pure computation over the index's rows)
         occ_times, occ_cpu = [], []
         for _ in range(max(args.repeat, 3)):
-            v = data.load_view(base, api_url=api_url, use_cache=True, source="index")
+            v = V.load_view(base, api_url=api_url, use_cache=True, source="index")
             occ_times.append(v.timings["occupancy"])
             occ_cpu.append(v.timings.get("occupancy_cpu", float("nan")))
         occupancy_s = statistics.median(occ_times)

@@ -1,6 +1,11 @@
-"""prefect-launch queue monitor (Streamlit).
+"""prefect-launch queue monitor (Streamlit): the app's frame and its first page.
 
     PREFECT_API_URL=http://127.0.0.1:4200/api streamlit run dashboard/app.py
+
+The frame (the end of this file) sets the page up, holds the shared clients with
+``st.cache_resource`` (:func:`api_client`, :func:`run_index`) and lists the pages with
+``st.navigation``: the queue monitor (:func:`monitor`, below) and Sessions
+(``pages/1_Sessions.py``).
 
 Sidebar: queues, time range, grouping and filters drive every panel. Run panels come
 from the run index (a copy of the runs' filter columns in the metrics store, kept in
@@ -20,7 +25,10 @@ from typing import Any, Callable, Optional
 import pandas as pd
 import streamlit as st
 
+from pathlib import Path
+
 from prefect_launch.dashboard import api as A
+from prefect_launch.dashboard import index_sync as X
 from prefect_launch.dashboard.caption_text import as_written
 from prefect_launch.dashboard import chart_data as CD
 from prefect_launch.dashboard import frames as F
@@ -35,6 +43,21 @@ from prefect_launch.dashboard import widgets as W
 
 st.set_page_config(page_title="Queue monitor · prefect-launch", layout="wide")
 st.set_option("client.toolbarMode", "minimal")  # no Deploy button or developer menu for the people who read the page
+PAGES = Path(__file__).resolve().parent / "pages"
+
+
+@st.cache_resource(show_spinner=False)
+def api_client() -> A.Api:
+    """Prefect's API client, one per process (thread-safe; the keeper's reads share it through api.get_api)."""
+    return A.get_api()
+
+
+@st.cache_resource(show_spinner=False, ttl=60)
+def run_index() -> "X.IndexService | None":
+    """The run index's service for the metrics store (None without a store), one per process; looked up
+    again each minute, so a store configured meanwhile is found."""
+    store = M.metrics_store()
+    return None if store is None else X.service_for(store, api_client())
 
 
 def panel_waiting(p: P.PageData) -> None:
@@ -446,7 +469,11 @@ def _source_note(v: V.View) -> str:
     """Where the run panels came from: the run index, or Prefect's API while it is built."""
     if v.source == "index":
         return "from the run index"
-    st_ = V.index_status()
+    try:
+        svc = run_index()
+        st_ = svc.status() if svc is not None else None
+    except Exception as e:  # noqa: BLE001  the store cannot be opened: said as the index being unavailable
+        st_ = dict(built=False, building=False, build_error=f"{type(e).__name__}: {e}")
     if not st_:
         return "from Prefect's API"
     if st_.get("building"):
@@ -488,7 +515,8 @@ def _until_newer(spec: S.ViewSpec, shown: dt.datetime) -> None:
     watch()
 
 
-def main() -> None:
+def monitor() -> None:
+    """The queue monitor page."""
     W.heading("Queue monitor", level=1)
     try:
         opts = P.options()
@@ -529,6 +557,12 @@ def main() -> None:
 
 SECTIONS = {"Job runs": lambda p: panel_runs(p.view), "Resource use": lambda p: panel_metrics(p.view),
             "Cost and waste": panel_cost, "Errors": lambda p: panel_errors(p.view)}
+
+
+def main() -> None:
+    """The frame: the pages in the sidebar's navigation, the chosen one drawn."""
+    st.navigation([st.Page(monitor, title="Queue monitor", default=True),
+                   st.Page(PAGES / "1_Sessions.py", title="Sessions", url_path="Sessions")]).run()
 
 
 main()

@@ -1,6 +1,9 @@
-"""The queue monitor's data layer, as one import (a facade; nothing is defined here).
+"""The queue monitor's data layer, as one import (a facade; nothing is defined here). Deprecated.
 
-The layer is split by role; import from the module that owns a name in new code:
+Nothing in dashboard/ imports it (tests/test_dashboard_layers.py checks): the pages and modules import
+each name from the module that owns it. It stays only for the importers outside the dashboard that
+have not moved yet (``prefect_launch/cli.py``, a few tests, ``bench/page_parts.py``) and goes once
+they have. Where each name lives:
 
 * :mod:`.spec`: the sidebar's selection (``ViewSpec``), status vocabulary, time helpers;
 * :mod:`.api`: the Prefect API reader (client, filter bodies, bounded reads);

@@ -65,9 +65,9 @@ def start(c: Any, req: Any, dry_run: bool) -> Any:
 
 def _usage(run_id: str) -> Optional[dict]:
     try:
-        from prefect_launch.dashboard import data as D
+        from prefect_launch.dashboard.metrics_source import metrics_store
 
-        store = D.metrics_store()
+        store = metrics_store()
         summary = store.get_summary(run_id) if store is not None else None
         return summary.model_dump(mode="json") if summary else None
     except Exception:
@@ -133,9 +133,9 @@ def history(run_id: str) -> tuple[bool, list[Any], Optional[str]]:
     except ImportError:
         return False, [], None
     try:
-        from prefect_launch.dashboard import data as D
+        from prefect_launch.dashboard.metrics_source import metrics_store
 
-        store = D.metrics_store()
+        store = metrics_store()
         if store is None:
             return True, [], "no metrics store"
         return True, list(read_history(store, run_id)), None

@@ -156,6 +156,7 @@ def fresh_app(timeout: float = 120):
     from prefect_launch.dashboard import page_data as P
 
     st.cache_data.clear()
+    st.cache_resource.clear()  # the frame's API client and run index (dashboard/app.py)
     P.clear()
     M.STORE_CACHE.clear()
     return AppTest.from_file(ROOT_APP, default_timeout=timeout)

@@ -254,3 +254,15 @@ def test_heatmap_figures_match_occupancy(seeded):
         # second leaves open
         tol = 1.0 / 3600 * max(1, len(seeded.running_ids)) if cell == current else 1e-6
         assert abs(shown[cell] - val) <= tol + 1e-9, (cell, shown[cell], val)
+
+
+def test_the_frame_navigates_between_both_pages(seeded):
+    """dashboard/app.py is the frame: st.navigation lists the queue monitor (its default page) and Sessions."""
+    at = _app().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == ["Queue monitor"]
+    at.switch_page("pages/1_Sessions.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == ["Sessions"] and "queues" not in {w.key for w in at.sidebar.pills}
+    at.switch_page("app.py").run()
+    assert [t.value for t in at.title] == ["Queue monitor"]

@@ -7,7 +7,6 @@ a full-page screenshot to test-output/dashboard.png.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import sys
 import time

@@ -15,7 +15,12 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Running
 
 from prefect_launch.dashboard import api_cache
-from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import api as A
+from prefect_launch.dashboard import api_cache as AC
+from prefect_launch.dashboard import frames as F
+from prefect_launch.dashboard import metrics_source as M
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import view as V
 from fixtures_dashboard import seed_runs
 
 UTC = dt.timezone.utc
@@ -31,19 +36,19 @@ def _client_runs(ids) -> list[FlowRun]:
         return client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])))
 
 
-def _spec(seeded, **kw) -> D.ViewSpec:
+def _spec(seeded, **kw) -> S.ViewSpec:
     now = dt.datetime.now(UTC)
-    return D.ViewSpec(since=seeded.since, until=now + dt.timedelta(minutes=1), queues=(seeded.pool,), interval_s=300, **kw)
+    return S.ViewSpec(since=seeded.since, until=now + dt.timedelta(minutes=1), queues=(seeded.pool,), interval_s=300, **kw)
 
 
 def test_history_totals_and_queued_time_match_run_timestamps(seeded):
-    v = D.load_view(_spec(seeded), use_cache=False, store=None)
+    v = V.load_view(_spec(seeded), use_cache=False, store=None)
     runs = _client_runs(seeded.run_ids)
     assert v.totals["runs"] == len(seeded.run_ids)
     # queued time per run = start - expected start (still waiting: now - expected start)
     finished_or_started = [r for r in runs if r.start_time is not None]
     expected_started = sum((r.start_time - r.expected_start_time).total_seconds() for r in finished_or_started)
-    qt = D.queued_time(v.hist)
+    qt = F.queued_time(v.hist)
     started_types = {"COMPLETED", "FAILED", "RUNNING"}
     got_started = v.hist[v.hist["state_type"].isin(started_types)]["queued_s"].sum()
     assert math.isclose(got_started, expected_started, abs_tol=1.0 * len(finished_or_started))
@@ -54,23 +59,23 @@ def test_history_totals_and_queued_time_match_run_timestamps(seeded):
 
 def test_state_counts_per_bucket_match_runs(seeded):
     spec = _spec(seeded)
-    v = D.load_view(spec, use_cache=False, store=None)
+    v = V.load_view(spec, use_cache=False, store=None)
     runs = _client_runs(seeded.run_ids)
-    start, _ = D.aligned_range(spec.since, spec.until, spec.interval)
+    start, _ = S.aligned_range(spec.since, spec.until, spec.interval)
     rows = []
     for r in runs:
         k = math.floor((r.expected_start_time - start).total_seconds() / spec.interval)
-        rows.append((start + dt.timedelta(seconds=k * spec.interval), D.STATUS_OF_TYPE[r.state_type.value]))
+        rows.append((start + dt.timedelta(seconds=k * spec.interval), S.STATUS_OF_TYPE[r.state_type.value]))
     want = pd.DataFrame(rows, columns=["bucket", "status"]).value_counts().sort_index()
-    got = D.status_counts(v.hist).set_index(["bucket", "status"])["count"].sort_index()
+    got = F.status_counts(v.hist).set_index(["bucket", "status"])["count"].sort_index()
     got.index = got.index.set_levels(pd.to_datetime(got.index.levels[0]).tz_convert(UTC).to_pydatetime(), level=0)
     assert {(pd.Timestamp(b), s): n for (b, s), n in want.items()} == {(pd.Timestamp(b), s): n for (b, s), n in got.items()}
     assert set(got.index.get_level_values("status")) >= {"completed", "failed", "running", "queued"}
 
 
 def test_gantt_spans_equal_run_timestamps(seeded):
-    v = D.load_view(_spec(seeded), use_cache=False, store=None)
-    g = D.gantt_frame(v.runs, v.now).set_index("id")
+    v = V.load_view(_spec(seeded), use_cache=False, store=None)
+    g = F.gantt_frame(v.runs, v.now).set_index("id")
     runs = {str(r.id): r for r in _client_runs(seeded.run_ids)}
     started = {i: r for i, r in runs.items() if r.start_time is not None}
     assert set(g.index) == set(started)
@@ -88,7 +93,7 @@ def test_grouping_by_owner_and_job_splits_the_total(seeded):
     runs = _client_runs(seeded.run_ids)
     for grouping, key in (("owner", lambda r: next(t[6:] for t in r.tags if t.startswith("owner:"))),
                           ("job", None)):
-        v = D.load_view(_spec(seeded, grouping=grouping), use_cache=False, store=None)
+        v = V.load_view(_spec(seeded, grouping=grouping), use_cache=False, store=None)
         per = v.hist.groupby("group")["count"].sum().to_dict()
         assert sum(per.values()) == len(runs)
         if key:
@@ -99,7 +104,7 @@ def test_grouping_by_owner_and_job_splits_the_total(seeded):
 
 
 def test_filters_narrow_every_panel(seeded):
-    v = D.load_view(_spec(seeded, owners=("alice",), statuses=("failed",)), use_cache=False, store=None)
+    v = V.load_view(_spec(seeded, owners=("alice",), statuses=("failed",)), use_cache=False, store=None)
     runs = [r for r in _client_runs(seeded.run_ids)
             if "owner:alice" in r.tags and r.state_type.value == "FAILED"]
     assert v.totals["runs"] == len(runs) == len(v.runs)
@@ -108,7 +113,7 @@ def test_filters_narrow_every_panel(seeded):
 
 
 def test_errors_newest_first_with_message(seeded):
-    v = D.load_view(_spec(seeded), use_cache=False, store=None)
+    v = V.load_view(_spec(seeded), use_cache=False, store=None)
     e = v.errors
     assert set(e["id"]) == set(seeded.failed_ids)
     assert list(e["time"]) == sorted(e["time"], reverse=True)
@@ -116,7 +121,7 @@ def test_errors_newest_first_with_message(seeded):
 
 
 def test_now_counts_and_summary(seeded):
-    v = D.load_view(_spec(seeded), use_cache=False, store=None)
+    v = V.load_view(_spec(seeded), use_cache=False, store=None)
     row = v.now_counts.set_index("queue").loc[seeded.pool]
     assert (row["queued"], row["running"]) == (len(seeded.queued_ids), len(seeded.running_ids))
     assert seeded.pool in set(v.pools["queue"])
@@ -124,20 +129,20 @@ def test_now_counts_and_summary(seeded):
 
 
 def test_metrics_join_and_waste(seeded):
-    v = D.load_view(_spec(seeded), use_cache=False)
+    v = V.load_view(_spec(seeded), use_cache=False)
     m = v.metrics
     finished = [i for i in seeded.run_ids if i not in seeded.running_ids + seeded.queued_ids]
     assert set(m["id"]) == set(finished)
     assert m["wasteful"].any() and not m["wasteful"].all()
-    w = D.waste_frame(m)
+    w = M.waste_frame(m)
     assert set(w["id"]) == set(m[m["wasteful"]]["id"])
 
 
 def test_incremental_refresh_reads_new_and_open_runs(seeded):
-    D.RUN_CACHE.clear()
-    D.HISTORY_CACHE.clear()
+    AC.RUN_CACHE.clear()
+    AC.HISTORY_CACHE.clear()
     spec = _spec(seeded)
-    v1 = D.load_view(spec, use_cache=True, store=None)
+    v1 = V.load_view(spec, use_cache=True, store=None)
     assert not v1.incremental
     running = seeded.running_ids[0]
     with get_client(sync_client=True) as client:
@@ -147,7 +152,7 @@ def test_incremental_refresh_reads_new_and_open_runs(seeded):
         dep = client.read_flow_run(uuid.UUID(seeded.run_ids[0])).deployment_id
         new = client.create_flow_run_from_deployment(dep, tags=["launch", "owner:carol", "preset:small"])
         client.set_flow_run_state(new.id, Running(), force=True)
-    v2 = D.load_view(spec, use_cache=True, store=None)
+    v2 = V.load_view(spec, use_cache=True, store=None)
     assert v2.incremental
     by_id = v2.runs.set_index("id")
     assert by_id.loc[running, "status"] == "completed"  # an open run was read again
@@ -164,12 +169,12 @@ def test_incremental_refresh_reads_new_and_open_runs(seeded):
                                            (dt.timedelta(hours=1), 60)], ids=["7d", "24h", "1h"])
 def test_interval_follows_the_span(span, interval):
     now = dt.datetime(2026, 1, 5, 12, 34, 56, tzinfo=UTC)
-    assert D.interval_for(now - span, now) == interval
+    assert S.interval_for(now - span, now) == interval
 
 
 def test_alignment():
     now = dt.datetime(2026, 1, 5, 12, 34, 56, tzinfo=UTC)
-    s, e = D.aligned_range(now - dt.timedelta(days=1), now, 900)
+    s, e = S.aligned_range(now - dt.timedelta(days=1), now, 900)
     assert s.timestamp() % 900 == 0 and e.timestamp() % 900 == 0 and s <= now - dt.timedelta(days=1) and e >= now
 
 
@@ -183,7 +188,7 @@ def test_queued_and_duration_rule_written_once():
     start = np.array([60 * s, 60 * s, np.nan, np.nan, 5 * s, np.nan, np.nan])
     end = np.array([160 * s, np.nan, np.nan, np.nan, 20 * s, np.nan, np.nan])
     terminal = np.array([True, False, False, False, True, True, False])
-    q, d = D.queued_and_duration(exp, start, end, terminal, now)
+    q, d = F.queued_and_duration(exp, start, end, terminal, now)
     # finished; running; waiting since 0; waiting since 500 s; started early (never below 0);
     # cancelled before it started; due later
     assert q.tolist() == [60, 60, now / s, now / s - 500, 0, 0, 0]
@@ -192,56 +197,56 @@ def test_queued_and_duration_rule_written_once():
 
 def test_tag_combos_and_subtract():
     now = dt.datetime.now(UTC)
-    spec = D.ViewSpec(since=now, until=now, owners=("a", "b"), presets=("x",))
-    assert D.tag_combos(spec) == [("owner:a", "preset:x"), ("owner:b", "preset:x")]
-    total = D.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
+    spec = S.ViewSpec(since=now, until=now, owners=("a", "b"), presets=("x",))
+    assert A.tag_combos(spec) == [("owner:a", "preset:x"), ("owner:b", "preset:x")]
+    total = A.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
         {"state_type": "COMPLETED", "count_runs": 5, "sum_estimated_run_time": 50, "sum_estimated_lateness": 10}]}])
-    part = D.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
+    part = A.history_from_api([{"interval_start": "2026-01-01T00:00:00Z", "states": [
         {"state_type": "COMPLETED", "count_runs": 3, "sum_estimated_run_time": 30, "sum_estimated_lateness": 4}]}], "a")
-    rest = D.subtract_groups(total, part, "other")
+    rest = F.subtract_groups(total, part, "other")
     assert rest[["count", "run_s", "queued_s"]].iloc[0].tolist() == [2, 20.0, 6.0]
 
 
 def test_run_url_uses_ui_base(monkeypatch):
     monkeypatch.delenv("PREFECT_UI_URL", raising=False)
-    api = D.Api("http://127.0.0.1:4200/api")
-    assert D.run_url(api.ui_url(), "abc") == "http://127.0.0.1:4200/runs/flow-run/abc"
+    api = A.Api("http://127.0.0.1:4200/api")
+    assert A.run_url(api.ui_url(), "abc") == "http://127.0.0.1:4200/runs/flow-run/abc"
     monkeypatch.setenv("PREFECT_UI_URL", "https://prefect.example.com")
     assert api.ui_url() == "https://prefect.example.com"
 
 
 def test_filter_change_derives_runs_from_the_wider_view(seeded, monkeypatch):
     """A narrower filter after a wider view: its runs come from the held ones and equal a fresh read."""
-    D.clear_caches()
+    V.clear_caches()
     wide = _spec(seeded)
-    D.load_view(wide, use_cache=True, store=None)
+    V.load_view(wide, use_cache=True, store=None)
     reads = []
     real = api_cache.fetch_runs
     monkeypatch.setattr(api_cache, "fetch_runs", lambda *a, **k: reads.append(k) or real(*a, **k))
     for narrow in (replace(wide, owners=("alice",)), replace(wide, jobs=(seeded.jobs[1],)),
                    replace(wide, statuses=("failed", "running"), grouping="owner")):
         reads.clear()
-        v = D.load_view(narrow, use_cache=True, store=None)
+        v = V.load_view(narrow, use_cache=True, store=None)
         # the wider view held every run of the range (fewer than detail_limit): none read again
         assert reads == []
-        fresh = D.load_view(narrow, use_cache=False, store=None)
+        fresh = V.load_view(narrow, use_cache=False, store=None)
         assert len(v.runs) > 0
         assert sorted(zip(v.runs["id"], v.runs["status"])) == sorted(zip(fresh.runs["id"], fresh.runs["status"]))
         assert v.totals["runs"] == fresh.totals["runs"] == len(v.runs)
-    D.clear_caches()
+    V.clear_caches()
 
 
 def test_narrows_and_run_matches():
     now = dt.datetime.now(UTC)
-    wide = D.ViewSpec(since=now, until=now, queues=("a", "b"))
-    assert D.narrows(wide, replace(wide, queues=("a",), owners=("x",)))
-    assert not D.narrows(wide, replace(wide, queues=()))
-    assert not D.narrows(replace(wide, owners=("x",)), replace(wide, owners=("y",)))
+    wide = S.ViewSpec(since=now, until=now, queues=("a", "b"))
+    assert S.narrows(wide, replace(wide, queues=("a",), owners=("x",)))
+    assert not S.narrows(wide, replace(wide, queues=()))
+    assert not S.narrows(replace(wide, owners=("x",)), replace(wide, owners=("y",)))
     r = {"work_pool_name": "a", "tags": ["owner:x", "preset:p"], "deployment_id": "d", "state_type": "FAILED"}
     deps = {"d": {"name": "train", "pool": "b"}}
-    assert D.run_matches(r, replace(wide, owners=("x",), jobs=("train",), statuses=("failed",), presets=("p",)), deps)
-    assert not D.run_matches(r, replace(wide, queues=("b",)), deps)
-    assert not D.run_matches(r, replace(wide, statuses=("completed",)), deps)
+    assert A.run_matches(r, replace(wide, owners=("x",), jobs=("train",), statuses=("failed",), presets=("p",)), deps)
+    assert not A.run_matches(r, replace(wide, queues=("b",)), deps)
+    assert not A.run_matches(r, replace(wide, statuses=("completed",)), deps)
 
 
 def test_filters_note_names_each_filter_in_force():

@@ -17,7 +17,9 @@ from prefect.states import Completed, Running, Scheduled
 
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.blocks.run_index import IndexRow, RunIndex
-from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import api as A
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import view as V
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import index_sync as X
 from prefect_launch.dashboard import index_view as IV
@@ -36,16 +38,16 @@ def store(tmp_path_factory):
     return RunMetricsStore(url=f"sqlite:///{tmp_path_factory.mktemp('index') / 'launch-metrics.db'}")
 
 
-def _spec(seeded, **kw) -> D.ViewSpec:
+def _spec(seeded, **kw) -> S.ViewSpec:
     now = dt.datetime.now(UTC)
-    return D.ViewSpec(since=seeded.since, until=now + dt.timedelta(minutes=1), queues=(seeded.pool,), interval_s=300, **kw)
+    return S.ViewSpec(since=seeded.since, until=now + dt.timedelta(minutes=1), queues=(seeded.pool,), interval_s=300, **kw)
 
 
 def _by(hist: pd.DataFrame, keys: list[str]) -> dict:
     return hist.groupby(keys)["count"].sum().to_dict()
 
 
-def _same_view(a: D.View, b: D.View) -> None:
+def _same_view(a: V.View, b: V.View) -> None:
     """Index and API views agree on every run-derived panel."""
     assert a.source == "index" and b.source == "api"
     assert a.totals["runs"] == b.totals["runs"] > 0
@@ -79,14 +81,14 @@ def _same_view(a: D.View, b: D.View) -> None:
 def test_index_gives_what_prefect_aggregation_gives(seeded, store, kw):
     spec = _spec(seeded, **kw)
     now = dt.datetime.now(UTC)
-    a = D.load_view(spec, store=store, source="index", use_cache=False, now=now)
-    b = D.load_view(spec, store=None, source="api", use_cache=False, now=now)
+    a = V.load_view(spec, store=store, source="index", use_cache=False, now=now)
+    b = V.load_view(spec, store=None, source="api", use_cache=False, now=now)
     _same_view(a, b)
 
 
 def test_build_reads_every_run_and_records_coverage(seeded, store):
     index = RunIndex(store)
-    api = D.get_api()
+    api = A.get_api()
     res = X.build(index, api, days=1)
     assert res.mode == "build" and res.runs_read >= len(seeded.run_ids)
     frame = index.frame()
@@ -102,7 +104,7 @@ def test_build_reads_every_run_and_records_coverage(seeded, store):
 
 def test_sync_follows_state_changes_new_and_backdated_runs(seeded, store):
     index = RunIndex(store)
-    api = D.get_api()
+    api = A.get_api()
     if not X.IndexService(index, api).covers(seeded.since):
         X.build(index, api, days=1)
     with get_client(sync_client=True) as client:
@@ -138,7 +140,7 @@ def test_keyset_paging_walks_through_a_shared_timestamp(prefect_server, monkeypa
     with get_client(sync_client=True) as client:
         dep = client.create_deployment(flow_id=client.create_flow_from_name(f"tie-{uuid.uuid4().hex[:6]}"), name="tie")
         ids = {str(client.create_flow_run_from_deployment(dep, state=Scheduled(scheduled_time=t)).id) for _ in range(8)}
-    got = [r["id"] for page in X.read_runs_expected(D.get_api(), t - dt.timedelta(seconds=1), t + dt.timedelta(seconds=1))
+    got = [r["id"] for page in X.read_runs_expected(A.get_api(), t - dt.timedelta(seconds=1), t + dt.timedelta(seconds=1))
            for r in page]
     assert len(got) == len(set(got)) and ids <= set(got)
 
@@ -170,7 +172,7 @@ def test_history_counts_run_time_and_lateness_like_prefect():
         # cancelled before it started: no lateness (terminal)
         dict(id="d", state_type="CANCELLED", expected_start_us=us(t0 + dt.timedelta(minutes=5))),
     ])
-    spec = D.ViewSpec(since=t0, until=now, grouping="job", interval_s=900)
+    spec = S.ViewSpec(since=t0, until=now, grouping="job", interval_s=900)
     total, per = IV.history(IV.select(rows, spec), spec, 900, now)
     assert total["count"].sum() == 4
     got = total.set_index("state_type")
@@ -180,7 +182,7 @@ def test_history_counts_run_time_and_lateness_like_prefect():
     assert set(per["group"]) == {"train", "(no deployment)"}
     assert list(total["bucket"].sort_values().dt.minute.unique()) == [0, 30, 45]
     # filters: owner narrows to the one run that has it
-    only = IV.select(rows, D.ViewSpec(since=t0, until=now, owners=("alice",)))
+    only = IV.select(rows, S.ViewSpec(since=t0, until=now, owners=("alice",)))
     assert list(only["id"]) == ["a"]
     r = F.runs_frame(IV.newest(rows, 3), _raw([dict(id="c", name="run-c", message="m")]), now)
     assert list(r["id"]) == ["b", "c", "d"]  # newest expected start first, limited
@@ -199,7 +201,7 @@ def test_splice_replaces_runs_and_keeps_labels_categorical():
     assert list(out.index) == ["a", "b", "c"]
     assert out.loc["b", "status"] == "failed" and out.loc["c", "owner"] == "zoe"
     assert all(isinstance(out[c].dtype, pd.CategoricalDtype) for c in IV.LABELS)
-    assert list(IV.select(out.reset_index(), D.ViewSpec(since=dt.datetime(2026, 1, 1, tzinfo=UTC), until=dt.datetime(2026, 1, 2, tzinfo=UTC),
+    assert list(IV.select(out.reset_index(), S.ViewSpec(since=dt.datetime(2026, 1, 1, tzinfo=UTC), until=dt.datetime(2026, 1, 2, tzinfo=UTC),
                                                         owners=("zoe",)), time=False)["id"]) == ["c"]
 
 
@@ -218,7 +220,7 @@ def test_cli_builds_and_reports_the_index(seeded, tmp_path, monkeypatch):
 
 def test_sync_drops_finished_runs_past_the_window(seeded, tmp_path, monkeypatch):
     index = RunIndex(RunMetricsStore(url=f"sqlite:///{tmp_path / 'retention.db'}"))
-    api = D.get_api()
+    api = A.get_api()
     X.build(index, api, days=1)
     old = dt.datetime.now(UTC) - dt.timedelta(days=5)
     old_done, old_open = str(uuid.uuid4()), str(uuid.uuid4())  # runs the server does not have (any more)
@@ -238,7 +240,7 @@ def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path,
     """The page found the index built, then another process reset it before the view synced:
     the view comes from Prefect's API instead of failing."""
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'fallback.db'}")
-    api = D.get_api()
+    api = A.get_api()
     X.build(RunIndex(store), api, days=1)
     real_covers = X.IndexService.covers
 
@@ -249,8 +251,8 @@ def test_view_falls_back_to_the_api_when_the_index_cannot_sync(seeded, tmp_path,
 
     monkeypatch.setattr(X.IndexService, "covers", covers_then_reset)
     spec = _spec(seeded)
-    v = D.load_view(spec, store=store, use_cache=False)
-    want = D.load_view(spec, store=None, source="api", use_cache=False)
+    v = V.load_view(spec, store=store, use_cache=False)
+    want = V.load_view(spec, store=None, source="api", use_cache=False)
     assert v.source == "api" and v.totals["runs"] == want.totals["runs"] > 0
 
 
@@ -280,7 +282,7 @@ def test_open_runs_are_reread_once_a_clock_step_and_events_carry_the_rest(seeded
     change whose event was lost) waits for the next check, which shows it; a change a check cannot
     see (a state renamed within its type) waits for the next full read of the open runs."""
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'open.db'}")
-    api = D.get_api()
+    api = A.get_api()
     index = RunIndex(store)
     with get_client(sync_client=True) as client:
         dep = client.read_flow_run(uuid.UUID(seeded.run_ids[0])).deployment_id

@@ -120,6 +120,21 @@ def test_pure_producers_read_no_server_store_or_page(graph):
         assert not top & {"httpx", "streamlit", "sqlalchemy"}, (m, top & {"httpx", "streamlit", "sqlalchemy"})
 
 
+def test_no_dashboard_module_or_page_imports_the_facade(graph):
+    """The pages and modules import each name from the module that owns it (dashboard/data.py stays only for
+    importers outside the dashboard until they move)."""
+    assert sorted(m for m, (deps, _) in graph.items() if "data" in deps and m != "data") == []
+
+
+def test_only_the_frame_and_the_pages_read_streamlit_state():
+    """st.navigation and st.cache_resource live in the frame (dashboard/app.py) alone."""
+    for m, tree in _sources().items():
+        calls = {f"{n.value.id}.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                 and isinstance(n.value, ast.Name) and n.value.id == "st"}
+        if m != "app":
+            assert not calls & {"st.navigation", "st.cache_resource"}, (m, calls & {"st.navigation", "st.cache_resource"})
+
+
 def test_data_is_only_a_facade():
     tree = _sources()["data"]
     body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]

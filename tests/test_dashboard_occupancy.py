@@ -22,7 +22,9 @@ import pytest
 from launch_helpers import agent, apply_queue, read_runs, wait_running
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.blocks.run_index import RunIndex
-from prefect_launch.dashboard import data as D
+from prefect_launch.dashboard import api as A
+from prefect_launch.dashboard import spec as S
+from prefect_launch.dashboard import view as V
 from prefect_launch.dashboard import index_sync as X
 from prefect_launch.dashboard import occupancy as OC
 
@@ -97,7 +99,7 @@ def scenario(tmp_path_factory, prefect_server):
     job = _deploy(q, "occupancy_job.py:occ_job", f"occ-{tag}")
     retry = _deploy(q, "occupancy_job.py:occ_retry", f"occ-retry-{tag}")
     store = RunMetricsStore(url=f"sqlite:///{tmp / 'occ-metrics.db'}")
-    X.build(RunIndex(store), D.get_api(), days=1)  # built before the runs: their state changes arrive by events
+    X.build(RunIndex(store), A.get_api(), days=1)  # built before the runs: their state changes arrive by events
     since = dt.datetime.fromtimestamp(math.floor(time.time() / STEP) * STEP, UTC)
     plan = [  # (kind, reference, preset, params): submitted before the agent starts, so every run waits
         ("long", f"occ-job/{job}", "cpu1", dict(seconds=12)),
@@ -138,7 +140,7 @@ def observed(scenario):
     index = RunIndex(scenario["store"])
     deadline = time.time() + 60
     while True:  # events are persisted in batches: sync until the index holds every claim
-        X.sync(index, D.get_api())
+        X.sync(index, A.get_api())
         rows = index.frame(ids=list(ids.values())).set_index("id")
         runs = {str(r.id): r for r in read_runs(list(ids.values()))}
         ok = all(rows.loc[i, "state_type"] == runs[i].state_type.value and pd.notna(rows.loc[i, "pending_us"])
@@ -151,12 +153,12 @@ def observed(scenario):
     with get_client(sync_client=True) as client:
         truth = {k: _truth(runs[i], client.read_flow_run_states(i), now, scenario["presets"][k]) for k, i in ids.items()}
     assert runs[ids["running"]].state_type.value == "RUNNING" and truth["running"]["end"] is None
-    spec = D.ViewSpec(since=scenario["since"], until=now + dt.timedelta(seconds=1), queues=(scenario["queue"],),
+    spec = S.ViewSpec(since=scenario["since"], until=now + dt.timedelta(seconds=1), queues=(scenario["queue"],),
                       grouping="job", interval_s=STEP)
     old = OC.PER_RUN_GANTT_MAX
     OC.PER_RUN_GANTT_MAX = 0  # draw lanes even for five runs
     try:
-        v = D.load_view(spec, store=scenario["store"], source="index", use_cache=False, now=now)
+        v = V.load_view(spec, store=scenario["store"], source="index", use_cache=False, now=now)
     finally:
         OC.PER_RUN_GANTT_MAX = old
     assert v.source == "index"

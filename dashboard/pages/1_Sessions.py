@@ -1,8 +1,8 @@
 """Sessions page of the monitor: launch a session in steps, recent launches, the session list and
 one session's detail (scheduling history, idle checks, app links, rename, terminate).
 
-Streamlit lists this file in the sidebar next to the queue monitor (a ``pages/`` folder beside
-``dashboard/app.py``). Layout only: validation and launching are
+The monitor's frame (``dashboard/app.py``) lists this file in its ``st.navigation`` next to the queue
+monitor (URL ``/Sessions``). Layout only: validation and launching are
 :mod:`prefect_launch.deployments.sessions`'s, reads and actions are in
 :mod:`prefect_launch.dashboard.sessions_ops`, tables in :mod:`prefect_launch.dashboard.sessions_frames`.
 """
