@@ -266,3 +266,43 @@ def test_the_frame_navigates_between_both_pages(seeded):
     assert [t.value for t in at.title] == ["Sessions"] and "queues" not in {w.key for w in at.sidebar.pills}
     at.switch_page("app.py").run()
     assert [t.value for t in at.title] == ["Queue monitor"]
+
+
+def test_every_other_control_of_the_monitor_changes_what_it_shows(seeded):
+    """The controls not clicked above, each clicked through AppTest with what it changes: the job and preset
+    filters (pills, or a multiselect past a few options), the runs shown per panel, Refresh now, the cost
+    panel's By (a segmented control that follows the sidebar's grouping) and Manage Links (a toggle)."""
+    from fixtures_dashboard import control
+
+    at = _app().run()
+    choose(at, "queues", [seeded.pool]).run()
+    choose(at, "range", ["Last 1 hour"]).run()
+    assert len(_table(at, "priority", "link")) == len(seeded.run_ids) - len(seeded.queued_ids)  # every run started
+    choose(at, "f_jobs", [seeded.jobs[0]]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert set(_table(at, "priority", "link")["job"]) == {seeded.jobs[0]}
+    assert f"jobs {seeded.jobs[0]}" in _captions(at)
+    choose(at, "f_presets", ["gpu-1"]).run()
+    runs = _table(at, "priority", "link")
+    assert set(runs["preset"]) == {"gpu-1"} and set(runs["job"]) == {seeded.jobs[0]}
+    choose(at, "f_jobs", []).run()  # the job filter off again: both jobs' gpu-1 runs
+    assert set(_table(at, "priority", "link")["job"]) == set(seeded.jobs)
+    choose(at, "f_presets", []).run()
+    choose(at, "detail_limit", [100]).run()
+    assert control(at, "detail_limit").value == 100 and not at.exception
+    before = figures(at)
+    at.sidebar.button(key="refresh").click().run()  # everything read afresh: the same figures
+    assert not at.exception and figures(at)["Runs in range"] == before["Runs in range"]
+    # the cost panel's By: the sidebar's grouping (job) first, then owner
+    _section(at, "Cost and waste")
+    by = control(at, "cost_by_job")
+    assert by.value == "job" and "job" in _table(at, "gpu_alloc_h").columns
+    by.set_value("owner").run()
+    assert not at.exception and "owner" in _table(at, "gpu_alloc_h").columns
+    assert "Allocated vs used over the range, by owner" in _captions(at)
+    # Manage Links: off, then on (the form), then off again
+    assert "links_queue" not in {s.key for s in at.selectbox}
+    choose(at, "links_open", ["Manage Links"]).run()
+    assert "links_queue" in {s.key for s in at.selectbox}
+    choose(at, "links_open", []).run()
+    assert "links_queue" not in {s.key for s in at.selectbox}

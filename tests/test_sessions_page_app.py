@@ -123,3 +123,55 @@ def test_login_gate_locks_launch_and_changes(queue, monkeypatch):
     assert "launch_next" not in [b.key for b in at.button] and any("Wrong password" in e.value for e in at.error)
     sign_in("s3cret-page")
     assert "launch_next" in [b.key for b in at.button] and at.session_state["links_authed"]
+
+
+def test_every_control_of_the_list_and_the_launcher(queue):
+    """The sidebar's switches and Refresh, a click on a row of the session list (its selection, as the
+    browser sends it), the launcher's Back and the recent launches' Pin, each driven through AppTest with
+    what it changes."""
+    from prefect.states import Cancelled
+
+    from prefect_launch.dashboard import sessions_ops as O
+    from prefect_launch.deployments.sessions import SessionRequest, start_session
+
+    tag = uuid.uuid4().hex[:6]
+    with O.client() as c:
+        ids = [str(start_session(c, SessionRequest(type="batch", queue=queue, name=f"ls-{tag}-{i}",
+                                                   startup_command="true")).run_ids[0]) for i in range(2)]
+        c.set_flow_run_state(ids[0], Cancelled(), force=True)
+    at = _page()
+    S = at.session_state
+
+    def listed() -> list[str]:
+        return list(next(d.value for d in at.dataframe if "id" in d.value.columns and "status" in d.value.columns)["id"])
+
+    assert set(ids) <= set(listed())  # ended sessions included by default
+    at.sidebar.checkbox(key="sessions_ended").uncheck().run()
+    assert not at.exception and ids[1] in listed() and ids[0] not in listed()  # live ones only
+    at.sidebar.checkbox(key="sessions_ended").check().run()
+    assert ids[0] in listed()
+    at.sidebar.checkbox(key="sessions_all").check().run()
+    assert not at.exception and any(c.value.startswith("Every owner's sessions") for c in at.caption)
+    at.sidebar.checkbox(key="sessions_all").uncheck().run()
+    at.sidebar.button(key="sessions_refresh").click().run()
+    assert not at.exception and set(ids) <= set(listed())
+    # a click on a row opens that session in the detail panel
+    for i in ids:
+        S["sessions_table"] = {"selection": {"rows": [listed().index(i)], "columns": [], "cells": []}}
+        at.run()
+        assert not at.exception and S["sel_session"] == i
+        assert i in next(m.value for m in at.markdown if m.value.startswith("**")).replace("\\", "")
+    # the launcher's Back returns to the step before
+    at.text_input(key="lf_name_0").input(f"back-{tag}")
+    at.text_input(key="lf_startup_command_0").input("true")
+    _next(at)
+    assert S["sl_step"] == 1
+    at.button(key="launch_back").click().run()
+    assert S["sl_step"] == 0 and at.text_input(key="lf_name_0").value == f"back-{tag}"
+    # the recent launches: Pin, then Unpin
+    pin = at.button(key="recent_pin")
+    label = pin.label
+    pin.click().run()
+    assert not at.exception and at.button(key="recent_pin").label != label
+    at.button(key="recent_pin").click().run()
+    assert at.button(key="recent_pin").label == label
