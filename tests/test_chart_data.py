@@ -137,3 +137,50 @@ def test_the_chart_script_writes_text_never_html():
     js = (Path(CD.__file__).with_name("timeline.js")).read_text()
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", js)
     assert "textContent" in js
+
+
+def test_series_without_a_meaning_of_their_own_take_the_themes_colours():
+    """Groupings and load are drawn in the theme's categorical palette (timeline.js reads Streamlit's
+    --st-chart-categorical-colors, falling back to ``colors``); the job statuses keep their own colours."""
+    status = pd.DataFrame({"bucket": pd.to_datetime(["2026-11-01 01:00"], utc=True), "status": ["failed"],
+                           "count": [1], "avg": [np.nan]})
+    qt = pd.DataFrame({"bucket": pd.to_datetime(["2026-11-01 02:00"], utc=True), "group": ["train"],
+                       "queued_s": [60.0], "runs": [1], "mean_s": [60.0]})
+    load = pd.DataFrame({"bucket": pd.date_range(SINCE, periods=1, freq="h"), "busy": [1.0], "gpus": [1.0],
+                         "held": [1], "waiting": [0]})
+    s = CD.status_payload(status, SINCE, UNTIL, STEP)
+    assert not s.themed and s.colors == [CD.STATUS_COLORS["failed"]]
+    assert CD.queued_payload(qt, "job", SINCE, UNTIL, STEP).themed
+    assert CD.load_payload(load, None, SINCE, UNTIL, STEP).themed
+    from pathlib import Path
+
+    js = (Path(CD.__file__).with_name("timeline.js")).read_text()
+    assert "--st-chart-categorical-colors" in js and "p.themed" in js and "--st-text-color" in js
+
+
+def _fallback_app() -> None:
+    import pandas as pd
+    import streamlit as st
+
+    from prefect_launch.dashboard import chart_data as CD
+    from prefect_launch.dashboard import timeline
+
+    timeline._mount = None  # as in a Streamlit without st.components.v2
+    counts = pd.DataFrame({"bucket": pd.to_datetime(["2026-11-01 01:00"], utc=True), "status": ["running"],
+                           "count": [2], "avg": [1.5]})
+    since, until = pd.Timestamp("2026-11-01", tz="UTC"), pd.Timestamp("2026-11-01 06:00", tz="UTC")
+    st.session_state["brush"] = timeline.chart(CD.status_payload(counts, since, until, 3600), key="status_chart",
+                                               fallback=counts)
+
+
+def test_without_the_component_a_chart_is_its_table(monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from prefect_launch.dashboard import timeline
+
+    monkeypatch.setattr(timeline, "_mount", timeline._mount)  # the app's change is undone after the test
+    at = AppTest.from_function(_fallback_app).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.get("bidi_component") and at.session_state["brush"] is None
+    shown = at.dataframe[0].value
+    assert list(shown.columns) == ["bucket", "status", "count", "avg"] and shown["count"].tolist() == [2]
