@@ -204,6 +204,6 @@ def choose(at, key: str, values: list):
     w = control(at, key)
     if w.type == "toggle":
         return w.set_value(bool(values))
-    if w.type == "button_group" and w._is_single_select:
+    if w.type == "button_group" and not isinstance(w.value, list):  # a segmented control: one value
         return w.set_value(values[0])
     return w.set_value(list(values))
