@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, MutableMapping
 
+from prefect_launch.compat.streamlit import CREATE_APP, SERVER_MODULE
 from prefect_launch.dashboard import streamlit_hook
 
 Scope = MutableMapping[str, Any]
@@ -21,7 +22,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-SERVER = "streamlit.web.server.starlette.starlette_server"
+SERVER = SERVER_MODULE  # listed in compat.streamlit with the functions the monitor wraps
 MAX_BYTES = 64 << 20  # Streamlit's static folder is ~20 MB; a bound, so no folder can grow the process without end
 _CONDITIONAL = (b"if-none-match", b"if-modified-since", b"range", b"if-range")
 
@@ -94,4 +95,4 @@ def install() -> bool:
 
         return create_starlette_app
 
-    return streamlit_hook.wrap(SERVER, "create_starlette_app", "asset_cache", around)
+    return streamlit_hook.wrap(SERVER, CREATE_APP, "asset_cache", around)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from prefect_launch.compat.streamlit import BIND_SOCKET
 from prefect_launch.dashboard import asset_cache, streamlit_hook
 
 APP = Path(__file__).resolve().parent / "app.py"
@@ -66,7 +67,7 @@ def _accept_with_nodelay() -> bool:
 
         return _bind_socket
 
-    return streamlit_hook.wrap(asset_cache.SERVER, "_bind_socket", "nodelay", around)
+    return streamlit_hook.wrap(asset_cache.SERVER, BIND_SOCKET, "nodelay", around)
 
 
 def streamlit_args(argv: list[str]) -> list[str]:

@@ -186,7 +186,7 @@ def test_restarted_worker_follows_a_cluster_job_again(prefect_server, fake):
         await s.client.update_flow_run_labels(fr.id, {WORKER_LABEL: AGENT})
         await s.client.update_flow_run(fr.id, infrastructure_pid="default:left-over-ab12c")
         s.worker._reattached = False  # as at the start of a new agent
-        await s.worker._initialize_after_sync()
+        await s.worker.sync_with_backend()
         await s.label_is(fr, PLACED_LABEL, "kubernetes: cluster of 2: main1 on node n0, sub1 on node n1")
         s.fake.set_pod(pods[1], "Failed", reason="Evicted", message="The node had condition: [DiskPressure].")
         state = await s.final(fr)

@@ -394,7 +394,7 @@ def test_restarted_worker_follows_its_running_jobs_again(prefect_server, kube):
         await s.client.update_flow_run_labels(fr.id, {WORKER_LABEL: AGENT})
         await s.client.update_flow_run(fr.id, infrastructure_pid=f"default:{job['metadata']['name']}")
         s.worker._reattached = False  # as at the start of a new agent
-        await s.worker._initialize_after_sync()
+        await s.worker.sync_with_backend()
         await s.until(lambda: fr.id in s.worker._watching)
         s.fake.set_pod(pod, "Failed", reason="Evicted", message="The node had condition: [DiskPressure].")
         state = await s.final(fr)

@@ -10,7 +10,7 @@ import pytest
 
 from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 from prefect_launch.workers.backends.warm_containers import (ORDER_DONE_PATH, ORDER_PATH, WARM_LABEL, order_archive, shape_key,
-                                                    shape_of, update_body, warm_settings)
+                                                    shape_of, update_args, warm_settings)
 
 SETTINGS = {"image": "img:1", "network_mode": "host", "volumes": ["/a:/a:ro"], "shm_size": "67108864",
             "environment": {"PREFECT__FLOW_RUN_ID": "r1", "SECRET": "s"}, "labels": {"x": "1"}, "name": "run-a",
@@ -35,11 +35,12 @@ def test_a_custom_command_or_sent_gpus_start_cold():
     assert shape_of({**SETTINGS, "rendered_device_requests": [{"DeviceIDs": ["0"]}]}, False) is not None
 
 
-def test_update_body_sets_cpus_cores_and_memory_without_extra_swap():
-    assert update_body(SETTINGS) == {"NanoCpus": 500000000, "CpusetCpus": "1", "Memory": 256 << 20,
-                                     "MemorySwap": 256 << 20}
-    assert update_body({"mem_limit": "512Mi"}) == {"Memory": 512 << 20, "MemorySwap": 512 << 20}
-    assert update_body({}) == {}
+def test_update_args_set_cpus_cores_and_memory_without_extra_swap():
+    # 0.5 CPU: a 50 ms quota per 100 ms period, what `--cpus 0.5` (NanoCpus 5e8) means
+    assert update_args(SETTINGS) == {"cpu_period": 100_000, "cpu_quota": 50_000, "cpuset_cpus": "1",
+                                     "mem_limit": 256 << 20, "memswap_limit": 256 << 20}
+    assert update_args({"mem_limit": "512Mi"}) == {"mem_limit": 512 << 20, "memswap_limit": 512 << 20}
+    assert update_args({}) == {}
 
 
 def test_warm_settings_carry_no_run_env_and_name_the_agent():

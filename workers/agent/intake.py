@@ -41,7 +41,7 @@ class QueueIntake:
 
     def queue_spec(self) -> QueueSpec:
         """The queue declaration carried by the pool's base job template."""
-        spec = queue_spec_of(self._work_pool) if self._work_pool else None
+        spec = queue_spec_of(self.work_pool) if self._work_pool is not None else None
         return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
 
     async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:

@@ -235,15 +235,15 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         except Exception as exc:
             self._logger.warning("could not start a warm container: %s", exc)
 
-    async def _initialize_after_sync(self) -> None:
-        await super()._initialize_after_sync()
+    async def sync_with_backend(self) -> None:
+        await super().sync_with_backend()
         if self._warm_checked or self._work_pool is None:
             return
         self._warm_checked = True
         scope = anyio.CancelScope()
         self._scheduled_task_scopes.add(scope)
         self._runs_task_group.start_soon(self._in_scope, scope, self._cancel_watch_loop)
-        spec = queue_spec_of(self._work_pool)
+        spec = queue_spec_of(self.work_pool)
         try:
             pool = WarmContainers(self.docker(), spec.warm_containers if spec else 0, self.name,
                                   self._work_pool_name)
@@ -421,15 +421,9 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         except Exception:
             return False
 
-    async def _terminate(self, run_id: str, handle: RunHandle, force: bool) -> None:
-        def kill() -> None:
-            try:
-                self.docker().containers.get(handle.container).kill(signal="SIGKILL" if force else "SIGTERM")
-            except Exception:
-                pass
-
-        if handle.container:
-            await anyio.to_thread.run_sync(kill)
+    def _infrastructure_pid(self, handle: RunHandle) -> Optional[str]:
+        """``base_url:container``: prefect-docker's own `kill_infrastructure` stops it (docker stop, grace)."""
+        return f"{self.docker().api.base_url}:{handle.container}" if handle.container else None
 
     def _containers_of(self, run_id: str) -> list[Any]:
         """The run's container: by its run-id label, or (warm-started, labels fixed before the run) by its name."""

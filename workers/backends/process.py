@@ -10,13 +10,18 @@ the process back end: the job variables, warm engines, and the run's process.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import anyio
 from pydantic import Field
 
+from prefect.exceptions import InfrastructureNotAvailable, InfrastructureNotFound
 from prefect.workers.process import (
     ProcessJobConfiguration,
     ProcessVariables,
@@ -27,8 +32,8 @@ from prefect.workers.process import (
 from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, GangAborted
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
-from prefect_launch.workers.agent.limits import RunLimits
-from prefect_launch.workers.agent.recovery import pid_start_time
+from prefect_launch.workers.agent.limits import RunLimits, kill_tree
+from prefect_launch.workers.agent.recovery import pid_start_time, process_is_run
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -129,7 +134,7 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
                 if cluster is not None:
                     self._on_cluster_main(flow_run, alloc, cluster, pid, limits)
 
-        hooked = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid)
+        hooked = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid, announce=process_id)
         status_code: Optional[int] = None
         try:
             if self.warm_pool is not None and not configuration._command_configured:
@@ -152,7 +157,7 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
         so code-, git- and storage-based jobs behave as with a cold start.
         """
         from prefect.flows import load_flow_from_flow_run
-        from prefect.runner._flow_run_executor import FlowRunExecutorContext
+        from prefect_launch.compat.prefect import FlowRunExecutorContext
         from prefect.utilities.processutils import command_to_string, get_sys_executable
 
         from prefect_launch.workers.backends.warm_start import WarmEngineStarter
@@ -188,6 +193,41 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
             raise RuntimeError("Failed to start flow run process.")
         return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))
 
+    def _infrastructure_pid(self, handle: RunHandle) -> Optional[str]:
+        return process_id(handle.pid) if handle.pid else None
+
+    async def kill_infrastructure(self, infrastructure_pid: str, configuration: Any = None,
+                                  grace_seconds: int = 30) -> None:
+        """Stop a run's process group: SIGTERM, up to ``grace_seconds`` to exit, then SIGKILL (0: at once).
+
+        Prefect's process worker has none; this one is the agent's only way to stop a process run (timeouts,
+        idle reclaim, preemption, cancel on exit, Prefect's cancel of a pending run). ``infrastructure_pid`` is
+        ``host:pid`` (a bare pid is read as this host's); only a process this agent started is signalled,
+        checked against its recorded start time so a recycled pid is never hit.
+        """
+        host, _, pid_text = str(infrastructure_pid).rpartition(":")
+        if host and host != socket.gethostname():
+            raise InfrastructureNotAvailable(
+                f"run process {infrastructure_pid} is on host {host!r}; agent {self.name} runs on "
+                f"{socket.gethostname()!r}: stop it from an agent on that host")
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            raise InfrastructureNotFound(f"{infrastructure_pid!r} does not name a process (host:pid)") from None
+        found = [(rid, h) for rid, h in self._active.having("handle").items() if h.pid == pid]
+        if not found:
+            raise InfrastructureNotAvailable(f"process {pid} is not a run of agent {self.name}")
+        run_id, handle = str(found[0][0]), found[0][1]
+        if not process_is_run(pid, handle.pid_started, run_id):
+            raise InfrastructureNotFound(f"the process {pid} of run {run_id} has already exited")
+        if grace_seconds > 0:
+            signal_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_seconds
+            while time.monotonic() < deadline and process_is_run(pid, handle.pid_started, run_id):
+                await anyio.sleep(0.2)
+        if process_is_run(pid, handle.pid_started, run_id):
+            kill_tree(pid)
+
     def _refill_warm_pool(self) -> None:
         if self.warm_pool is not None and self._runs_task_group is not None:
             self._runs_task_group.start_soon(self.warm_pool.fill)
@@ -196,3 +236,20 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
         if self.warm_pool is not None:
             await self.warm_pool.close()
         await super().teardown(*exc_info)
+
+
+def process_id(pid: int) -> str:
+    """The infrastructure id Prefect records for a process run: ``host:pid`` (`kill_infrastructure` reads it)."""
+    return f"{socket.gethostname()}:{pid}"
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Signal the run's process group (its own session), never the agent's."""
+    try:
+        pgid = os.getpgid(pid)
+        if pgid != os.getpgid(0):
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -6,8 +6,8 @@ queue with ``warm_containers: N`` keeps up to N containers per *shape* started a
 runs that will use them, each running `workers/backends/warm_engine.py` and waiting for its order. A
 shape is everything Docker fixes at creation (image, volumes, shm size, network, ports,
 privileges); everything it can change on a running container is set at hand-over: CPUs
-(``NanoCpus``), cores (``CpusetCpus``) and memory (``Memory``/``MemorySwap``) through the
-Engine API's update, the run's environment through a file the engine reads and removes, and
+(a CFS quota), cores (``CpusetCpus``) and memory (``Memory``/``MemorySwap``) through docker-py's
+``Container.update``, the run's environment through a file the engine reads and removes, and
 the container's name, which becomes ``launch-<run id>`` (labels cannot change after creation,
 so the agent finds a warm-started run's container again by that name).
 
@@ -72,19 +72,27 @@ def warm_settings(shape: dict[str, Any], agent: str, queue: str, labels: dict[st
             "labels": {**labels, WARM_LABEL: agent}, "auto_remove": False}
 
 
-def update_body(settings: dict[str, Any]) -> dict[str, Any]:
-    """The Engine API's container-update body for the run's CPU, core and memory limits (pure)."""
+CPU_PERIOD_US = 100_000  # the CFS period of a run's CPU quota (Docker's own default)
+
+
+def update_args(settings: dict[str, Any]) -> dict[str, Any]:
+    """docker-py ``Container.update`` arguments for the run's CPU, core and memory limits (pure).
+
+    ``update`` has no NanoCpus; a CFS quota over Docker's default period is the same limit (``--cpus`` is
+    defined as that quota), and warm containers are created without either, so the two never conflict.
+    """
     from prefect_launch.workers.scheduling.resources import parse_size
 
-    body: dict[str, Any] = {}
+    args: dict[str, Any] = {}
     if settings.get("nano_cpus"):
-        body["NanoCpus"] = int(settings["nano_cpus"])
+        args["cpu_period"] = CPU_PERIOD_US
+        args["cpu_quota"] = max(1000, int(settings["nano_cpus"]) * CPU_PERIOD_US // 10**9)
     if settings.get("cpuset_cpus"):
-        body["CpusetCpus"] = str(settings["cpuset_cpus"])
+        args["cpuset_cpus"] = str(settings["cpuset_cpus"])
     if settings.get("mem_limit"):
-        body["Memory"] = parse_size(str(settings["mem_limit"]))
-        body["MemorySwap"] = parse_size(str(settings.get("memswap_limit") or settings["mem_limit"]))
-    return body
+        args["mem_limit"] = parse_size(str(settings["mem_limit"]))
+        args["memswap_limit"] = parse_size(str(settings.get("memswap_limit") or settings["mem_limit"]))
+    return args
 
 
 def order_archive(env: dict[str, Any], uid: int, gid: int) -> bytes:
@@ -180,10 +188,9 @@ class WarmContainers:
     def hand_over(self, entry: WarmEntry, settings: dict[str, Any], run_id: str) -> Any:
         """Give the warm container the run's limits, name and environment; it becomes the run."""
         c = self.docker.containers.get(entry.container_id)
-        body = update_body(settings)
-        if body:
-            api = self.docker.api
-            api._raise_for_status(api._post_json(api._url("/containers/{0}/update", c.id), data=body))
+        limits = update_args(settings)
+        if limits:
+            c.update(**limits)
         c.rename(run_container_name(run_id))
         c.put_archive(ORDER_PATH.rsplit("/", 1)[0],
                       order_archive(settings.get("environment") or {}, entry.uid or 0, entry.gid or 0))

@@ -21,11 +21,10 @@ from typing import Optional
 import anyio
 import anyio.abc
 import anyio.to_thread
-from prefect.runner._process_manager import ProcessHandle, create_isolated_termination_scope
-from prefect.runner._starter_engine import EngineCommandStarter
 from prefect.settings import get_current_settings
 from prefect.utilities.processutils import consume_process_output, sanitize_subprocess_env
 
+from prefect_launch.compat.prefect import EngineCommandStarter, ProcessHandle, create_isolated_termination_scope
 from prefect_launch.workers.backends.engine_fork import EngineZygote
 from prefect_launch.workers.agent.tags import tag_value
 

@@ -37,8 +37,8 @@ GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "2"))  # like the
 class GangFollowerMixin:
     follows_gangs = True  # hosts members of other agents' multi-node runs (back ends with multi-node support)
 
-    async def _initialize_after_sync(self) -> None:
-        await super()._initialize_after_sync()
+    async def sync_with_backend(self) -> None:
+        await super().sync_with_backend()
         if self.follows_gangs and self._work_pool is not None and self._runs_task_group is not None \
                 and not getattr(self, "_gang_follow_started", False):
             self._gang_follow_started = True

@@ -49,7 +49,7 @@ from pydantic import Field, PrivateAttr
 
 from prefect.states import Cancelled, Crashed, Failed, State
 from prefect.workers.base import BaseWorker
-from prefect_kubernetes.utilities import _slugify_label_value, _slugify_name
+from prefect_launch.compat.prefect_kubernetes import slugify_label_value, slugify_name
 from prefect_kubernetes.worker import (
     KubernetesWorker,
     KubernetesWorkerJobConfiguration,
@@ -109,7 +109,7 @@ def docker_config_json(value: Any, block: str = "") -> str:
 
 
 def pull_secret_name(block: str) -> str:
-    return PULL_SECRET_PREFIX + (_slugify_name(block, max_length=40) or "block").lower()
+    return PULL_SECRET_PREFIX + (slugify_name(block, max_length=40) or "block").lower()
 
 
 def kubernetes_run_environment(request: ResolvedRequest, queue: str, agent: str) -> dict[str, str]:
@@ -269,7 +269,7 @@ class LaunchKubernetesJobConfiguration(KubernetesWorkerJobConfiguration):
         preset = spec.presets.get(request.preset)
         return apply_run(
             self.job_manifest, run_id=run_id, resources=request.resources,
-            queue=_slugify_label_value(queue), agent=_slugify_label_value(agent) if agent else "",
+            queue=slugify_label_value(queue), agent=slugify_label_value(agent) if agent else "",
             env=env, env_from_secret=env_secret,
             node_selector=preset.node_selector if preset else None,
             tolerations=preset.tolerations if preset else None,
@@ -348,8 +348,8 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
     async def __aexit__(self, *exc_info: Any) -> None:
         await BaseWorker.__aexit__(self, *exc_info)
 
-    async def _initialize_after_sync(self) -> None:
-        await super()._initialize_after_sync()
+    async def sync_with_backend(self) -> None:
+        await super().sync_with_backend()
         if self._work_pool is None or self._runs_task_group is None:
             return
         if not self._background_started:
