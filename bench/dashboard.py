@@ -643,6 +643,8 @@ def main() -> None:
             out = dict.fromkeys(keys)
             out.update(runs=args.runs, index_build_s=round(t_build, 1), **page, loadavg_start=load_start, loadavg_end=loadavg(),
                        cpu_probe_s=[probe_start, cpu_probe()])
+            if args.keep or args.home:
+                print(f"kept {home} (its server stops now)")
             print(json.dumps(out))
             return
 
