@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from prefect_launch.settings import env_seconds
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard.cost_rows import CostRows
 from prefect_launch.dashboard import spec as S
@@ -26,16 +27,23 @@ from prefect_launch.dashboard import view as V
 from prefect_launch.dashboard.keep_warm import KeepWarm
 
 CACHE_TTL_S = 30.0  # a fixed range's page is read again after this long
-KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_S", "300"))  # views kept ready this long after their last visit
+KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_SECONDS", "300"))  # views kept ready this long after their last visit
 # the next step's view is read from LEAD_S before the step on; while a visit is being drawn (QUIET_S after
 # it asked for its view: the script, then the browser's drawing) the read waits, up to the last moment
 # (keep_warm.KeepWarm): figures are then at most a step plus LEAD_S old
 LEAD_S = 4.0
 QUIET_S = 2.5
-# while a visit's view is read, the newest page of its sidebar state is shown if at most this old
-STALE_MAX_S = float(os.environ.get("LAUNCH_MONITOR_STALE_S", "120"))
-# ... when reading it took this long (a keeper this slow cannot stay ahead of the clock)
-SLOW_READ_S = float(os.environ.get("LAUNCH_MONITOR_SLOW_READ_S", str(S.PAGE_STEP_S / 2)))
+
+
+def stale_max_s() -> float:
+    """While a visit's view is read, the newest page of its sidebar state is shown if at most this old."""
+    return env_seconds("LAUNCH_MONITOR_STALE_SECONDS", 120)
+
+
+def slow_read_s() -> float:
+    """... when reading it took this long (a keeper this slow cannot stay ahead of the clock)."""
+    return env_seconds("LAUNCH_MONITOR_SLOW_READ_SECONDS", S.PAGE_STEP_S / 2)
+
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="monitor-page")
 COST_ROWS = CostRows()  # the cost rows of the ranges read, kept between reads (only changes are read again)
 
@@ -198,7 +206,7 @@ def get(spec: S.ViewSpec) -> PageData:
 
 def get_or_newest(spec: S.ViewSpec, now: Optional[dt.datetime] = None) -> tuple[PageData, bool]:
     """``spec``'s page if it is read; while it is being read, the newest page of the same sidebar state
-    if that was read within :data:`STALE_MAX_S` and its read took :data:`SLOW_READ_S` or more
+    if that was read within :func:`stale_max_s` and its read took :func:`slow_read_s` or more
     (``(page, True)``: the visit shows it at once, says how old it is and updates itself, see
     :func:`newer_than`); else waits for ``spec``'s page (as it does for a view read in a second or two).
 
@@ -209,8 +217,8 @@ def get_or_newest(spec: S.ViewSpec, now: Optional[dt.datetime] = None) -> tuple[
     key = _state_key(spec)
     held = _LAST_GOOD.get(key)
     now = now or dt.datetime.now(S.UTC)
-    slow = held is not None and held.view.timings.get("total", 0.0) >= SLOW_READ_S
-    if not slow or (now - held.view.now).total_seconds() > STALE_MAX_S:
+    slow = held is not None and held.view.timings.get("total", 0.0) >= slow_read_s()
+    if not slow or (now - held.view.now).total_seconds() > stale_max_s():
         return PAGE.get(spec), False
     if not _READING.get(key):  # one read of a sidebar state at a time: more would only slow each other
         PAGE.request(spec)

@@ -53,7 +53,7 @@ class SubmitRequest(BaseModel):
     extra_labels: dict[str, str] = Field(default_factory=dict)
     extra_job_variables: dict[str, Any] = Field(default_factory=dict)  # e.g. a docker session's image and volumes
     dry_run: bool = False  # validate and resolve everything, create nothing
-    cluster_size: Optional[int] = None  # a cluster run of this many members (main1, sub1, ...), gang-placed
+    cluster_size: Optional[int] = None  # a cluster run of this many members (main1, sub1, ...), placed all or none
     cluster_mode: Optional[str] = None  # single-node | multi-node
 
 
@@ -188,9 +188,9 @@ def check_capacity(client: Any, queue: str, resolved: ResolvedRequest) -> None:
         raise LaunchValidationError(
             f"beyond any agent's total capacity on queue {queue!r}: needs {need}; choose a smaller preset"
         )
-    gang = check_fits_one_agent(resolved.cluster, resolved.resources, {a.name: a.capacity for a in online})
-    if gang:
-        raise LaunchValidationError(f"beyond any agent's total capacity on queue {queue!r}: {gang}")
+    too_big = check_fits_one_agent(resolved.cluster, resolved.resources, {a.name: a.capacity for a in online})
+    if too_big:
+        raise LaunchValidationError(f"beyond any agent's total capacity on queue {queue!r}: {too_big}")
 
 
 def submit(client: Any, req: SubmitRequest) -> Submitted:

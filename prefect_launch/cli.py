@@ -174,7 +174,7 @@ def submit_cmd(
              "submit time) when a regular run needs it; default: the queue's setting for the priority"),
     cluster_size: Optional[int] = typer.Option(
         None, "--cluster-size", help="A cluster run of N members (main1, sub1, ...), each with the preset; "
-                                     "placed only when all N fit (gang); members get WORLD_SIZE, RANK, MASTER_ADDR, ..."),
+                                     "placed only when all N fit (all or none); members get WORLD_SIZE, RANK, MASTER_ADDR, ..."),
     cluster_mode: Optional[str] = typer.Option(
         None, "--cluster-mode", help="single-node (all members on one agent; default) or multi-node"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and show what would be submitted; create nothing."),

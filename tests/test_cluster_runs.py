@@ -3,7 +3,7 @@ member processes. One agent (3 declared GPUs) serves the three tests in turn:
 
 - a 3-member all-reduce over TCP (flows/allreduce.py) computes the right sum; each member got its own
   rank, GPU and the shared rendezvous;
-- gang placement: with room for one of two 2-member runs, the second waits with the gang reason and
+- all-or-nothing placement: with room for one of two 2-member runs, the second waits with the cluster reason and
   holds nothing (the agent shows 1 GPU free and only the first run), then runs;
 - a SIGKILLed sub member fails the run (the reason names it and its exit code), the other members are
   stopped, all capacity comes back and the next cluster run is placed; cancelling that one stops all
@@ -91,9 +91,10 @@ def test_three_members_all_reduce_to_the_right_sum(cluster_env):
 
 
 @pytest.mark.timeout(180)
-def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
-    out = cluster_env["tmp"] / "gang"
-    first = _submit(cluster_env, out, 2, hold_s=5)
+def test_cluster_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
+    out = cluster_env["tmp"] / "cluster"
+    # the first holds its GPUs 12 s: time enough, on a loaded box, to see the second wait with its reason
+    first = _submit(cluster_env, out, 2, hold_s=12)
     second = _submit(cluster_env, out, 2)
     deadline, seen, ok = time.time() + 60, None, False
     while time.time() < deadline and not ok:
@@ -103,7 +104,7 @@ def test_gang_waits_for_room_and_holds_nothing_meanwhile(cluster_env):
             state = _agent_state(cluster_env["agent"])  # published within ~1 s of a change
             seen = (reason, runs[second].state_name, state["free"]["gpu"], [r["run_id"] for r in state["runs"]])
             ok = ("nothing is held while it waits" in reason and "room for 1 member(s)" in reason
-                  and seen[1:] == ("Queued", 1, [first]))  # the spare GPU is not held by the waiting gang
+                  and seen[1:] == ("Queued", 1, [first]))  # the spare GPU is not held by the waiting cluster run
         time.sleep(0.5)
     assert ok, f"the second cluster run never waited holding nothing (reason, state, free GPUs, runs): {seen}"
     runs = {str(r.id): r for r in wait_final([first, second], timeout=150)}
@@ -134,7 +135,7 @@ def test_a_killed_member_fails_the_run_and_frees_all_capacity(cluster_env):
     assert ended and "member sub1" in ended[0]["message"], ended
     wait_agent_free(cluster_env["agent"], gpu=3)
     assert time.time() - t0 < 45
-    # the next gang is placed on the freed GPUs; cancelling it stops every member and frees them again
+    # the next cluster run is placed on the freed GPUs; cancelling it stops every member and frees them again
     nxt = _submit(cluster_env, out, 3, hold_s=120)
     members = _wait_started(out, nxt)
     from prefect import get_client

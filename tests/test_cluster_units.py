@@ -1,4 +1,4 @@
-"""Cluster runs without servers: validation, gang booking, the dispatch cycle's gang, member env,
+"""Cluster runs without servers: validation, all-or-nothing booking, the dispatch cycle's cluster runs, member env,
 and the example all-reduce over loopback."""
 
 from __future__ import annotations
@@ -53,22 +53,22 @@ def test_resolve_carries_the_cluster_and_the_run_holds_every_member():
     assert req.resources.gpu == 1 and req.held() == Resources(cpu=3, memory=3 * GIB, gpu=3)
 
 
-def test_a_gang_that_no_agent_could_ever_hold_is_refused_up_front():
+def test_a_cluster_that_no_agent_could_ever_hold_is_refused_up_front():
     c = cluster_of([({"cluster_size": 3}, "x")])
     one = Resources(cpu=1, memory=GIB, gpu=1)
     assert "needs gpu=3 (agent a has 2 in total)" in check_fits_one_agent(c, one, {"a": Resources(cpu=8, memory=8 * GIB, gpu=2)})
     assert check_fits_one_agent(c, one, {"a": Resources(cpu=8, memory=8 * GIB, gpu=4)}) is None
 
 
-def test_gang_booking_gives_each_member_its_own_gpus_and_cores_or_nothing():
+def test_cluster_booking_gives_each_member_its_own_gpus_and_cores_or_nothing():
     ledger = Ledger(Resources(cpu=4, memory=8 * GIB, gpu=3))
     member = Resources(cpu=1, memory=GIB, gpu=1)
-    a = ledger.try_allocate_gang("r1", member, 2)
+    a = ledger.try_allocate_cluster("r1", member, 2)
     assert [m.name for m in a.members] == ["main1", "sub1"]
     assert [m.gpu_indices for m in a.members] == [[0], [1]]
     assert not set(a.members[0].cpu_cores) & set(a.members[1].cpu_cores)
     assert a.resources.gpu == 2 and ledger.free().gpu == 1
-    assert ledger.try_allocate_gang("r2", member, 2) is None  # half fits: nothing is booked
+    assert ledger.try_allocate_cluster("r2", member, 2) is None  # half fits: nothing is booked
     assert [x.run_id for x in ledger.allocations()] == ["r1"] and ledger.free().gpu == 1
     ledger.release("r1")  # one release gives every member's capacity back
     assert ledger.free() == ledger.capacity
@@ -79,7 +79,7 @@ def _run(i: int, **jv):
                            expected_start_time=T0 + timedelta(seconds=i), work_queue_name="default", labels={})
 
 
-def test_dispatch_places_one_gang_and_the_other_waits_holding_nothing():
+def test_dispatch_places_one_cluster_and_the_other_waits_holding_nothing():
     ledger = Ledger(Resources(cpu=4, memory=8 * GIB, gpu=3))
     started, waiting, history = [], {}, []
 
@@ -102,7 +102,7 @@ def test_dispatch_places_one_gang_and_the_other_waits_holding_nothing():
     assert [n for n, _ in started] == ["r0"]
     assert "cluster of 2 (single-node) needs 2 x cpu=1" in waiting["r1"]
     assert "room for 1 member(s); nothing is held while it waits" in waiting["r1"]
-    assert waiting["r2"].endswith("(FIFO)")  # strict FIFO: the waiting gang is the head
+    assert waiting["r2"].endswith("(FIFO)")  # strict FIFO: the waiting cluster run is the head
     assert len(ledger.allocations()) == 1 and ledger.free().gpu == 1
     placed = next(r for r in history if r.run_id == str(runs[0].id) and r.result == "SUCCESS")
     assert "main1: gpus 0" in placed.message and "sub1: gpus 1" in placed.message
@@ -110,7 +110,7 @@ def test_dispatch_places_one_gang_and_the_other_waits_holding_nothing():
 
 def test_member_env_names_the_cluster_and_pins_each_member():
     ledger = Ledger(Resources(cpu=3, memory=8 * GIB, gpu=3))
-    alloc = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3)
+    alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3)
     port = free_port()
     envs = [member_env(alloc, m, "a1", "single-node", port) for m in alloc.members]
     assert [e["LAUNCH_CLUSTER_MEMBER"] for e in envs] == ["main1", "sub1", "sub2"]
@@ -179,19 +179,19 @@ def test_multi_node_plan_puts_main1_on_the_leader_and_spreads_the_rest():
     assert check_fits_one_agent(c, one, free) is None
 
 
-def test_gang_plan_label_round_trip_and_answers():
-    from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, answers, plan_of
+def test_cluster_plan_label_round_trip_and_answers():
+    from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key, answers, plan_of
 
-    plan = GangPlan(leader="a", port=29500, size=3, members={"main1": "a", "sub1": "b", "sub2": "c"})
+    plan = ClusterPlan(leader="a", port=29500, size=3, members={"main1": "a", "sub1": "b", "sub2": "c"})
     labels = {**plan.label(), ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"}
     assert plan_of(labels) == plan and plan.ranks_on("c") == [2] and plan.followers() == ["b", "c"]
     assert answers(labels, plan) == (["b"], {"c": "agent c has gpu=0 free"})
-    assert plan_of({"launch.gang": ""}) is None
+    assert plan_of({"launch.cluster.plan": ""}) is None
 
 
-def test_ledger_books_only_this_agents_ranks_of_a_multi_node_gang():
+def test_ledger_books_only_this_agents_ranks_of_a_multi_node_cluster():
     ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
-    a = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[2])
+    a = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[2])
     assert [(m.rank, m.name, m.gpu_indices) for m in a.members] == [(2, "sub2", [0])] and a.cluster_size == 3
     a.remote_members = {"main1": "x", "sub1": "y"}
     env = member_env(a, a.members[0], "b", "multi-node", 1234)
@@ -227,14 +227,13 @@ def _leader(answer):
             self.notes.append(kwargs.get("message") or args)
 
     ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
-    alloc = ledger.try_allocate_gang("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
+    alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
     alloc.remote_members = {"sub1": "b", "sub2": "c"}
     return Leader(), alloc
 
 
 def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(monkeypatch):
-    from prefect_launch.workers.cluster import lifecycle as cluster_lifecycle
-    from prefect_launch.workers.cluster.lifecycle import GangAborted
+    from prefect_launch.workers.cluster.lifecycle import ClusterAborted
     from prefect_launch.workers.cluster.protocol import ack_key, plan_of
 
     def all_ok(labels, reads):
@@ -242,7 +241,7 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
             labels.update({ack_key("b"): "ok", ack_key("c"): "ok"})
 
     leader, alloc = _leader(all_ok)
-    asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+    asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
     plan = plan_of(leader.client.labels)
     assert plan.members == {"main1": "a", "sub1": "b", "sub2": "c"} and plan.port == 4242
     assert any("started their members" in str(n) for n in leader.notes)
@@ -251,19 +250,19 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
         labels.update({ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"})
 
     leader, alloc = _leader(c_refuses)
-    with pytest.raises(GangAborted, match="agent c said agent c has gpu=0 free"):
-        asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+    with pytest.raises(ClusterAborted, match="agent c said agent c has gpu=0 free"):
+        asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
 
-    monkeypatch.setattr(cluster_lifecycle, "GANG_ACK_S", 0.5)
+    monkeypatch.setenv("LAUNCH_CLUSTER_ACK_SECONDS", "0.5")
     leader, alloc = _leader(lambda labels, reads: labels.update({ack_key("b"): "ok"}))
-    with pytest.raises(GangAborted, match=r"no answer from agent\(s\) c in 0.5 s"):
-        asyncio.run(leader._gather_gang(SimpleNamespace(id="r"), alloc, 4242))
+    with pytest.raises(ClusterAborted, match=r"no answer from agent\(s\) c in 0.5 s"):
+        asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
 
 
 def test_a_restarted_follower_adopts_only_live_runs_it_had_answered():
-    from prefect_launch.workers.cluster.protocol import (GangPlan, booking_key, decide_followed, run_of_booking)
+    from prefect_launch.workers.cluster.protocol import (ClusterPlan, booking_key, decide_followed, run_of_booking)
 
-    plan = GangPlan(leader="a", port=1234, size=3, members={"main1": "a", "sub1": "b", "sub2": "b"})
+    plan = ClusterPlan(leader="a", port=1234, size=3, members={"main1": "a", "sub1": "b", "sub2": "b"})
     rid = str(uuid4())
     assert run_of_booking(booking_key(rid)) == rid and run_of_booking(rid) is None
     assert decide_followed("RUNNING", plan, "b", "ok", ["sub1", "sub2"]) == ("adopt", "member(s) sub1, sub2 still running")

@@ -453,7 +453,7 @@ def test_time_chart_tooltips_match_occupancy(dashboard):
 
 def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dashboard, prefect_server, tmp_path):
     """Where reading a view takes longer than a step of the page's clock (about 1M runs; forced here with
-    LAUNCH_MONITOR_SLOW_READ_S=0 and no keeper), a visit in a new step shows the newest figures of its
+    LAUNCH_MONITOR_SLOW_READ_SECONDS=0 and no keeper), a visit in a new step shows the newest figures of its
     sidebar state at once, says when they were read, and redraws itself with the newer ones."""
     import re
 
@@ -461,7 +461,7 @@ def test_a_slow_view_shows_older_figures_with_their_age_then_updates_itself(dash
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_MONITOR_SLOW_READ_S="0")
+    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_MONITOR_SLOW_READ_SECONDS="0")
     args = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]
@@ -523,7 +523,7 @@ def test_the_open_page_comes_back_after_the_monitor_is_killed_and_restarted(dash
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_MONITOR_SLOW_READ_S="0")
+    env = dict(os.environ, PREFECT_API_URL=prefect_server, LAUNCH_MONITOR_SLOW_READ_SECONDS="0")
     args = [sys.executable, "-m", "prefect_launch.dashboard.serve", "--server.port", str(port),
             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none"]

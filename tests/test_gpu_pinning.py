@@ -100,7 +100,7 @@ def test_a_run_without_gpus_sees_none(ledger):
 
 def test_each_cluster_member_computes_on_its_own_gpus(fake, ledger):
     uuids = gpu_uuids(fake)
-    alloc = ledger.try_allocate_gang("c", Resources(cpu=1, memory=1 << 30, gpu=2), size=2)
+    alloc = ledger.try_allocate_cluster("c", Resources(cpu=1, memory=1 << 30, gpu=2), size=2)
     seen = {}
     for m in alloc.members:
         env = member_env(alloc, m, "agent-1", "single-node", 29500)
@@ -137,7 +137,7 @@ def test_without_uuids_a_container_is_pinned_by_index_and_its_own_ordinals():
 
 def test_a_cluster_member_container_is_given_its_gpus_by_uuid(fake, ledger):
     uuids = gpu_uuids(fake)
-    alloc = ledger.try_allocate_gang("g", Resources(cpu=1, memory=1 << 30, gpu=1), size=3)
+    alloc = ledger.try_allocate_cluster("g", Resources(cpu=1, memory=1 << 30, gpu=1), size=3)
     main = {"image": "img", "environment": {}, "device_requests": ["main1's"], "labels": {}}
     for m in alloc.members[1:]:
         env = member_env(alloc, m, "agent-1", "single-node", 29500)

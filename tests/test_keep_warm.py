@@ -227,8 +227,8 @@ def test_a_visit_shows_the_newest_page_of_its_sidebar_state_while_its_view_is_re
     assert not stale and page.view.now == nxt.until
     monkeypatch.setattr(P, "_read", read)
     P._remember(nxt, _page(nxt.until))
-    # too old to show (past STALE_MAX_S): the visit waits for its own read
-    far = later.until + dt.timedelta(seconds=P.STALE_MAX_S + 60)
+    # too old to show (past stale_max_s()): the visit waits for its own read
+    far = later.until + dt.timedelta(seconds=P.stale_max_s() + 60)
     page3, stale3 = P.get_or_newest(S.default_spec(far), now=far)
     assert not stale3 and page3.view.now == S.default_spec(far).until
     P.clear()

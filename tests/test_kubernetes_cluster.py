@@ -112,7 +112,7 @@ def test_every_preset_renders_a_valid_indexed_job_and_headless_service(label, re
 def test_member_env_has_the_process_back_ends_names():
     """The same variables as a process-queue member (names and the shared values), so launchers work unchanged."""
     ledger = Ledger(Resources(cpu=4, memory=8 << 30, gpu=2))
-    alloc = ledger.try_allocate_gang("r", Resources(cpu=1, memory=1 << 30, gpu=1), 2)
+    alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=1 << 30, gpu=1), 2)
     proc = member_env(alloc, alloc.members[1], "a1", "multi-node", 29500)
     c = ClusterJob(run_id=RUN, job_name="job-x", size=2, mode="multi-node")
     kube = {e["name"]: e for e in render_cluster(_single(Resources(cpu=1, memory=1 << 30)), c).job

@@ -75,7 +75,7 @@ def _meter_group() -> Path | None:
     """A plain memory group (no limit) the test puts a job in to read the kernel's own figures."""
     if not CGROUPS:
         return None
-    path = L.CGROUP_MEMORY_ROOT / "prefect-launch-test" / uuid4().hex[:12]
+    path = L.cgroup_memory_root() / "prefect-launch-test" / uuid4().hex[:12]
     path.mkdir(parents=True)
     return path
 
@@ -167,7 +167,7 @@ def test_forked_workers_over_the_limit_are_stopped_with_the_reason(use_cgroup: b
         assert "stopped by the agent" in r["reason"]
         used = parse_size(r["reason"].split("the run used ")[1].split(" ")[0])
         assert limit < used < 900 * MiB < r["rss_sum"]  # counted once: the RSS sum said ~1.4Gi
-    _gone(L.CGROUP_MEMORY_ROOT / "prefect-launch" / r["run_id"])
+    _gone(L.cgroup_memory_root() / "prefect-launch" / r["run_id"])
 
 
 def _gone(path: Path, timeout: float = 5.0) -> None:

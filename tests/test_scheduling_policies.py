@@ -1,4 +1,4 @@
-"""Pure rules of issue 12: preemption victims, fair share and quotas, gang placement. No servers."""
+"""Pure rules of issue 12: preemption victims, fair share and quotas, all-or-nothing placement. No servers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from prefect_launch.workers.scheduling.fair_share import Quota, dominant_share, drf_order, over_quota
-from prefect_launch.workers.cluster.fit import gang_plan, member_names
+from prefect_launch.workers.cluster.fit import cluster_plan, member_names
 from prefect_launch.workers.scheduling.preemption import Holder, choose_victims
 from prefect_launch.workers.scheduling.resources import Resources
 
@@ -88,32 +88,32 @@ def test_quota_reason():
     assert over_quota(R(0, 0, 9), R(1, GI, 1), None, "x") is None
 
 
-# ------------------------------------------------------------------ gang
+# --------------------------------------------------------- all or nothing
 def test_single_node_all_or_nothing():
     free = {"a1": R(4, 8 * GI, 2), "a2": R(4, 8 * GI, 1)}
-    p = gang_plan(2, R(1, GI, 1), free, "single-node")
+    p = cluster_plan(2, R(1, GI, 1), free, "single-node")
     assert [(m.name, m.agent, m.rank) for m in p.members] == [("main1", "a1", 0), ("sub1", "a1", 1)]
-    p = gang_plan(3, R(1, GI, 1), free, "single-node")  # 3 GPUs exist, but not on one agent
+    p = cluster_plan(3, R(1, GI, 1), free, "single-node")  # 3 GPUs exist, but not on one agent
     assert not p.placed and "single-node" in p.reason and "2 member" in p.reason
 
 
 def test_multi_node_spreads_and_waits_whole():
     free = {"a1": R(4, 8 * GI, 2), "a2": R(4, 8 * GI, 2)}
-    p = gang_plan(3, R(1, GI, 1), free, "multi-node")
+    p = cluster_plan(3, R(1, GI, 1), free, "multi-node")
     agents = [m.agent for m in p.members]
     assert sorted(set(agents)) == ["a1", "a2"] and len(agents) == 3
-    p = gang_plan(5, R(1, GI, 1), free, "multi-node")
+    p = cluster_plan(5, R(1, GI, 1), free, "multi-node")
     assert not p.placed and "fit 4 member" in p.reason
     assert member_names(3) == ["main1", "sub1", "sub2"]
 
 
-def test_two_half_size_gangs_do_not_deadlock():
+def test_two_half_size_clusters_do_not_deadlock():
     """Room for one of two 2-member runs: the first is placed whole, the second waits holding nothing."""
     free = {"a1": R(4, 8 * GI, 2)}
-    first = gang_plan(2, R(1, GI, 1), free, "single-node")
+    first = cluster_plan(2, R(1, GI, 1), free, "single-node")
     assert first.placed
     after = {"a1": R(2, 6 * GI, 0)}
-    second = gang_plan(2, R(1, GI, 1), after, "single-node")
+    second = cluster_plan(2, R(1, GI, 1), after, "single-node")
     assert not second.placed and second.members == []
 
 

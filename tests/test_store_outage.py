@@ -179,7 +179,7 @@ def test_store_down_mid_run_end_to_end(tmp_path: Path, unique_name: str, private
     monkeypatch.setenv("LAUNCH_METRICS_BLOCK", block)
     monkeypatch.setenv("LAUNCH_SAMPLE_INTERVAL", "0.2")
     monkeypatch.setenv("LAUNCH_METRICS_BUFFER", "15")
-    monkeypatch.setenv("LAUNCH_METRICS_RETRY_MAX_S", "0.5")
+    monkeypatch.setenv("LAUNCH_METRICS_RETRY_MAX_SECONDS", "0.5")
     q = apply_queue(tmp_path, {"name": f"outage-{unique_name}", "presets": {"small": {"cpu": 1, "memory": "1Gi"}},
                                "default_preset": "small"})
     job = deploy_probe(q, f"probe-{unique_name}")

@@ -376,7 +376,7 @@ class LaunchWorkerCore(QueueIntake):
         """Pinning (GPUs, threads, the allocation), secrets read now, and heartbeats for the zombie automation."""
         env = run_environment(alloc, self.name)
         if alloc.preemptible:  # the job may checkpoint between SIGTERM and the kill
-            env.update(LAUNCH_PREEMPTIBLE="1", LAUNCH_PREEMPT_GRACE_S=f"{self.queue_spec().preempt_grace_s:g}",
+            env.update(LAUNCH_PREEMPTIBLE="1", LAUNCH_PREEMPT_GRACE_SECONDS=f"{self.queue_spec().preempt_grace_s:g}",
                        LAUNCH_PREEMPT_DEADLINE_FILE=str(preempt_deadline_file(alloc.run_id)))
         env.update(await resolve_secret_env({"secret_env": secret_env}))
         # Prefect's minimum; the zombie automation waits 3x

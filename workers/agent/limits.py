@@ -34,9 +34,15 @@ from typing import Iterable, Optional
 import psutil
 
 from prefect_launch.workers.scheduling.ledger import Allocation
+from prefect_launch.settings import env_text
 from prefect_launch.workers.scheduling.resources import format_size
 
-CGROUP_MEMORY_ROOT = Path(os.environ.get("LAUNCH_CGROUP_MEMORY_ROOT", "/sys/fs/cgroup/memory"))
+
+def cgroup_memory_root() -> Path:
+    """Root of the cgroup v1 memory hierarchy (LAUNCH_CGROUP_MEMORY_ROOT, read when used)."""
+    return Path(env_text("LAUNCH_CGROUP_MEMORY_ROOT", "/sys/fs/cgroup/memory"))
+
+
 logger = logging.getLogger("prefect_launch.limits")
 
 
@@ -115,11 +121,11 @@ class MemoryGroup:
 
     @staticmethod
     def path_for(run_id: str) -> Path:
-        return CGROUP_MEMORY_ROOT / "prefect-launch" / str(run_id)
+        return cgroup_memory_root() / "prefect-launch" / str(run_id)
 
     @classmethod
     def create(cls, run_id: str, limit_bytes: int) -> Optional["MemoryGroup"]:
-        base = CGROUP_MEMORY_ROOT / "prefect-launch"
+        base = cgroup_memory_root() / "prefect-launch"
         try:
             base.mkdir(exist_ok=True)
             path = base / str(run_id)

@@ -135,7 +135,7 @@ async def gather(client: Any, agent: str, pools: list[str], journal: RunJournal)
                                                 FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName)
     from prefect.client.schemas.objects import StateType
 
-    # a multi-node follower's member bookings are recovered by `gang_follow` (they are not runs it leads)
+    # a multi-node follower's member bookings are recovered by `cluster/follow.py` (they are not runs it leads)
     entries: dict[str, JournalEntry] = {e.run_id: e for e in journal.entries() if run_of_booking(e.run_id) is None}
     live = await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(

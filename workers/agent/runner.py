@@ -16,10 +16,9 @@ from typing import Optional
 import anyio
 
 from prefect_launch.workers.agent.context import AgentContext
+from prefect_launch.settings import env_seconds
 from prefect_launch.workers.scheduling.resources import detect_capacity
 
-# a stopping agent waits this long for ends to be recorded while its server answers (a slow server is not cut)
-ENDING_WAIT_S = float(os.environ.get("LAUNCH_ENDING_WAIT_SECONDS", "120"))
 PROBE_EVERY_S = 2.0
 DELIVER_S = 5.0  # at exit: how long Prefect's event and log workers get to deliver what they hold
 
@@ -129,7 +128,9 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
         """Runs that ended have their end recorded on the server before the agent goes, however slow the
         server is while it answers; a server that does not answer (an outage) must not keep a stopping
         agent alive, so the agent then says so and goes at once."""
-        deadline = time.monotonic() + ENDING_WAIT_S
+        # how long ends may take to be recorded while the server answers (a slow server is not cut)
+        ending_wait_s = env_seconds("LAUNCH_ENDING_WAIT_SECONDS", 120)
+        deadline = time.monotonic() + ending_wait_s
         answers = True
         while held() and time.monotonic() < deadline:
             answers = await _server_answers()
@@ -143,7 +144,7 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
             return
         if started is not None and not answers:
             started["server_gone"] = True
-        why = "does not answer" if not answers else f"answers but did not take them within {ENDING_WAIT_S:g} s"
+        why = "does not answer" if not answers else f"answers but did not take them within {ending_wait_s:g} s"
         print(f"agent {name!r}: the end of {len(pending)} run(s) ({', '.join(pending)}) is not recorded: the "
               f"Prefect server at {os.environ.get('PREFECT_API_URL')} {why}; stopping anyway "
               "(their capacity is free and their metrics are kept; a run the server still shows running is marked "

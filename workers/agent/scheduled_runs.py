@@ -12,7 +12,6 @@ endpoint instead.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
@@ -30,12 +29,14 @@ from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.responses import WorkerFlowRunResponse
 from prefect.client.schemas.sorting import FlowRunSort
 
+from prefect_launch.settings import env_int
+
 
 # How many due runs of each priority level an agent plans per cycle (the oldest). A cycle starts far fewer;
 # reading every waiting run of a deep queue on each wake-up (every event, every 2 s, every agent) kept a
 # SQLite-backed server busy serializing them: 300 waiting runs and 3 agents cut placements to a third.
 # Runs further back wait with no label of their own until they come within the window.
-DUE_WINDOW = int(os.environ.get("LAUNCH_DUE_WINDOW", "50"))
+DUE_WINDOW_DEFAULT = 50  # LAUNCH_DUE_WINDOW, read per call
 
 
 def needs_server_limits(pool: Any, queues: Iterable[Any]) -> bool:
@@ -65,12 +66,14 @@ def due_runs(runs: Iterable[Any], pool_id: Any, queues: dict[str, Any]) -> list[
 
 
 async def read_due_runs(client: Any, pool: Any, work_queue_names: Optional[Iterable[str]],
-                        scheduled_before: datetime, limit: int = DUE_WINDOW,
+                        scheduled_before: datetime, limit: Optional[int] = None,
                         queues: Optional[list[Any]] = None) -> Optional[list[WorkerFlowRunResponse]]:
     """The pool's due runs by a read: the oldest ``limit`` of each priority level (work queue), so a late
     ``critical`` run is seen however many older ``low`` ones wait; None when only Prefect's own poll gives
     the right answer. ``queues``: the pool's work queues when the caller read them lately (paused or
     limited queues then count from that read)."""
+    if limit is None:
+        limit = env_int("LAUNCH_DUE_WINDOW", DUE_WINDOW_DEFAULT)
     if queues is None:
         queues = await client.read_work_queues(work_pool_name=pool.name)
     if getattr(pool, "is_paused", False):

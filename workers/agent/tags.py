@@ -4,7 +4,7 @@ Tags (written by `submit`): ``launch``, ``owner:<user>``, ``preset:<name>``.
 Flow-run labels (written by the agent): ``launch.waiting`` (why a run waits),
 ``launch.placement`` (where it runs, for people), ``launch.alloc`` (the same for
 machines: enough to rebuild the ledger after a restart), ``launch.idle`` (the live state
-of the run's idle checks, JSON), ``launch.gang`` / ``launch.gang.ack.<agent>`` (a multi-node
+of the run's idle checks, JSON), ``launch.cluster.plan`` / ``launch.cluster.ack.<agent>`` (a multi-node
 cluster run's plan and each member agent's answer). Container labels: the
 run id, so a restarted agent finds its live containers. The CLI, the agent, the
 metrics store and the monitor import these names so the convention cannot drift.
@@ -22,8 +22,8 @@ WAIT_LABEL = "launch.waiting"
 PLACED_LABEL = "launch.placement"
 ALLOC_LABEL = "launch.alloc"
 IDLE_LABEL = "launch.idle"
-GANG_LABEL = "launch.gang"  # multi-node cluster run: the leader's plan (JSON), read by the other members' agents
-GANG_ACK_LABEL = "launch.gang.ack."  # + agent name: "ok" once it booked and started its members, or "no: why"
+CLUSTER_PLAN_LABEL = "launch.cluster.plan"  # multi-node cluster run: the leader's plan (JSON), read by the other members' agents
+CLUSTER_ACK_LABEL = "launch.cluster.ack."  # + agent name: "ok" once it booked and started its members, or "no: why"
 WORKER_LABEL = "prefect.worker.name"  # Prefect's own label: the worker that claimed the run
 
 RUN_ID_LABEL = "io.prefect-launch.run-id"  # on containers and pods: the flow run they execute

@@ -26,7 +26,7 @@ from pydantic import Field, PrivateAttr
 from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration, DockerWorkerResult
 
 from prefect_launch.workers.cluster.docker import MEMBER_LABEL, ClusterContainers, adopt_member_containers
-from prefect_launch.workers.cluster.lifecycle import CLUSTER_STOP_GRACE_S, ClusterRunMixin
+from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, cluster_stop_grace_s
 from prefect_launch.workers.backends.container_engine import COMMAND as ENGINE_COMMAND
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
@@ -128,7 +128,7 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
 
 class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
     type = "launch-docker"
-    follows_gangs = True  # hosts its members of other agents' multi-node runs, as containers
+    follows_clusters = True  # hosts its members of other agents' multi-node runs, as containers
     job_configuration = LaunchDockerJobConfiguration
     _description = (
         "Resource-aware Docker worker of prefect-launch: claims runs only when they fit, runs each in a "
@@ -303,7 +303,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
                 await anyio.to_thread.run_sync(self._warm.close)
         await super().teardown(*exc_info)
 
-    # ------------------------------------------------ cluster runs (single-node; multi-node: see gang_follow)
+    # ------------------------------------------------ cluster runs (single-node; multi-node: see cluster/follow.py)
     def _member_base_env(self, configuration: LaunchDockerJobConfiguration) -> dict[str, str]:
         """A member container's environment starts from the run's only (the agent's PATH is not the image's)."""
         return {k: v for k, v in configuration.env.items() if v is not None}
@@ -454,7 +454,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
     async def _adopted_end(self, run_id: str, handle: RunHandle, limits: Any) -> Optional[str]:
         procs = self._adopted_members().pop(run_id, None)  # a re-adopted cluster run: its members end with main1
         if procs is not None:
-            await procs.stop(CLUSTER_STOP_GRACE_S)
+            await procs.stop(cluster_stop_grace_s())
             await anyio.to_thread.run_sync(procs.remove)
         alloc = self.ledger.get(run_id)
         if alloc is None or not handle.container:

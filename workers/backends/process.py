@@ -29,7 +29,7 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
-from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, GangAborted
+from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, ClusterAborted
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.agent.limits import RunLimits, kill_tree
@@ -123,9 +123,9 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
         if alloc.members:
             try:
                 cluster = await self._start_cluster(flow_run, alloc, configuration)
-            except GangAborted as exc:  # multi-node: another agent refused; back to the queue, nothing held
-                await self._requeue_gang(flow_run, str(exc))
-                return ProcessWorkerResult(status_code=0, identifier="gang-incomplete")
+            except ClusterAborted as exc:  # multi-node: another agent refused; back to the queue, nothing held
+                await self._requeue_cluster(flow_run, str(exc))
+                return ProcessWorkerResult(status_code=0, identifier="cluster-incomplete")
         limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
 
         def on_pid(pid: Any) -> None:

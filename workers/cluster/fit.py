@@ -1,4 +1,4 @@
-"""Gang placement of cluster runs: every member gets its resources, or none does.
+"""All-or-nothing placement of cluster runs: every member gets its resources, or none does.
 
 Pure. A cluster run of N members, each with the run's preset, is placed only
 when all N fit at once (Backend.AI cluster mode, Kueue's all-or-nothing
@@ -27,7 +27,7 @@ class Member(BaseModel):
     agent: str
 
 
-class GangPlan(BaseModel):
+class ClusterPlan(BaseModel):
     members: list[Member] = Field(default_factory=list)
     reason: str = ""
 
@@ -49,20 +49,20 @@ def _minus(a: Resources, b: Resources) -> Resources:
     return Resources(cpu=max(0.0, round(a.cpu - b.cpu, 6)), memory=max(0, a.memory - b.memory), gpu=max(0, a.gpu - b.gpu))
 
 
-def gang_plan(size: int, request: Resources, free: dict[str, Resources], mode: ClusterMode = "single-node") -> GangPlan:
+def cluster_plan(size: int, request: Resources, free: dict[str, Resources], mode: ClusterMode = "single-node") -> ClusterPlan:
     """Where each of ``size`` members goes, given each agent's free capacity; no members when it cannot."""
     if size < 1:
-        return GangPlan(reason="cluster size must be at least 1")
+        return ClusterPlan(reason="cluster size must be at least 1")
     names = member_names(size)
     agents = sorted(free)  # stable order: same inputs, same plan
     if mode == "single-node":
         whole = _times(request, size)
         for a in agents:
             if whole.fits(free[a]):
-                return GangPlan(members=[Member(rank=i, name=names[i], agent=a) for i in range(size)])
+                return ClusterPlan(members=[Member(rank=i, name=names[i], agent=a) for i in range(size)])
         best = max(agents, key=lambda a: _fit_count(request, free[a]), default=None)
         have = _fit_count(request, free[best]) if best else 0
-        return GangPlan(reason=f"waiting: cluster of {size} (single-node) needs {whole.describe()} on one agent; "
+        return ClusterPlan(reason=f"waiting: cluster of {size} (single-node) needs {whole.describe()} on one agent; "
                                f"the most any agent fits now is {have} member(s)")
     room = {a: free[a] for a in agents}
     placed: list[str] = []
@@ -71,12 +71,12 @@ def gang_plan(size: int, request: Resources, free: dict[str, Resources], mode: C
         fits = [a for a in agents if request.fits(room[a])]
         if not fits:
             total = sum(_fit_count(request, free[a]) for a in agents)
-            return GangPlan(reason=f"waiting: cluster of {size} (multi-node) needs {size} x {request.describe()}; "
+            return ClusterPlan(reason=f"waiting: cluster of {size} (multi-node) needs {size} x {request.describe()}; "
                                    f"the queue's agents fit {total} member(s) now (nothing is held while it waits)")
         a = min(fits, key=lambda x: (placed.count(x), -_fit_count(request, room[x]), x))
         room[a] = _minus(room[a], request)
         placed.append(a)
-    return GangPlan(members=[Member(rank=i, name=names[i], agent=placed[i]) for i in range(size)])
+    return ClusterPlan(members=[Member(rank=i, name=names[i], agent=placed[i]) for i in range(size)])
 
 
 def fit_count(request: Resources, free: Resources) -> int:

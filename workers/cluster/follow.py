@@ -1,9 +1,9 @@
 """The other agents of a multi-node cluster run: book, start and watch the members the leader asked for.
 
 Mixed into the process and docker workers (after `ClusterRunMixin`); the docker worker starts its
-members as containers (`_follower_members`, `_adopt_followed_members`). Every ``LAUNCH_GANG_POLL_SECONDS`` the
-agent reads its queue's Pending runs; one whose ``launch.gang`` plan names it gets its answer
-(`gang_protocol`): its members booked in this agent's ledger and started (``ok``), or why not
+members as containers (`_follower_members`, `_adopt_followed_members`). Every ``LAUNCH_CLUSTER_POLL_SECONDS`` the
+agent reads its queue's Pending runs; one whose ``launch.cluster.plan`` plan names it gets its answer
+(`cluster/protocol.py`): its members booked in this agent's ledger and started (``ok``), or why not
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
 (the leader stops main1 when it sees that), the run back in its queue (the leader gave up) or
 ended stops them (after the drain when the run completed), and its capacity goes back.
@@ -24,29 +24,30 @@ from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster.env import member_env
 from prefect_launch.workers.cluster.process import ClusterProcesses, adopt_members, describe_exit
-from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, booking_key, decide_followed, plan_of, run_of_booking
+from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key, booking_key, decide_followed, plan_of, run_of_booking
 from prefect_launch.workers.scheduling.resolve import resolve_request
 from prefect_launch.workers.agent.tags import OWNER, tag_value
+
+from prefect_launch.settings import env_seconds
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-GANG_POLL_S = float(os.environ.get("LAUNCH_GANG_POLL_SECONDS", "2"))  # like the dispatch poll
 
 
-class GangFollowerMixin:
-    follows_gangs = True  # hosts members of other agents' multi-node runs (back ends with multi-node support)
+class ClusterFollowerMixin:
+    follows_clusters = True  # hosts members of other agents' multi-node runs (back ends with multi-node support)
 
     async def sync_with_backend(self) -> None:
         await super().sync_with_backend()
-        if self.follows_gangs and self._work_pool is not None and self._runs_task_group is not None \
-                and not getattr(self, "_gang_follow_started", False):
-            self._gang_follow_started = True
+        if self.follows_clusters and self._work_pool is not None and self._runs_task_group is not None \
+                and not getattr(self, "_cluster_follow_started", False):
+            self._cluster_follow_started = True
             if not hasattr(self, "_followed"):  # recovery (inside the call above) may have filled it
                 self._followed: dict[Any, ClusterProcesses] = {}
             scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
             self._scheduled_task_scopes.add(scope)
-            self._runs_task_group.start_soon(self._in_scope, scope, self._gang_follow_loop)
+            self._runs_task_group.start_soon(self._in_scope, scope, self._cluster_follow_loop)
 
     async def _recover(self) -> None:
         """Before anything is placed: the members this agent followed in its previous life, then its own runs."""
@@ -93,7 +94,7 @@ class GangFollowerMixin:
             self._note(fr.id, "start", "SUCCESS", message=f"agent {self.name} re-adopted its cluster members "
                                                            f"{', '.join(m.name for m in members)} after a restart "
                                                            f"(their capacity is held again): {why}")
-            self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+            self._runs_task_group.start_soon(self._follow_cluster, fr, plan, procs)
 
     # ------------------------------------------------ what differs per back end (processes here)
     def _adopt_followed_members(self, run_id: str, members: list, log_of) -> ClusterProcesses:
@@ -114,18 +115,18 @@ class GangFollowerMixin:
         on the leader's host and on followers' alike."""
         return self.journal.dir / f"{run_id}.{member}.log"
 
-    async def _gang_follow_loop(self) -> None:
+    async def _cluster_follow_loop(self) -> None:
         await self.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
         while True:
-            await asyncio.sleep(GANG_POLL_S)
+            await asyncio.sleep(env_seconds("LAUNCH_CLUSTER_POLL_SECONDS", 2))  # like the dispatch poll
             if self.agent.draining:
                 continue
             try:
-                await self._gang_follow_once()
+                await self._cluster_follow_once()
             except Exception as exc:
                 self._logger.debug("multi-node follow: %s", exc)
 
-    async def _gang_follow_once(self) -> None:
+    async def _cluster_follow_once(self) -> None:
         from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                     WorkPoolFilter, WorkPoolFilterName)
 
@@ -137,9 +138,9 @@ class GangFollowerMixin:
             if plan is None or self.name not in plan.followers() or fr.id in self._followed \
                     or (fr.labels or {}).get(ack_key(self.name)):
                 continue
-            await self._join_gang(fr, plan)
+            await self._join_cluster(fr, plan)
 
-    async def _join_gang(self, fr: "FlowRun", plan: GangPlan) -> None:
+    async def _join_cluster(self, fr: "FlowRun", plan: ClusterPlan) -> None:
         """Book this agent's members of ``fr`` and start them, or say why not."""
         run_id = str(fr.id)
         ranks = plan.ranks_on(self.name)
@@ -150,7 +151,7 @@ class GangFollowerMixin:
             await self._answer(fr, f"no: {exc}")
             return
         async with self.agent.plan_lock:
-            alloc = self.ledger.try_allocate_gang(booking_key(run_id), req.resources, plan.size,
+            alloc = self.ledger.try_allocate_cluster(booking_key(run_id), req.resources, plan.size,
                                                   queue=self._work_pool_name,
                                                   preset=req.preset, owner=tag_value(fr.tags, OWNER), ranks=ranks)
         if alloc is None:
@@ -182,17 +183,17 @@ class GangFollowerMixin:
                            + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs)
                            + f" of the run led by agent {plan.leader}")
         await self._answer(fr, "ok")
-        self._runs_task_group.start_soon(self._follow_gang, fr, plan, procs)
+        self._runs_task_group.start_soon(self._follow_cluster, fr, plan, procs)
 
     async def _answer(self, fr: "FlowRun", value: str) -> None:
         try:
             await self.client.update_flow_run_labels(fr.id, {ack_key(self.name): value})
         except Exception as exc:
-            self._logger.warning("could not answer the gang of run %s: %s", fr.id, exc)
+            self._logger.warning("could not answer the cluster of run %s: %s", fr.id, exc)
 
-    async def _follow_gang(self, fr: "FlowRun", plan: GangPlan, procs: ClusterProcesses) -> None:
+    async def _follow_cluster(self, fr: "FlowRun", plan: ClusterPlan, procs: ClusterProcesses) -> None:
         """Until the run ends (or goes back to its queue): fail it when a member here fails; stop them then."""
-        from prefect_launch.workers.cluster.lifecycle import CLUSTER_DRAIN_S, CLUSTER_STOP_GRACE_S
+        from prefect_launch.workers.cluster.lifecycle import cluster_drain_s, cluster_stop_grace_s
 
         run_id = str(fr.id)
         failed_here = False
@@ -208,7 +209,7 @@ class GangFollowerMixin:
                 if bad is not None and not (state and state.is_final()):
                     reason = (f"cluster-member-failed: member {bad[0]} exited with {describe_exit(bad[1])} on agent "
                               f"{self.name}; the run's agents stopped the other members")
-                    await self._fail_gang(fr, reason)
+                    await self._fail_cluster(fr, reason)
                     failed_here = True
                     break
                 if state is None:
@@ -218,17 +219,17 @@ class GangFollowerMixin:
                 if state.is_final():
                     if state.is_completed() and procs.failed is None:
                         late = None
-                        if not await procs.wait(CLUSTER_DRAIN_S):
+                        if not await procs.wait(cluster_drain_s()):
                             late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} on "
-                                    f"agent {self.name} still ran {CLUSTER_DRAIN_S:g} s after main1 ended; stopped")
+                                    f"agent {self.name} still ran {cluster_drain_s():g} s after main1 ended; stopped")
                         elif procs.first_failure() is not None:
                             name, code = procs.first_failure()
                             late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.name}"
                         if late:
-                            await self._fail_gang(fr, late)
+                            await self._fail_cluster(fr, late)
                             failed_here = True
                     break
-            await procs.stop(CLUSTER_STOP_GRACE_S)
+            await procs.stop(cluster_stop_grace_s())
         finally:
             for s in procs.alive():  # cancelled mid-stop (agent shutting down): no member is left behind
                 s.proc.kill()
@@ -244,7 +245,7 @@ class GangFollowerMixin:
             self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
                                                               "released their capacity")
 
-    async def _fail_gang(self, fr: "FlowRun", reason: str) -> None:
+    async def _fail_cluster(self, fr: "FlowRun", reason: str) -> None:
         self._note(fr.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
                    to_state="FAILED", message=reason)
         try:

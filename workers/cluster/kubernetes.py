@@ -16,7 +16,7 @@ cluster that has indexed Jobs (any pod failure fails the whole Job and the contr
 pods); the ``podFailurePolicy`` (``FailJob`` on a non-zero exit or a disruption) only makes it immediate
 and names the failing pod in the Job's condition. ``backoffLimitPerIndex`` / ``maxFailedIndexes: 0`` are
 not used: they need a newer API (beta until 1.33), an API server without them drops them silently, and
-they would let the other members run on after one failed index, which a gang does not want.
+they would let the other members run on after one failed index, which a cluster run does not want.
 
 Members get the variables of the process back end (`cluster_env.cluster_variables`): the per-member
 ones (rank) come from the completion index by ``fieldRef``, the rest are the same for every member; the

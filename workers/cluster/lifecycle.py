@@ -21,36 +21,50 @@ from prefect.states import Failed, StateType
 from prefect_launch.workers.cluster.env import free_port, member_env
 from prefect_launch.workers.cluster.process import (ClusterProcesses, adopt_members, describe_exit, find_members,
                                                      pin_cores, stop_found)
-from prefect_launch.workers.cluster.follow import GangFollowerMixin
-from prefect_launch.workers.cluster.protocol import GangPlan, ack_key, answers
+from prefect_launch.workers.cluster.follow import ClusterFollowerMixin
+from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key, answers
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.queued_state import queued
-from prefect_launch.workers.agent.tags import GANG_LABEL, WAIT_LABEL
+from prefect_launch.workers.agent.tags import CLUSTER_PLAN_LABEL, WAIT_LABEL
+
+from prefect_launch.settings import env_seconds
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-CLUSTER_STOP_GRACE_S = float(os.environ.get("LAUNCH_CLUSTER_STOP_GRACE_SECONDS", "5"))
-CLUSTER_DRAIN_S = float(os.environ.get("LAUNCH_CLUSTER_DRAIN_SECONDS", "30"))  # subs may end after main1
-GANG_ACK_S = float(os.environ.get("LAUNCH_GANG_ACK_SECONDS", "30"))  # multi-node: other agents' answers
 
 
-class GangAborted(Exception):
+def cluster_stop_grace_s() -> float:
+    """SIGTERM -> SIGKILL grace when sub members are stopped (LAUNCH_CLUSTER_STOP_GRACE_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_STOP_GRACE_SECONDS", 5)
+
+
+def cluster_drain_s() -> float:
+    """How long sub members may run on after main1 ended (LAUNCH_CLUSTER_DRAIN_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_DRAIN_SECONDS", 30)
+
+
+def cluster_ack_s() -> float:
+    """Multi-node: how long the leader waits for the other agents' answers (LAUNCH_CLUSTER_ACK_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_ACK_SECONDS", 30)
+
+
+class ClusterAborted(Exception):
     """Another agent of a multi-node run refused (or did not answer): the run goes back to its queue."""
 
 
-class ClusterRunMixin(GangFollowerMixin):
+class ClusterRunMixin(ClusterFollowerMixin):
     """Needs the `LaunchWorkerCore` attributes (journal, _handles, _requests, _stop_run, _note, ...)."""
 
     async def _start_cluster(self, flow_run: "FlowRun", alloc: Allocation, configuration: Any) -> ClusterProcesses:
         """Start this agent's sub members now (multi-node: once every other agent started its own);
-        give main1's env to the engine's configuration. Raises `GangAborted` when another agent refused."""
+        give main1's env to the engine's configuration. Raises `ClusterAborted` when another agent refused."""
         request = self._active.get(flow_run.id).request
         mode = request.cluster.mode if request is not None else "single-node"
         port = free_port()
         if alloc.remote_members:
             mode = "multi-node"
-            await self._gather_gang(flow_run, alloc, port)
+            await self._gather_cluster(flow_run, alloc, port)
         base = self._member_base_env(configuration)
         configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
         procs = self._new_cluster(flow_run, configuration)
@@ -78,41 +92,41 @@ class ClusterRunMixin(GangFollowerMixin):
         """The back end's holder of a run's sub members (the docker worker starts containers instead)."""
         return ClusterProcesses(run_id=str(flow_run.id))
 
-    async def _gather_gang(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
+    async def _gather_cluster(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
         """Leader of a multi-node run: publish the plan, wait until every other agent booked and started
-        its members (`gang_protocol`)."""
-        plan = GangPlan(leader=self.name, port=port, size=alloc.cluster_size,
+        its members (`cluster/protocol.py`)."""
+        plan = ClusterPlan(leader=self.name, port=port, size=alloc.cluster_size,
                         members={**{m.name: self.name for m in alloc.members}, **alloc.remote_members})
         await self.client.update_flow_run_labels(flow_run.id, {**plan.label(),
                                                                **{ack_key(a): "" for a in plan.followers()}})
-        deadline = time.monotonic() + GANG_ACK_S
+        deadline = time.monotonic() + cluster_ack_s()
         while True:
             labels = (await self.client.read_flow_run(flow_run.id)).labels
             ok, no = answers(labels, plan)
             if no:
-                raise GangAborted("; ".join(f"agent {a} said {why}" for a, why in no.items()))
+                raise ClusterAborted("; ".join(f"agent {a} said {why}" for a, why in no.items()))
             if len(ok) == len(plan.followers()):
                 self._note(flow_run.id, "schedule", "SUCCESS", message=f"multi-node cluster: agents "
                            f"{', '.join(ok)} started their members; main1 starts on agent {self.name}")
                 return
             if time.monotonic() > deadline:
                 missing = sorted(set(plan.followers()) - set(ok))
-                raise GangAborted(f"no answer from agent(s) {', '.join(missing)} in {GANG_ACK_S:g} s")
+                raise ClusterAborted(f"no answer from agent(s) {', '.join(missing)} in {cluster_ack_s():g} s")
             await asyncio.sleep(0.3)
 
-    async def _requeue_gang(self, flow_run: "FlowRun", why: str) -> None:
-        """The gang could not be completed: the run goes back to its queue (submit time kept), holding nothing."""
+    async def _requeue_cluster(self, flow_run: "FlowRun", why: str) -> None:
+        """The cluster could not be completed: the run goes back to its queue (submit time kept), holding nothing."""
         reason = f"waiting: cluster (multi-node) could not be placed: {why}; nothing is held while it waits"
-        self._note(flow_run.id, "schedule", "NEED_RETRY", error_code="gang-incomplete", from_state="PENDING",
+        self._note(flow_run.id, "schedule", "NEED_RETRY", error_code="cluster-incomplete", from_state="PENDING",
                    to_state="SCHEDULED", message=reason)
         try:
             await self.client.set_flow_run_state(
                 flow_run.id, queued(flow_run.expected_start_time, reason), force=True)
-            await self.client.update_flow_run_labels(flow_run.id, {GANG_LABEL: "", WAIT_LABEL: reason})
+            await self.client.update_flow_run_labels(flow_run.id, {CLUSTER_PLAN_LABEL: "", WAIT_LABEL: reason})
         except Exception as exc:
             self._logger.warning("could not put cluster run %s back in its queue: %s", flow_run.id, exc)
 
-    async def _watch_gang_state(self, flow_run: "FlowRun") -> None:
+    async def _watch_cluster_state(self, flow_run: "FlowRun") -> None:
         """Leader: a member on another agent that fails marks the run Failed; then main1 is stopped too."""
         run_id = str(flow_run.id)
         while self.ledger.get(run_id) is not None:
@@ -151,7 +165,7 @@ class ClusterRunMixin(GangFollowerMixin):
 
         self._runs_task_group.start_soon(procs.watch, on_failure)
         if alloc.remote_members:
-            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
+            self._runs_task_group.start_soon(self._watch_cluster_state, flow_run)
 
     async def _main_completed(self, flow_run: "FlowRun") -> bool:
         try:
@@ -176,7 +190,7 @@ class ClusterRunMixin(GangFollowerMixin):
             await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
         except Exception as exc:
             self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
-        await procs.stop(CLUSTER_STOP_GRACE_S)
+        await procs.stop(cluster_stop_grace_s())
         handle = self._active.get(flow_run.id).handle
         if handle is not None:
             await self._stop_run(flow_run, handle, Failed(message=reason), grace_s=0)
@@ -186,14 +200,14 @@ class ClusterRunMixin(GangFollowerMixin):
         late: Optional[str] = None
         if status_code == 0 and procs.failed is None and self._active.get(flow_run.id).end_state is None \
                 and await self._main_completed(flow_run):  # cancelled or failed: no waiting for the rest
-            if not await procs.wait(CLUSTER_DRAIN_S):
+            if not await procs.wait(cluster_drain_s()):
                 late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} still ran "
-                        f"{CLUSTER_DRAIN_S:g} s after main1 ended; agent {self.name} stopped them")
+                        f"{cluster_drain_s():g} s after main1 ended; agent {self.name} stopped them")
             else:
                 bad = procs.first_failure()
                 if bad is not None:
                     late = self._member_failure_reason(*bad)
-        await procs.stop(CLUSTER_STOP_GRACE_S)
+        await procs.stop(cluster_stop_grace_s())
         if late is not None:  # main1 reported Completed, but the run is the whole cluster
             self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-failed",
                        from_state="RUNNING", to_state="FAILED", message=late)
@@ -212,14 +226,14 @@ class ClusterRunMixin(GangFollowerMixin):
         too, should any have escaped the watch)."""
         procs = self._adopted_members().pop(run_id, None)
         if procs is not None:
-            await procs.stop(CLUSTER_STOP_GRACE_S)
+            await procs.stop(cluster_stop_grace_s())
             if procs.failed is None:
                 procs.forget_files()
         left = await asyncio.to_thread(find_members, run_id)
         if left:
             self._logger.warning("run %s: main1 ended; stopping %d sub member(s) left from before the restart",
                                  run_id, len(left))
-            await stop_found(left, CLUSTER_STOP_GRACE_S)
+            await stop_found(left, cluster_stop_grace_s())
         return await super()._adopted_end(run_id, handle, limits)
 
     def _adopted_members(self) -> dict[str, ClusterProcesses]:
@@ -254,7 +268,7 @@ class ClusterRunMixin(GangFollowerMixin):
 
         self._runs_task_group.start_soon(procs.watch, on_failure)
         if alloc.remote_members:
-            self._runs_task_group.start_soon(self._watch_gang_state, flow_run)
+            self._runs_task_group.start_soon(self._watch_cluster_state, flow_run)
 
 def _log_tail(path: Any, lines: int = 15) -> str:
     try:

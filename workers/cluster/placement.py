@@ -1,10 +1,10 @@
-"""How dispatch treats a cluster run (pure): the gang is planned as one request of all its members.
+"""How dispatch treats a cluster run (pure): the cluster is planned as one request of all its members.
 
-A single-node gang of N members fits exactly when N x the preset fits the agent's free
+A single-node cluster run of N members fits exactly when N x the preset fits the agent's free
 capacity (cpu, memory and GPU counts are interchangeable on one box), so the ordinary
 plan - priority, FIFO/backfill, quotas, preemption - sees the run as that total and the
-ledger books it in one step (`Ledger.try_allocate_gang`). Nothing is booked while it
-waits, so two gangs that could each take half never deadlock.
+ledger books it in one step (`Ledger.try_allocate_cluster`). Nothing is booked while it
+waits, so two cluster runs that could each take half never deadlock.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prefect_launch.workers.scheduling.resources import Resources
 
 
 def as_candidate(request: ResolvedRequest) -> ResolvedRequest:
-    """The request the planner sees: the whole gang's resources for a single-node cluster run; main1's for
+    """The request the planner sees: the whole cluster's resources for a single-node cluster run; main1's for
     a multi-node one (the other members' agents are asked when it is placed); else unchanged."""
     if not request.cluster.is_cluster or request.cluster.mode == "multi-node":
         return request
@@ -40,7 +40,7 @@ def members_text(alloc: Allocation) -> str:
 
 
 def multi_node_plan(size: int, member: Resources, me: str, free: dict[str, Resources]) -> tuple[dict[int, str], str]:
-    """Which agent hosts each rank of a multi-node gang that agent ``me`` leads: rank 0 (main1) on ``me``,
+    """Which agent hosts each rank of a multi-node cluster run that agent ``me`` leads: rank 0 (main1) on ``me``,
     the rest one per agent first, then on the agents with most room. ({}, reason) when it does not fit."""
     room = dict(free)
     if me not in room or not member.fits(room[me]):

@@ -2,11 +2,11 @@
 
 The agent that places the run (its Prefect claim makes it the only one) is the leader: it books its
 own members (main1 and any others it hosts), then writes the plan - which agent hosts which member,
-and the rendezvous port - as the run's ``launch.gang`` label. Each other agent named there books its
+and the rendezvous port - as the run's ``launch.cluster.plan`` label. Each other agent named there books its
 members in its own ledger and answers ``ok`` (members started) or ``no: why`` in
-``launch.gang.ack.<agent>``. The leader starts main1 only when every agent said ok; a ``no`` or no
+``launch.cluster.ack.<agent>``. The leader starts main1 only when every agent said ok; a ``no`` or no
 answer in time puts the run back in its queue (its submit time kept) and every agent gives back
-what it booked, so nothing is held while a gang waits. No service of our own: Prefect is the medium.
+what it booked, so nothing is held while a cluster run waits. No service of our own: Prefect is the medium.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.agent.tags import GANG_ACK_LABEL, GANG_LABEL
+from prefect_launch.workers.agent.tags import CLUSTER_ACK_LABEL, CLUSTER_PLAN_LABEL
 
 
-class GangPlan(BaseModel):
+class ClusterPlan(BaseModel):
     leader: str
     port: int
     size: int
     members: dict[str, str]  # member name -> agent
 
     def label(self) -> dict[str, str]:
-        return {GANG_LABEL: self.model_dump_json()}
+        return {CLUSTER_PLAN_LABEL: self.model_dump_json()}
 
     def ranks_on(self, agent: str) -> list[int]:
         from prefect_launch.workers.cluster.fit import member_names
@@ -38,21 +38,21 @@ class GangPlan(BaseModel):
         return sorted({a for a in self.members.values() if a != self.leader})
 
 
-def plan_of(labels: Optional[dict]) -> Optional[GangPlan]:
-    raw = (labels or {}).get(GANG_LABEL)
+def plan_of(labels: Optional[dict]) -> Optional[ClusterPlan]:
+    raw = (labels or {}).get(CLUSTER_PLAN_LABEL)
     if not raw:
         return None
     try:
-        return GangPlan.model_validate(json.loads(raw))
+        return ClusterPlan.model_validate(json.loads(raw))
     except (ValueError, TypeError):
         return None
 
 
 def ack_key(agent: str) -> str:
-    return GANG_ACK_LABEL + agent
+    return CLUSTER_ACK_LABEL + agent
 
 
-def answers(labels: Optional[dict], plan: GangPlan) -> tuple[list[str], dict[str, str]]:
+def answers(labels: Optional[dict], plan: ClusterPlan) -> tuple[list[str], dict[str, str]]:
     """(agents that said ok, agent -> why for those that said no)."""
     ok, no = [], {}
     for a in plan.followers():
@@ -79,7 +79,7 @@ def run_of_booking(key: str) -> Optional[str]:
     return key[: -len(BOOKING_SUFFIX)] if key.endswith(BOOKING_SUFFIX) else None
 
 
-def decide_followed(state: Optional[str], plan: Optional[GangPlan], agent: str, ack: Optional[str],
+def decide_followed(state: Optional[str], plan: Optional[ClusterPlan], agent: str, ack: Optional[str],
                     alive: list[str]) -> tuple[Literal["adopt", "stop"], str]:
     """A follower restarted: what to do with the members it had booked for a run (pure).
 

@@ -34,7 +34,7 @@ class ClusterSpec(BaseModel):
         return self.size > 1
 
     def total(self, member: Resources) -> Resources:
-        """What the whole gang holds on one agent (single-node): ``size`` x the preset."""
+        """What the whole cluster holds on one agent (single-node): ``size`` x the preset."""
         return member.times(self.size)
 
     def describe(self) -> str:
@@ -77,7 +77,7 @@ def cluster_of(layers: list[tuple[dict[str, Any], str]], target: str = "process"
 
 
 def check_fits_one_agent(cluster: ClusterSpec, member: Resources, capacities: dict[str, Resources]) -> Optional[str]:
-    """Why no agent (single-node) or no set of agents (multi-node) could ever hold the whole gang, or None
+    """Why no agent (single-node) or no set of agents (multi-node) could ever hold the whole cluster, or None
     (empty ``capacities``: unknown yet)."""
     if not cluster.is_cluster or not capacities:
         return None

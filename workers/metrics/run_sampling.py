@@ -13,22 +13,23 @@ from typing import Any, Optional
 
 from prefect_launch.blocks.metrics_records import RunRecord
 from prefect_launch.blocks.metrics_store import RunMetricsStore
+from prefect_launch.settings import env_text
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.tags import tag_value
 from prefect_launch.workers.metrics.sampler import RunSampler
 
 logger = logging.getLogger("prefect_launch.run_metrics")
-STORE_BLOCK = os.environ.get("LAUNCH_METRICS_BLOCK", "default")
 
 
 async def load_store() -> Optional[RunMetricsStore]:
     """The store block named ``LAUNCH_METRICS_BLOCK`` (default "default"), else the local default."""
     if os.environ.get("LAUNCH_METRICS", "1") == "0":
         return None
+    block = env_text("LAUNCH_METRICS_BLOCK", "default")
     try:
-        return await RunMetricsStore.aload(STORE_BLOCK)
+        return await RunMetricsStore.aload(block)
     except Exception:
-        logger.info("no %r metrics-store block; using the local SQLite default", STORE_BLOCK)
+        logger.info("no %r metrics-store block; using the local SQLite default", block)
         return RunMetricsStore()
 
 
@@ -49,14 +50,14 @@ def outage_settings() -> dict[str, Any]:
     """How a sampler rides out a metrics-store outage, from the agent's environment.
 
     ``LAUNCH_METRICS_BUFFER``: samples kept per run while the store is unreachable (default 3600;
-    older ones are dropped and counted as lost); ``LAUNCH_METRICS_RETRY_MAX_S``: the longest wait
+    older ones are dropped and counted as lost); ``LAUNCH_METRICS_RETRY_MAX_SECONDS``: the longest wait
     between two write attempts (default 60 s; backoff starts at 1 s or this, whichever is less).
     """
     out: dict[str, Any] = {}
     if os.environ.get("LAUNCH_METRICS_BUFFER"):
         out["max_buffer"] = int(os.environ["LAUNCH_METRICS_BUFFER"])
-    if os.environ.get("LAUNCH_METRICS_RETRY_MAX_S"):
-        hi = float(os.environ["LAUNCH_METRICS_RETRY_MAX_S"])
+    if os.environ.get("LAUNCH_METRICS_RETRY_MAX_SECONDS"):
+        hi = float(os.environ["LAUNCH_METRICS_RETRY_MAX_SECONDS"])
         out["retry_backoff_s"] = (min(1.0, hi), hi)
     return out
 

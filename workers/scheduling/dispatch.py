@@ -15,13 +15,13 @@ effects are the callbacks in `DispatchHooks`, so it is tested with plain fakes.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional
 from uuid import UUID
 
+from prefect_launch.settings import env_int, env_seconds
 from prefect_launch.blocks.scheduling_history import SchedulingRecord, SubStep
 from prefect_launch.workers.cluster.placement import as_candidate, members_text, multi_node_plan, waiting_reason
 from prefect_launch.workers.cluster.fit import member_names
@@ -150,7 +150,7 @@ async def dispatch_cycle(
         candidates.append(Candidate(
             run_id=rid, name=fr.name, submitted=fr.expected_start_time,
             priority_rank=priorities.get(fr.work_queue_name or "", 99), error=error,
-            request=as_candidate(request) if request is not None else None,  # a gang: all its members
+            request=as_candidate(request) if request is not None else None,  # a cluster run: all its members
             owner=tag_value(getattr(fr, "tags", None), OWNER),
         ))
     pinned_elsewhere = any(r.agent and r.agent != agent_name for r in requests.values())
@@ -194,14 +194,14 @@ async def dispatch_cycle(
                     _note(hooks, _waiting_record(decision.run_id, why, req, agent_name, steps, "wait"))
                     await hooks.wait(fr, why)
                     continue
-                alloc = ledger.try_allocate_gang(decision.run_id, req.resources, req.cluster.size, queue=queue,
+                alloc = ledger.try_allocate_cluster(decision.run_id, req.resources, req.cluster.size, queue=queue,
                                                  preset=req.preset, preemptible=req.preemptible, owner=owner,
                                                  ranks=[r for r, a in ranks.items() if a == agent_name])
                 if alloc is not None:  # the others are booked by their agents when this run starts (run())
                     names = member_names(req.cluster.size)
                     alloc.remote_members = {names[r]: a for r, a in sorted(ranks.items()) if a != agent_name}
-            elif req.cluster.is_cluster:  # every member at once, or none (gang)
-                alloc = ledger.try_allocate_gang(decision.run_id, req.resources, req.cluster.size, queue=queue,
+            elif req.cluster.is_cluster:  # every member at once, or none (all or none)
+                alloc = ledger.try_allocate_cluster(decision.run_id, req.resources, req.cluster.size, queue=queue,
                                                  preset=req.preset, preemptible=req.preemptible, owner=owner)
             else:
                 alloc = ledger.try_allocate(decision.run_id, req.resources, queue=queue, preset=req.preset,
@@ -245,7 +245,7 @@ async def dispatch_cycle(
                                           message=decision.reason, sub_steps=steps))
             await hooks.reject(fr, decision.reason)
         else:
-            if req is not None:  # a gang says so, with the room it found
+            if req is not None:  # a cluster run says so, with the room it found
                 decision = decision.model_copy(update={"reason": waiting_reason(req, agent_name, ledger.free(),
                                                                                 decision.reason)})
             out.waiting[decision.run_id] = decision.reason
@@ -322,11 +322,11 @@ async def _preempt_for_head(decisions: list[Decision], cands: dict[str, Candidat
 # over it. Agents of one queue each explain a run from their own capacity ("agent w1 has 1 free", "queued
 # behind <its own head>"); writing whenever the words differ made them overwrite each other every cycle:
 # bench/scale.py (b), 3 agents, 60 runs: 20 label writes per run on the server, ~18 of them such rewrites.
-WAIT_LABEL_HOLD_S = float(os.environ.get("LAUNCH_WAIT_LABEL_HOLD_SECONDS", "10"))
+# LAUNCH_WAIT_LABEL_HOLD_SECONDS, default 10 (read by WaitNotes)
 # Waiting-label writes per dispatch cycle (in queue order, so the runs nearest the front first); the rest
 # are written in the next cycles. A cycle awaits its label writes while it holds the plan lock: 50 fresh
 # runs used to cost 50 writes before the agent could plan again.
-WAIT_LABEL_BUDGET = int(os.environ.get("LAUNCH_WAIT_LABEL_BUDGET", "10"))
+# LAUNCH_WAIT_LABEL_BUDGET, default 10 (read by WaitNotes)
 
 
 def reason_kind(reason: str) -> str:
@@ -352,8 +352,8 @@ class WaitNotes:
 
     def __init__(self, hold_s: Optional[float] = None, budget: Optional[int] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.hold_s = WAIT_LABEL_HOLD_S if hold_s is None else hold_s
-        self.budget = WAIT_LABEL_BUDGET if budget is None else budget
+        self.hold_s = env_seconds("LAUNCH_WAIT_LABEL_HOLD_SECONDS", 10) if hold_s is None else hold_s
+        self.budget = env_int("LAUNCH_WAIT_LABEL_BUDGET", 10) if budget is None else budget
         self._clock = clock
         self._written: dict[Any, tuple[str, str]] = {}  # per run: what this agent last wrote, over what
         self._seen: dict[Any, tuple[str, float]] = {}  # the label as last read per run, and since when

@@ -90,14 +90,14 @@ class Ledger:
             self._allocs[run_id] = alloc
             return alloc
 
-    def try_allocate_gang(self, run_id: str, member: Resources, size: int, queue: str | None = None,
+    def try_allocate_cluster(self, run_id: str, member: Resources, size: int, queue: str | None = None,
                           preset: str | None = None, preemptible: bool = False,
                           owner: str | None = None, ranks: Optional[list[int]] = None) -> Optional[Allocation]:
         """Book all ``size`` members of a cluster run at once, each with its own GPUs and cores, or nothing.
 
         One allocation holds them (released together); ``members`` says which GPUs and cores each
-        member gets. Nothing is booked when the whole gang does not fit, so waiting gangs hold nothing.
-        ``ranks``: only these members of the gang live on this agent (multi-node).
+        member gets. Nothing is booked when the whole cluster does not fit, so waiting cluster runs hold nothing.
+        ``ranks``: only these members of the cluster live on this agent (multi-node).
         """
         from prefect_launch.workers.cluster.fit import member_names
 
@@ -137,7 +137,7 @@ class Ledger:
         return gpus if len(gpus) == request.gpu else None
 
     def _pick_cores(self, cpu: float, extra: Optional[dict[int, float]] = None) -> list[int]:
-        """The least loaded cores; ``extra`` is load booked in this same call (a gang's earlier members)."""
+        """The least loaded cores; ``extra`` is load booked in this same call (a cluster run's earlier members)."""
         want = max(1, math.ceil(cpu)) if cpu > 0 else 0
         load = {c: 0.0 for c in self._core_ids}
         for a in self._allocs.values():

@@ -131,7 +131,7 @@ class QueueSpec(BaseModel):
     idle: Optional[IdlePolicy] = None  # idle checks that reclaim held hardware (workers/metrics/idle_checks.py)
     # issue 12: preemptible fill, fair share and quotas between owners
     preemptible_priorities: list[str] = Field(default_factory=list)  # runs at these levels are preemptible by default
-    preempt_grace: str = "30s"  # SIGTERM -> kill; the job sees LAUNCH_PREEMPT_DEADLINE to checkpoint
+    preempt_grace: str = "30s"  # SIGTERM -> kill; the job sees LAUNCH_PREEMPT_DEADLINE_FILE to checkpoint
     fair_share: bool = False  # within a priority level, the owner holding the least goes first (DRF)
     owner_quota: Optional[QuotaSpec] = None  # most any one owner holds at once
     owner_quotas: dict[str, QuotaSpec] = Field(default_factory=dict)  # per-owner overrides

@@ -31,7 +31,7 @@ class ResolvedRequest(BaseModel):
     cluster: ClusterSpec = ClusterSpec()  # members of a cluster run; ``resources`` is per member
 
     def held(self) -> Resources:
-        """What the run holds on its agent: the whole gang for a single-node cluster run."""
+        """What the run holds on its agent: the whole cluster for a single-node cluster run."""
         single = self.cluster.is_cluster and self.cluster.mode == "single-node"
         return self.cluster.total(self.resources) if single else self.resources
 

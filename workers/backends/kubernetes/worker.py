@@ -49,6 +49,7 @@ from pydantic import Field, PrivateAttr
 
 from prefect.states import Cancelled, Crashed, Failed, State
 from prefect.workers.base import BaseWorker
+from prefect_launch.settings import env_seconds
 from prefect_launch.compat.prefect_kubernetes import slugify_label_value, slugify_name
 from prefect_kubernetes.worker import (
     KubernetesWorker,
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
     from prefect.client.schemas.responses import WorkerFlowRunResponse
 
-POLL_S = float(os.environ.get("LAUNCH_KUBERNETES_POLL_SECONDS", "3"))
 DELETE_GRACE_S = 30
 PULL_SECRET_PREFIX = "prefect-launch-pull-"
 ENV_SECRET_PREFIX = "prefect-launch-env-"
@@ -323,7 +323,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
         super().__init__(*args, **kwargs)
         self.agent = agent  # the agent's shared context: only its draining flag matters here (no ledger)
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
-        self.watch_seconds = POLL_S
+        self.watch_seconds = env_seconds("LAUNCH_KUBERNETES_POLL_SECONDS", 3)
         self._watching: dict[UUID, tuple[str, str]] = {}  # run -> (namespace, job)
         self._stop: dict[UUID, State] = {}  # runs the worker is ending (cancel, timeout), with their end state
         self._background_started = False
