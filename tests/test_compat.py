@@ -12,13 +12,13 @@ import pathlib
 import pytest
 
 from prefect_launch.compat import prefect as compat_prefect
-from prefect_launch.compat import prefect_docker, prefect_kubernetes, streamlit
+from prefect_launch.compat import prefect_docker, prefect_kubernetes, psutil as compat_psutil, streamlit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-UPSTREAMS = ("prefect", "prefect_docker", "prefect_kubernetes", "streamlit", "docker")
+UPSTREAMS = ("prefect", "prefect_docker", "prefect_kubernetes", "streamlit", "docker", "psutil")
 
 
-@pytest.mark.parametrize("module", [compat_prefect, prefect_docker, prefect_kubernetes, streamlit],
+@pytest.mark.parametrize("module", [compat_prefect, prefect_docker, prefect_kubernetes, streamlit, compat_psutil],
                          ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_every_private_name_is_still_upstream(module):
     gone = module.missing()

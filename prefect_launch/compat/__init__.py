@@ -6,7 +6,8 @@ what it needs has no public equivalent. Every such name is imported or declared 
 - `compat.prefect`: BaseWorker attributes and hooks, the process worker's run internals;
 - `compat.prefect_docker`: DockerWorker hooks the docker back end overrides or calls;
 - `compat.prefect_kubernetes`: KubernetesWorker hooks and the label/name slug helpers;
-- `compat.streamlit`: the two functions of Streamlit's server the monitor wraps.
+- `compat.streamlit`: the two functions of Streamlit's server the monitor wraps;
+- `compat.psutil`: the one-scan parent map the sampler uses.
 
 docker-py is used through its public API only (no module here). Each module has ``missing()``:
 the names the installed upstream no longer has, which `tests/test_compat.py` turns into one failure

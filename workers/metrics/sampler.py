@@ -1,5 +1,9 @@
 """Out-of-process sampler: measures a run's process tree from the worker, with no change to the job.
 
+(About 560 lines: the sampling thread's one tick reads CPU, memory, I/O, network and GPUs of one tree
+together, and splitting that read would split one consistent sample; the store side is sample_writer.py,
+energy is energy.py.)
+
 One :class:`RunSampler` per run, two daemon threads:
 
 * the *sampling* thread reads, every ``interval_s``, the CPU times and disk I/O
@@ -56,18 +60,18 @@ from typing import Any, Callable, Optional
 
 import psutil
 
+from prefect_launch.compat.psutil import ppid_map
 from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.agent.limits import MemoryGroup, run_memory
 from prefect_launch.workers.cluster.usage import MemberTracker
 from prefect_launch.workers.metrics.nvml import Nvml, get_nvml
-from prefect_launch.workers.metrics.rapl import RaplReader
+from prefect_launch.workers.metrics.sample_writer import StoreWriter
+from prefect_launch.workers.metrics.energy import EnergyMeter
 from prefect_launch.workers.metrics.summary import SummaryAccumulator, WasteThresholds
 
-try:  # one scan of /proc for all parent links (what Process.children uses internally)
-    from psutil import _ppid_map as _ppid_map  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - other psutil builds
-    _ppid_map = None
+# one scan of /proc for all parent links (what Process.children uses internally); None on other psutil builds
+_ppid_map = ppid_map
 
 _DEFAULT_LOG = logging.getLogger("prefect_launch.sampler")
 
@@ -125,7 +129,7 @@ def _net_dev_bytes(pid: int) -> Optional[tuple[int, int]]:
     return rx, tx
 
 
-class RunSampler:
+class RunSampler(StoreWriter):
     """Samples one run's process tree into a :class:`RunMetricsStore`.
 
     Parameters
@@ -220,8 +224,7 @@ class RunSampler:
         self.gpu_source: Optional[str] = None  # "process" / "device" once GPU data was read
         self.gpu_mem_total_bytes: Optional[int] = None
         self.memory_source: Optional[str] = None  # "cgroup" or "pss" once memory was read
-        self.gpu_energy_source: Optional[str] = None  # "counter" / "power" / None (not measured)
-        self._rapl: Optional[RaplReader] = None
+        self._energy: Optional[EnergyMeter] = None  # decided once NVML is open (sampling thread)
         self._energy_prev: tuple[Any, Any] = (None, None)  # (GPU reading, RAPL reading) at the last tick
 
         # sampling-thread state
@@ -328,39 +331,6 @@ class RunSampler:
                              name=f"launch-sampler-{self.record.flow_run_id[:8]}-late").start()
         return summary
 
-    def _late_write(self, left: list[MetricSample], summary: RunSummary) -> None:
-        """Store what the end of the run could not, once the store is back (samples are idempotent)."""
-        assert self.store is not None and self.late_written is not None
-        deadline = time.monotonic() + self.late_write_s
-        lo, hi = self.retry_backoff_s
-        attempt = 0
-        while True:
-            try:
-                self.store.upsert_run(self.record)
-                if left:
-                    self.store.record_samples(left)
-                self.store.write_summary(self.record.flow_run_id, summary)
-            except Exception as exc:
-                attempt += 1
-                wait = min(hi, lo * 2 ** min(attempt - 1, 20))
-                if time.monotonic() + wait > deadline:
-                    self.log.error(
-                        "metrics store still unreachable %.0f s after run %s ended: its last %d samples "
-                        "and its summary are lost (%s)", self.late_write_s, self.record.flow_run_id, len(left),
-                        str(exc).splitlines()[0][:300],
-                    )
-                    return
-                time.sleep(wait)
-                continue
-            self.stored_samples += len(left)
-            self.lost_samples = summary.lost_samples
-            self.log.info(
-                "metrics store reachable again: run %s's last %d samples and its summary stored late "
-                "(%d samples lost)", self.record.flow_run_id, len(left), summary.lost_samples,
-            )
-            self.late_written.set()
-            return
-
     def track(self, pid: int, member: Optional[str] = None, gpu_indices: Optional[list[int]] = None) -> None:
         """Also measure ``pid`` and its descendants, e.g. a cluster run's other members (the run's figures
         are then the sum over its members). Named with ``member``, its figures are also kept on their own
@@ -396,7 +366,8 @@ class RunSampler:
                         self.gpu_mem_total_bytes = self._nvml.memory_total(self.gpu_indices)
                 except Exception as exc:  # pragma: no cover - defensive
                     self.log.warning("NVML unavailable for run %s: %s", self.record.flow_run_id, exc)
-            self._init_energy()
+            self._energy = EnergyMeter(self._nvml, self.gpu_indices)
+            self.record = self.record.model_copy(update={"extra": {**self.record.extra, **self._energy.notes()}})
             own = _net_ns("self")
             theirs = _net_ns(self.pid)
             self._own_netns = bool(own and theirs and own != theirs)
@@ -447,60 +418,10 @@ class RunSampler:
                 except psutil.Error:
                     pass
 
-    # --------------------------------------------------------------- energy
-
-    def _init_energy(self) -> None:
-        """Decide how this run's energy is measured, and say so in the record's extra."""
-        notes: dict[str, str] = {}
-        if self.gpu_indices:
-            nv = self._nvml
-            if nv is None or not nv.available:
-                notes["gpu_energy"] = "unavailable: NVML not available" + (f" ({nv.error})" if nv is not None and nv.error else "")
-            elif nv.energy_mj(self.gpu_indices) is not None:
-                self.gpu_energy_source = "counter"
-                notes["gpu_energy"] = "nvml energy counter"
-            elif nv.power_mw(self.gpu_indices) is not None:
-                self.gpu_energy_source = "power"
-                notes["gpu_energy"] = "nvml power readings integrated over each interval (no energy counter)"
-            else:
-                notes["gpu_energy"] = "unavailable: NVML reports neither energy nor power for these GPUs"
-        try:
-            rapl = RaplReader()
-        except Exception as exc:  # pragma: no cover - defensive
-            rapl = None
-            notes["cpu_energy"] = f"unavailable: {exc}"
-        if rapl is not None:
-            if rapl.unavailable:
-                notes["cpu_energy"] = f"unavailable: {rapl.unavailable}"
-            else:
-                self._rapl = rapl
-                notes["cpu_energy"] = "rapl: package energy x the run's share of the host's busy CPU time"
-        self.record = self.record.model_copy(update={"extra": {**self.record.extra, **notes}})
-
-    def _read_energy(self) -> tuple[Any, Any]:
-        gpu = None
-        if self.gpu_energy_source == "counter":
-            gpu = self._nvml.energy_mj(self.gpu_indices)
-        elif self.gpu_energy_source == "power":
-            gpu = self._nvml.power_mw(self.gpu_indices)
-        return gpu, (self._rapl.read() if self._rapl is not None else None)
-
-    def _energy_since(self, prev: tuple[Any, Any], cur: tuple[Any, Any], wall: float,
-                      cpu_s: float) -> tuple[Optional[float], Optional[float]]:
-        """(GPU joules, CPU joules) of the interval between two readings; None where unmeasured."""
-        gpu_j = None
-        if prev[0] is not None and cur[0] is not None:
-            if self.gpu_energy_source == "counter":
-                gpu_j = (cur[0] - prev[0]) / 1000.0 if cur[0] >= prev[0] else None  # a reset counter: not this run's
-            else:  # power (mW): trapezoid over the interval
-                gpu_j = (prev[0] + cur[0]) / 2.0 * wall / 1000.0
-        cpu_j = self._rapl.interval(prev[1], cur[1], cpu_s) if self._rapl is not None else None
-        return (round(gpu_j, 3) if gpu_j is not None else None), (round(cpu_j, 3) if cpu_j is not None else None)
-
     def _tick(self) -> None:
         now_m = time.monotonic()
         ts = datetime.now(timezone.utc)
-        energy_prev, energy_now = self._energy_prev, self._read_energy()
+        energy_prev, energy_now = self._energy_prev, self._energy.read()
         self._energy_prev = energy_now
         self._discover()
         tot_now: dict[int, float] = {}
@@ -559,7 +480,7 @@ class RunSampler:
                     gpu_util, gpu_mem, self.gpu_source = usage.util_pct, usage.mem_bytes, usage.source
             except Exception as exc:  # pragma: no cover - defensive
                 self.log.debug("NVML sample failed: %s", exc)
-        gpu_j, cpu_j = self._energy_since(energy_prev, energy_now, wall, cpu)
+        gpu_j, cpu_j = self._energy.since(energy_prev, energy_now, wall, cpu)
         if self._members.active:
             try:
                 self._members.tick(tot_now, self._prev_tot, parent_now, self._prev_parent, self._procs, wall,
@@ -641,81 +562,3 @@ class RunSampler:
                 self.on_sample(sample)
             except Exception as exc:
                 self.log.warning("on_sample callback failed: %s", exc)
-
-    # --------------------------------------------------------------- writer
-
-    def _writer_loop(self) -> None:
-        t0 = time.thread_time()
-        try:
-            if self.store is None:
-                return
-            retry_at = 0.0
-            closing_failures = 0
-            while True:
-                closing = self._closing.is_set()
-                now = time.monotonic()
-                if closing and now >= self._close_deadline:
-                    if not self._run_upserted or self._buffer:
-                        self._last_flush_ok = False
-                    return
-                if now >= retry_at or closing:
-                    ok = self._flush_once()
-                    if ok:
-                        retry_at = 0.0
-                        if closing:
-                            with self._lock:
-                                if not self._buffer:
-                                    return
-                    else:
-                        lo, hi = self.retry_backoff_s
-                        backoff = min(hi, lo * 2 ** min(self._failures - 1, 20))
-                        retry_at = time.monotonic() + backoff
-                        if closing:  # short waits: the run is over and stop() is waiting
-                            closing_failures += 1
-                            time.sleep(min(0.25 * closing_failures, 1.0,
-                                           max(0.0, self._close_deadline - time.monotonic())))
-                            continue
-                wait = self.flush_interval_s
-                if retry_at:
-                    wait = min(wait, max(0.0, retry_at - time.monotonic()))
-                self._wake.wait(wait)
-                self._wake.clear()
-        finally:
-            self.self_cpu_s += time.thread_time() - t0
-
-    def _flush_once(self) -> bool:
-        """One attempt to upsert the record (first time) and send the buffer."""
-        assert self.store is not None
-        try:
-            if not self._run_upserted:
-                self.store.upsert_run(self.record)
-                self._run_upserted = True
-            with self._lock:
-                batch = list(self._buffer)
-            if batch:
-                self.store.record_samples(batch)
-                with self._lock:
-                    # drop what was sent. Samples pushed out of the full buffer while this batch was
-                    # in flight were counted lost, but those in the batch were stored after all.
-                    sent = set(map(id, batch))
-                    kept = set(map(id, self._buffer))
-                    self.lost_samples -= sum(1 for s in batch if id(s) not in kept)
-                    self._buffer = deque(s for s in self._buffer if id(s) not in sent)
-                self.stored_samples += len(batch)
-        except Exception as exc:
-            self._failures += 1
-            self._last_flush_ok = False
-            if self._failures == 1 or self._failures % 10 == 0:
-                self.log.warning(
-                    "metrics store write failed for run %s (attempt %d, %d samples buffered, %d lost): %s",
-                    self.record.flow_run_id, self._failures, len(self._buffer), self.lost_samples,
-                    str(exc).splitlines()[0][:300],
-                )
-            return False
-        if self._failures:
-            self.log.info(
-                "metrics store reachable again for run %s after %d failed attempts", self.record.flow_run_id, self._failures
-            )
-        self._failures = 0
-        self._last_flush_ok = True
-        return True

@@ -1,5 +1,9 @@
 """The `launch-kubernetes` worker: prefect-kubernetes's KubernetesWorker that carries the queue's presets.
 
+(About 700 lines with its job configuration, variables and the thin Kubernetes API client it reads Jobs,
+pods and events through; the manifest is manifest.py, the events' meaning events.py, cluster runs
+cluster/kubernetes_run.py.)
+
 Start it with ``prefect worker start --pool Q --type launch-kubernetes`` or
 ``prefect-launch agent --queue Q`` (one agent may serve process, docker and
 kubernetes queues). Placement is the cluster's: this back end holds no ledger
