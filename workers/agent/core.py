@@ -20,9 +20,10 @@ running run, through a `RunHandle`:
 
 Its parts, one role each, live beside it and reach the worker's state through ``part.w``: `stops.RunStops`
 (timeouts, preemption, cancel on exit: every stop through `kill_infrastructure`), `idle_reclaim.IdleReclaim`,
-`adoption.RunAdoption` (restart recovery) and `run_end.RunEnds` (a run's end and its records). What stays
-here (about 550 lines, more than the house's 400 because the poll's hooks share one state) is set-up, intake,
-the dispatch glue, a run's start and its capacity release, and the published agent state.
+`adoption.RunAdoption` (restart recovery), `run_end.RunEnds` (a run's end and its records),
+`run_labels.RunLabels` (what a run's labels say of its placement), `publishing.AgentPublisher` (the agent's
+published state) and `peers.PeerView` (the queue's other agents, as dispatch sees them). What stays here is
+set-up, intake, the dispatch glue (Prefect's worker hooks), a run's start and its capacity release.
 
 Capacity is released exactly once per run, on every end: by `_free_capacity` as soon as its process or
 container is gone (before the bookkeeping of its end), else by `_release_allocation` (Prefect's slot release).
@@ -55,22 +56,21 @@ from prefect_launch.blocks.scheduling_history import HistoryWriter, SchedulingRe
 from prefect_launch.workers.agent.active_run import RunHandle
 from prefect_launch.workers.agent.intake import QueueIntake
 from prefect_launch.workers.agent.context import AgentContext
-from prefect_launch.workers.agent.registry import AgentRun, AgentState, offline_reasons, publish, read_agents
 from prefect_launch.workers.scheduling.dispatch import DispatchHooks, dispatch_cycle
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import run_environment
 from prefect_launch.workers.agent.queued_state import QUEUED
 from prefect_launch.workers.agent.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest
-from prefect_launch.workers.agent.journal import alloc_label
 from prefect_launch.workers.agent.scheduled_runs import read_due_runs
-from prefect_launch.workers.agent.tags import ALLOC_LABEL, PLACED_LABEL, WAIT_LABEL
 from prefect_launch.api_retry import install as install_quick_503_retries
-from prefect_launch.api_retry import single_try
 from prefect_launch.workers.agent.secrets import resolve_secret_env
 from prefect_launch.workers.agent.adoption import RunAdoption
 from prefect_launch.workers.agent.idle_reclaim import IdleReclaim
 from prefect_launch.workers.agent.run_end import RunEnds
+from prefect_launch.workers.agent.run_labels import RunLabels
+from prefect_launch.workers.agent.publishing import AgentPublisher
+from prefect_launch.workers.agent.peers import PeerView
 from prefect_launch.workers.agent.stops import RunStops, preempt_deadline_file
 
 if TYPE_CHECKING:
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 
 install_quick_503_retries()  # every agent: a busy SQLite server's 503 costs a claim milliseconds, not 2 s
 
-PUBLISH_DEBOUNCE_S = 1.0
 WAKE_COALESCE_S = 0.05
 # Set in the agent's own wake loop: its frequent polls read the due runs instead of calling the
 # worker poll endpoint, which writes (see workers/agent/scheduled_runs.py).
@@ -104,20 +103,21 @@ class LaunchWorkerCore(QueueIntake):
         self.agent.on_release(self._wake_up)
         self.use_cgroups = use_cgroups
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
-        self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
         self.journal = self.agent.journal(self.name)
         self._priorities: dict[str, int] = {}
         self._wake: Optional[asyncio.Event] = None
         self._publish_wanted: Optional[asyncio.Event] = None
         self._metrics_store: Any = None
         self._background_started = False
-        self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
         self._cut_ends = False  # the agent stops without waiting for the server: ends are recorded locally only
         # its parts, one role each (they reach the worker's state through it: ``part.w``)
         self.stops = RunStops(self)
         self.idle = IdleReclaim(self)
         self.adoption = RunAdoption(self)
         self.ends = RunEnds(self)
+        self.labels = RunLabels(self)
+        self.publisher = AgentPublisher(self)
+        self.peers = PeerView(self)
 
     @property
     def history(self) -> Optional[HistoryWriter]:
@@ -156,7 +156,7 @@ class LaunchWorkerCore(QueueIntake):
             self._wake = asyncio.Event()
             self._publish_wanted = asyncio.Event()
             self._refill_warm_pool()
-            for loop in (self._wake_loop, self._event_loop, self._publish_loop):
+            for loop in (self._wake_loop, self._event_loop, self.publisher.publish_loop):
                 scope = anyio.CancelScope()
                 self._scheduled_task_scopes.add(scope)
                 self._runs_task_group.start_soon(self._in_scope, scope, loop)
@@ -168,7 +168,7 @@ class LaunchWorkerCore(QueueIntake):
             except Exception:
                 self.agent.recovery_started = False  # the next sync tries again; nothing is placed meanwhile
                 self._logger.exception("rebuilding the ledger failed; placing nothing until it succeeds")
-        await self._publish_state()
+        await self.publisher.publish_state()
 
     def _refill_warm_pool(self) -> None:
         """Only the process back end keeps warm engines."""
@@ -260,52 +260,8 @@ class LaunchWorkerCore(QueueIntake):
                 return []
             return await super().get_and_submit_flow_runs()
 
-    async def _pinned_agents(self) -> tuple[dict[str, str], set[str]]:
-        """Offline agents (and since when) and all known agents, re-read at most every 10 s."""
-        at, offline, known = self._agents_seen
-        if time.monotonic() - at > 10:
-            try:
-                agents = await read_agents(self.client)
-                offline, known = offline_reasons(agents), {a.name for a in agents}
-                self._agents_seen = (time.monotonic(), offline, known)
-            except Exception as exc:
-                self._logger.debug("could not read agents: %s", exc)
-        return offline, known
 
-    async def _peer_free(self) -> dict[str, Any]:
-        """Free capacity of the other online agents serving this queue (their last published state)."""
-        try:
-            agents = await read_agents(self.client)
-        except Exception as exc:
-            self._logger.debug("could not read agents: %s", exc)
-            return {}
-        return {a.name: a.free for a in agents
-                if a.name != self.name and a.online() and self._work_pool_name in a.queues}
 
-    async def _placed_elsewhere(self) -> list[tuple[str, Allocation]]:
-        """The queue's live runs placed by other agents, as their ``launch.alloc`` labels say (owner quotas).
-
-        Read at most once a second. A run another agent placed less than a moment ago may not carry its
-        label yet, so two agents placing the same owner's runs in the same second can overshoot its quota
-        by one run each; every later decision counts it.
-        """
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-                                                    WorkPoolFilter, WorkPoolFilterName)
-        from prefect.client.schemas.objects import StateType
-
-        from prefect_launch.workers.agent.journal import parse_alloc_label
-
-        cached = self._elsewhere_cache
-        if cached is not None and time.monotonic() - cached[0] < 1.0:
-            return cached[1]
-        live = await self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))),
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])),
-        )
-        placed = [(p[0], p[1]) for p in (parse_alloc_label((fr.labels or {}).get(ALLOC_LABEL)) for fr in live) if p]
-        self._elsewhere_cache = (time.monotonic(), placed)
-        return placed
 
     # ---------------------------------------------------------------- dispatch
     async def _submit_scheduled_flow_runs(
@@ -314,12 +270,12 @@ class LaunchWorkerCore(QueueIntake):
         runs = [entry.flow_run for entry in flow_run_response
                 if entry.flow_run.id not in self._submitting_flow_run_ids]
         hooks = DispatchHooks(
-            deployment_vars=self._deployment_vars, pinned_agents=self._pinned_agents,
+            deployment_vars=self._deployment_vars, pinned_agents=self.peers.pinned_agents,
             start=self._start, wait=self._note_waiting, reject=self._reject,
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
             log=self._logger.debug, history=self._note_history,
-            preempt=self.stops.preempt, stopping=lambda: set(self.agent.preempting), peers=self._peer_free,
-            placed_elsewhere=self._placed_elsewhere,
+            preempt=self.stops.preempt, stopping=lambda: set(self.agent.preempting), peers=self.peers.peer_free,
+            placed_elsewhere=self.peers.placed_elsewhere,
         )
         foreign = [c for q, cs in self.agent.unplaced.items() if q != self._work_pool_name for c in cs]
         self._wait_notes.new_cycle([fr.id for fr in runs])
@@ -420,55 +376,17 @@ class LaunchWorkerCore(QueueIntake):
         if self._runs_task_group is not None:  # off the start path: the run is already running
             worker_labels = self._active.get(flow_run.id).unlabelled
             self._active.take(flow_run.id, "unlabelled")
-            self._runs_task_group.start_soon(self._label_placement, flow_run, alloc, worker_labels)
+            self._runs_task_group.start_soon(self.labels.label_placement, flow_run, alloc, worker_labels)
 
-    def _placement_text(self, alloc: Allocation) -> str:
-        text = (f"agent {self.name}: {alloc.resources.describe()}; gpus "
-                f"{','.join(map(str, alloc.gpu_indices)) or 'none'}; cores {','.join(map(str, alloc.cpu_cores))}")
-        if alloc.members:  # a cluster run: where each member runs
-            from prefect_launch.workers.cluster.placement import members_text
 
-            text += f"; members {members_text(alloc)}"
-        return text
 
-    async def _label_placement(self, flow_run: "FlowRun", alloc: Allocation, worker_labels: bool = False) -> None:
-        """Show on the Prefect run where it runs, and clear its old waiting reason.
 
-        Deferred a moment: on a SQLite server a write that collides with the engine's own
-        Running transition makes one of them wait out a 2 s client retry.
-        """
-        await asyncio.sleep(PUBLISH_DEBOUNCE_S)
-        entry = self.journal.get(str(flow_run.id))
-        machine = alloc_label(alloc, self.name, entry.pid if entry else None, entry.pid_started if entry else None)
-        labels = {PLACED_LABEL: self._placement_text(alloc), WAIT_LABEL: "", ALLOC_LABEL: machine}
-        if worker_labels:  # Prefect's worker labels ride along (see _give_worker_labels_to_flow_run)
-            labels.update(self._worker_labels())
-        await self._write_labels(flow_run.id, labels)
-
-    def _worker_labels(self) -> dict[str, str]:
-        """The labels Prefect's BaseWorker gives each run it submits (worker, work pool)."""
-        labels = {"prefect.worker.name": self.name, "prefect.worker.type": self.type}
-        if self._work_pool is not None:
-            pool = self.work_pool
-            labels.update({"prefect.work-pool.name": pool.name, "prefect.work-pool.id": str(pool.id)})
-        return labels
-
-    async def _write_labels(self, flow_run_id: UUID, labels: dict[str, str]) -> bool:
-        """Labels written off the run's start path with the client's retries (api_retry's quick 503 retries,
-        then Prefect's back-off): on a SQLite server Prefect's label endpoint fails (503) whenever another
-        write commits between its read and its write."""
-        try:
-            await self.client.update_flow_run_labels(flow_run_id, labels)
-            return True
-        except Exception as exc:
-            self._logger.warning("could not label run %s: %s", flow_run_id, exc)
-            return False
 
 
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
         """Prefect's worker labels are not written here, on the run's start path, but with the placement
-        labels once its process is up (`_label_placement`): one label write per run instead of two. On a
+        labels once its process is up (`RunLabels.label_placement`): one label write per run instead of two. On a
         SQLite server most label writes of many agents failed (503) and were retried with back-off, the
         start waiting on them (bench/scale.py (b)). Until then the journal holds the claim (recovery reads
         it first); a run that ends before it started gets them when it ends (`_release_limit_slot`)."""
@@ -486,7 +404,7 @@ class LaunchWorkerCore(QueueIntake):
         self._release_allocation(flow_run_id)
         if self._active.get(flow_run_id).unlabelled and self._runs_task_group is not None:  # never started: labelled now
             self._active.take(flow_run_id, "unlabelled")
-            self._runs_task_group.start_soon(self._write_labels, flow_run_id, self._worker_labels())
+            self._runs_task_group.start_soon(self.labels.write_labels, flow_run_id, self.labels.worker_labels())
 
     def _release_allocation(self, flow_run_id: UUID) -> None:
         self._active.take(flow_run_id, "handle")
@@ -587,31 +505,7 @@ class LaunchWorkerCore(QueueIntake):
         if self._publish_wanted is not None:
             self._publish_wanted.set()
 
-    async def _publish_loop(self) -> None:
-        while True:
-            await self._publish_wanted.wait()
-            await asyncio.sleep(PUBLISH_DEBOUNCE_S)
-            self._publish_wanted.clear()
-            await self._publish_state()
 
-    async def _publish_state(self) -> None:
-        if self._client is None:
-            return
-        state = AgentState(
-            name=self.name,
-            queues=sorted(self.agent.queues),
-            capacity=self.ledger.capacity,
-            free=self.ledger.free(),
-            runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,
-                           gpu_indices=a.gpu_indices) for a in self.ledger.allocations()],
-            heartbeat=datetime.now(timezone.utc),
-        )
-        try:
-            with single_try():  # a busy server's 503: published again after the debounce, not retried at once
-                await publish(self.client, state)
-        except Exception as exc:
-            self._logger.debug("could not publish agent state: %s", exc)
-            self._publish_soon()
 
 
     # --------------------------------------- entry points the back ends and the agent call
