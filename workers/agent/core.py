@@ -267,11 +267,19 @@ class LaunchWorkerCore(QueueIntake):
     async def _submit_scheduled_flow_runs(
         self, flow_run_response: list["WorkerFlowRunResponse"]
     ) -> list["FlowRun"]:
+        """Place what fits (dispatch.dispatch_cycle, against the agent's one ledger), then hand the placed runs
+        to Prefect's own submit (its limiter, in-flight set, cancel observer and `_submit_run`)."""
         runs = [entry.flow_run for entry in flow_run_response
                 if entry.flow_run.id not in self._submitting_flow_run_ids]
+        placed: set[UUID] = set()
+
+        def start(flow_run: "FlowRun", alloc: Allocation, request: ResolvedRequest) -> None:
+            self._start(flow_run, alloc, request)
+            placed.add(flow_run.id)
+
         hooks = DispatchHooks(
             deployment_vars=self._deployment_vars, pinned_agents=self.peers.pinned_agents,
-            start=self._start, wait=self._note_waiting, reject=self._reject,
+            start=start, wait=self._note_waiting, reject=self._reject,
             booked=self.journal.record,  # before any process exists: a crash from here on is recoverable
             log=self._logger.debug, history=self._note_history,
             preempt=self.stops.preempt, stopping=lambda: set(self.agent.preempting), peers=self.peers.peer_free,
@@ -282,9 +290,14 @@ class LaunchWorkerCore(QueueIntake):
         result = await dispatch_cycle(runs, self.queue_spec(), self.ledger, self._work_pool_name, self.name,
                                       self._priorities, hooks, foreign=foreign)
         self.agent.unplaced[self._work_pool_name] = result.unplaced
-        if result.started:
+        submitted = await super()._submit_scheduled_flow_runs(
+            [entry for entry in flow_run_response if entry.flow_run.id in placed])
+        for run_id in placed - {fr.id for fr in submitted}:  # refused by the worker's --limit: not started
+            self._logger.info("run %s placed but over the worker's run limit: its capacity goes back", run_id)
+            self._release_allocation(run_id)
+        if placed:
             self._publish_soon()
-        return result.started
+        return [fr for fr in result.started if fr.id in {s.id for s in submitted}]
 
     def _start(self, flow_run: "FlowRun", alloc: Allocation, request: ResolvedRequest) -> None:
         self._wait_notes.forget(flow_run.id)
@@ -294,10 +307,6 @@ class LaunchWorkerCore(QueueIntake):
         self.get_flow_run_logger(flow_run).info(
             f"Agent '{self.name}' starting flow run with {alloc.resources.describe()}"
             f" gpus={alloc.gpu_indices} cores={alloc.cpu_cores}")
-        self._submitting_flow_run_ids.add(flow_run.id)
-        if self._cancelling_observer is not None:
-            self._cancelling_observer.add_in_flight_flow_run_id(flow_run.id)
-        self._runs_task_group.start_soon(self._submit_run, flow_run)
 
     async def _propose_pending_state(self, flow_run: "FlowRun") -> bool:
         """Prefect's claim (Scheduled -> Pending); a refused claim is a decision worth recording."""
