@@ -45,8 +45,6 @@ bench: venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/metrics_overhead.py
 	$(BIN)/python bench/dashboard.py
-	$(BIN)/python bench/heatmap_draw.py
-	$(BIN)/python bench/page_controls.py
 	$(BIN)/python bench/idle_load.py
 
 # The queue monitor alone, against the server in PREFECT_API_URL.

@@ -3,8 +3,8 @@ dicts out; tested without a server or a browser).
 
 The first page's time charts (load, job status, queued time, the runs Gantt and its lanes) are drawn
 by :mod:`.timeline` on one canvas each. Vega through Streamlit spent seconds per visit on them (its
-library fetched and compiled, every mark encoded through a CSP-safe expression interpreter: see
-``bench/page_parts.py``), where a person only needs bars, step lines, lanes, a tooltip and a brush.
+library fetched and compiled, every mark encoded through a CSP-safe expression interpreter: about
+1 s of the renderer's CPU per visit, docs/benchmarks.md), where a person only needs bars, step lines, lanes, a tooltip and a brush.
 
 A payload is columnar: ``items`` holds one entry per mark (``x``/``x2``: epoch ms, ``y0``/``y1``: the
 value span a bar covers, or ``row`` for a lane, ``c``: the index of its series in ``names``/``colors``)
