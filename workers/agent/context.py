@@ -33,6 +33,7 @@ class AgentContext:
         self.recovery_started = False
         self._recovered: Optional[asyncio.Event] = None
         self._journal = None
+        self.address: Optional[str] = None  # published; multi-node members are reached here (agent_address)
 
     def journal(self, agent_name: str):
         """The agent's on-disk journal (one per agent name; shared by its queues' workers)."""

@@ -45,6 +45,7 @@ class AgentPublisher:
             runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,
                            gpu_indices=a.gpu_indices) for a in self.w.ledger.allocations()],
             heartbeat=datetime.now(timezone.utc),
+            address=self.w.agent.address,
         )
         try:
             with single_try():  # a busy server's 503: published again after the debounce, not retried at once

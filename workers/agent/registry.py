@@ -34,6 +34,7 @@ class AgentState(BaseModel):
     free: Resources
     runs: list[AgentRun] = []
     heartbeat: datetime
+    address: Optional[str] = None  # where its cluster members are reached (workers/agent/address.py)
 
     def online(self, now: Optional[datetime] = None) -> bool:
         now = now or datetime.now(timezone.utc)

@@ -15,6 +15,7 @@ from typing import Optional
 
 import anyio
 
+from prefect_launch.workers.agent.address import agent_address, check_address
 from prefect_launch.workers.agent.context import AgentContext
 from prefect_launch.settings import env_seconds
 from prefect_launch.workers.scheduling.resources import detect_capacity
@@ -59,7 +60,8 @@ def worker_for(queue: str, pool: object, backends: dict[str, type]) -> type:
 
 
 async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgroups: bool,
-                 on_exit: str = "drain", started: Optional[dict] = None) -> None:
+                 on_exit: str = "drain", started: Optional[dict] = None,
+                 advertise_address: Optional[str] = None) -> None:
     from prefect import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -74,10 +76,12 @@ async def _serve(queues: list[str], name: str, capacity: Optional[str], use_cgro
                 raise LookupError(f"unknown queue {q!r}; create it with `prefect-launch queue apply FILE`") from None
             kinds[q] = worker_for(q, pool, backends)
     agent = AgentContext.detect(capacity)
+    agent.address = agent_address(advertise_address)
     if started is not None:
         started["agent"] = agent
     cluster = [q for q in queues if kinds[q].type == "launch-kubernetes"]
-    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}"
+    print(f"agent {name!r}: queues {', '.join(queues)}; capacity {agent.ledger.capacity.describe()}; "
+          f"address {agent.address}"
           + (f" (kubernetes queues {', '.join(cluster)}: placed by the cluster)" if cluster else ""), flush=True)
     workers = [
         kinds[q](work_pool_name=q, name=name, agent=agent, create_pool_if_not_found=False, use_cgroups=use_cgroups)
@@ -206,7 +210,7 @@ async def _wait_for_server(retry_s: float = 3.0) -> None:
 
 
 def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[str] = None,
-              use_cgroups: bool = True, on_exit: str = "drain") -> None:
+              use_cgroups: bool = True, on_exit: str = "drain", advertise_address: Optional[str] = None) -> None:
     """Block serving ``queues`` until interrupted.
 
     The first SIGINT/SIGTERM drains (``on_exit="drain"``, the default) or cancels (``"cancel"``)
@@ -214,11 +218,17 @@ def run_agent(queues: list[str], name: Optional[str] = None, capacity: Optional[
     the next start re-adopts them from its journal and Prefect.
     """
     detect_capacity(capacity)  # fail fast on a malformed --capacity
+    if advertise_address:
+        try:
+            advertise_address = check_address(advertise_address)  # and on a malformed --advertise-address
+        except ValueError as exc:
+            raise LookupError(str(exc)) from None
     if on_exit not in ("drain", "cancel"):
         raise LookupError(f"--on-exit must be 'drain' or 'cancel', got {on_exit!r}")
     started: dict = {}
     try:
-        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups, on_exit, started)
+        anyio.run(_serve, queues, name or socket.gethostname(), capacity, use_cgroups, on_exit, started,
+                  advertise_address)
     except KeyboardInterrupt:
         pass
     finally:

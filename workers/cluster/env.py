@@ -10,6 +10,7 @@ counts and ``LAUNCH_CPU*`` are its own.
 from __future__ import annotations
 
 import socket
+from typing import Optional
 
 from prefect_launch.workers.scheduling.ledger import Allocation, MemberAlloc
 from prefect_launch.workers.agent.limits import run_environment
@@ -25,11 +26,13 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, master_port: int,
-               main_addr: str = LOOPBACK) -> dict[str, str]:
+               main_addr: str = LOOPBACK, addrs: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Pinning of ``member`` (as a run of its own) plus who the cluster is and where its main listens.
 
     ``alloc`` holds the members on this agent; ``alloc.cluster_size`` counts all of them (multi-node:
-    the others are on other agents of this machine, so every address is still the loopback)."""
+    the others are on other agents, perhaps other hosts). ``addrs``: member name -> its host's address
+    (multi-node: each member's agent's published address; ``main_addr`` is main1's); without it every
+    member is on this host at ``main_addr`` (single-node: the loopback)."""
     from prefect_launch.workers.cluster.fit import member_names
 
     own = alloc.model_copy(update={"resources": member.resources, "gpu_indices": member.gpu_indices,
@@ -39,7 +42,7 @@ def member_env(alloc: Allocation, member: MemberAlloc, agent: str, mode: str, ma
     names = member_names(size)
     local = sorted(m.rank for m in alloc.members)
     env.update(cluster_variables(size=size, rank=member.rank, member=member.name, mode=mode, hosts=names,
-                                 addrs=[main_addr for _ in names],  # one agent: every member on this host
+                                 addrs=[(addrs or {}).get(n, main_addr) for n in names],
                                  main_addr=main_addr, port=master_port, local_rank=local.index(member.rank),
                                  local_size=len(local)))
     return env

@@ -167,7 +167,8 @@ class ClusterFollowerMixin:
             self._followed[fr.id] = procs
             for m in alloc.members:
                 procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,
-                                **member_env(alloc, m, self.name, "multi-node", plan.port)},
+                                **member_env(alloc, m, self.name, "multi-node", plan.port,
+                                             main_addr=plan.addr_of("main1"), addrs=plan.member_addrs())},
                             self._member_log(run_id, m.name))
         except Exception as exc:
             await procs.stop(1.0)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from prefect.states import Failed, StateType
 
-from prefect_launch.workers.cluster.env import free_port, member_env
+from prefect_launch.workers.agent.address import bind_host
+from prefect_launch.workers.cluster.env import LOOPBACK, free_port, member_env
 from prefect_launch.workers.cluster.process import (ClusterProcesses, adopt_members, describe_exit, find_members,
                                                      pin_cores, stop_found)
 from prefect_launch.workers.cluster.follow import ClusterFollowerMixin
@@ -61,16 +62,22 @@ class ClusterRunMixin(ClusterFollowerMixin):
         give main1's env to the engine's configuration. Raises `ClusterAborted` when another agent refused."""
         request = self._active.get(flow_run.id).request
         mode = request.cluster.mode if request is not None else "single-node"
-        port = free_port()
-        if alloc.remote_members:
+        main_addr, addrs = LOOPBACK, None  # single-node: every member on this host
+        if alloc.remote_members:  # members on other agents: each reached at its agent's published address
             mode = "multi-node"
-            await self._gather_cluster(flow_run, alloc, port)
+            agent_addrs = await self._cluster_addrs(alloc)
+            main_addr = agent_addrs.get(self.name, LOOPBACK)
+            port = free_port(bind_host(main_addr))
+            plan = await self._gather_cluster(flow_run, alloc, port, agent_addrs)
+            addrs = plan.member_addrs()
+        else:
+            port = free_port()
         base = self._member_base_env(configuration)
-        configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port))
+        configuration.env.update(member_env(alloc, alloc.members[0], self.name, mode, port, main_addr, addrs))
         procs = self._new_cluster(flow_run, configuration)
         try:
             for m in alloc.members[1:]:
-                env = {**base, **member_env(alloc, m, self.name, mode, port),
+                env = {**base, **member_env(alloc, m, self.name, mode, port, main_addr, addrs),
                        "PREFECT__FLOW_RUN_ID": str(flow_run.id)}
                 procs.start(m, env, self._member_log(flow_run.id, m.name))
         except Exception:
@@ -80,7 +87,7 @@ class ClusterRunMixin(ClusterFollowerMixin):
         here = ", ".join(["main1 (this engine)"] + [f"{s.name} (pid {s.proc.pid})" for s in procs.subs])
         away = ", ".join(f"{m} (agent {a})" for m, a in alloc.remote_members.items())
         self.get_flow_run_logger(flow_run).info(
-            f"cluster of {alloc.cluster_size or len(alloc.members)} ({mode}): rendezvous 127.0.0.1:{port}; "
+            f"cluster of {alloc.cluster_size or len(alloc.members)} ({mode}): rendezvous {main_addr}:{port}; "
             f"on agent {self.name}: {here}" + (f"; on other agents: {away}" if away else ""))
         return procs
 
@@ -92,11 +99,28 @@ class ClusterRunMixin(ClusterFollowerMixin):
         """The back end's holder of a run's sub members (the docker worker starts containers instead)."""
         return ClusterProcesses(run_id=str(flow_run.id))
 
-    async def _gather_cluster(self, flow_run: "FlowRun", alloc: Allocation, port: int) -> None:
+    async def _cluster_addrs(self, alloc: Allocation) -> dict[str, str]:
+        """Agent -> address for this agent and the agents hosting the run's other members: this agent's own,
+        the others' as they published it (an agent that published none is left out: loopback)."""
+        from prefect_launch.workers.agent.registry import read_agents
+
+        addrs = {self.name: self.agent.address or LOOPBACK}
+        wanted = set(alloc.remote_members.values())
+        try:
+            for a in await read_agents(self.client):
+                if a.name in wanted and a.address:
+                    addrs[a.name] = a.address
+        except Exception as exc:
+            self._logger.warning("could not read the other agents' addresses: %s", exc)
+        return addrs
+
+    async def _gather_cluster(self, flow_run: "FlowRun", alloc: Allocation, port: int,
+                              addrs: Optional[dict[str, str]] = None) -> ClusterPlan:
         """Leader of a multi-node run: publish the plan, wait until every other agent booked and started
-        its members (`cluster/protocol.py`)."""
+        its members (`cluster/protocol.py`); returns the plan."""
         plan = ClusterPlan(leader=self.name, port=port, size=alloc.cluster_size,
-                        members={**{m.name: self.name for m in alloc.members}, **alloc.remote_members})
+                           members={**{m.name: self.name for m in alloc.members}, **alloc.remote_members},
+                           addrs=addrs or {})
         await self.client.update_flow_run_labels(flow_run.id, {**plan.label(),
                                                                **{ack_key(a): "" for a in plan.followers()}})
         deadline = time.monotonic() + cluster_ack_s()
@@ -107,8 +131,9 @@ class ClusterRunMixin(ClusterFollowerMixin):
                 raise ClusterAborted("; ".join(f"agent {a} said {why}" for a, why in no.items()))
             if len(ok) == len(plan.followers()):
                 self._note(flow_run.id, "schedule", "SUCCESS", message=f"multi-node cluster: agents "
-                           f"{', '.join(ok)} started their members; main1 starts on agent {self.name}")
-                return
+                           f"{', '.join(ok)} started their members; main1 starts on agent {self.name} "
+                           f"({plan.addr_of('main1')}:{port})")
+                return plan
             if time.monotonic() > deadline:
                 missing = sorted(set(plan.followers()) - set(ok))
                 raise ClusterAborted(f"no answer from agent(s) {', '.join(missing)} in {cluster_ack_s():g} s")

@@ -2,7 +2,7 @@
 
 The agent that places the run (its Prefect claim makes it the only one) is the leader: it books its
 own members (main1 and any others it hosts), then writes the plan - which agent hosts which member,
-and the rendezvous port - as the run's ``launch.cluster.plan`` label. Each other agent named there books its
+each agent's published address (main1's is ``MASTER_ADDR``) and the rendezvous port - as the run's ``launch.cluster.plan`` label. Each other agent named there books its
 members in its own ledger and answers ``ok`` (members started) or ``no: why`` in
 ``launch.cluster.ack.<agent>``. The leader starts main1 only when every agent said ok; a ``no`` or no
 answer in time puts the run back in its queue (its submit time kept) and every agent gives back
@@ -24,6 +24,16 @@ class ClusterPlan(BaseModel):
     port: int
     size: int
     members: dict[str, str]  # member name -> agent
+    addrs: dict[str, str] = {}  # agent -> the address its members are reached at (its published address)
+
+    def addr_of(self, member: str) -> str:
+        """The host address of ``member`` (loopback for an agent that published none: same machine)."""
+        from prefect_launch.workers.cluster.env import LOOPBACK
+
+        return self.addrs.get(self.members.get(member, ""), LOOPBACK)
+
+    def member_addrs(self) -> dict[str, str]:
+        return {m: self.addr_of(m) for m in self.members}
 
     def label(self) -> dict[str, str]:
         return {CLUSTER_PLAN_LABEL: self.model_dump_json()}
