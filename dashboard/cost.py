@@ -134,7 +134,7 @@ def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequen
               now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
     """One row per run of the store that lived inside ``[since, until)`` (see the module doc).
 
-    ``deployments`` (id -> {"name": ...}, as :func:`prefect_launch.dashboard.data.fetch_deployments`
+    ``deployments`` (id -> {"name": ...}, as :func:`prefect_launch.dashboard.api.fetch_deployments`
     reads them) names the job of runs whose record holds only the deployment id."""
     lo, hi = epoch_ms(since), epoch_ms(until)
     with store._read() as conn:

@@ -223,9 +223,6 @@ def agent_start(
     on_exit: str = typer.Option("drain", "--on-exit",
                                 help="On Ctrl-C/SIGTERM: 'drain' (let running runs finish; a second signal "
                                      "cancels them) or 'cancel' (cancel them at once)"),
-    advertise_address: Optional[str] = typer.Option(
-        None, "--advertise-address", help="Address other hosts reach this agent's cluster members at (default: "
-                                          "the source address of this host's route to the Prefect server)"),
 ) -> None:
     """Start one agent serving every --queue with one capacity ledger."""
     if ctx.invoked_subcommand is not None:
@@ -236,8 +233,7 @@ def agent_start(
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
-        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit,
-                  advertise_address=advertise_address)
+        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit)
     except (LaunchValidationError, LookupError) as exc:
         fail(str(exc))
 
@@ -254,12 +250,12 @@ def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON."
         print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
         return
     table = Table(title="launch agents")
-    for col in ("agent", "address", "online", "queues", "capacity", "free", "runs"):
+    for col in ("agent", "online", "queues", "capacity", "free", "runs"):
         table.add_column(col)
     for a in agents:
         fmt = lambda r: f"cpu={r.cpu:g} mem={format_size(r.memory)} gpu={r.gpu}"  # noqa: E731
-        table.add_row(a.name, a.address or "-", "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity),
-                      fmt(a.free), str(len(a.runs)))
+        table.add_row(a.name, "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity), fmt(a.free),
+                      str(len(a.runs)))
     console.print(table)
 
 
@@ -500,18 +496,19 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
 
 # ---------------------------------------------------------------------------- monitor
 def _index_service():
-    from prefect_launch.dashboard import data as D
     from prefect_launch.dashboard import index_sync as X
+    from prefect_launch.dashboard.api import get_api
+    from prefect_launch.dashboard.metrics_source import metrics_store
 
     with prefect_client() as client:
         try:
             client.hello()
         except Exception as exc:
             fail(f"cannot reach the Prefect server at {os.environ.get('PREFECT_API_URL')}: {exc}")
-    store = D.metrics_store()
+    store = metrics_store()
     if store is None:
         fail("no metrics store: run `prefect-launch setup` first")
-    return X.service_for(store, D.get_api()), X
+    return X.service_for(store, get_api()), X
 
 
 @monitor_app.command("index")
@@ -618,18 +615,20 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
     agents could not measure is shown as unavailable, never estimated.
     """
     from prefect_launch.dashboard import cost as C
-    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard.api import fetch_deployments, get_api
+    from prefect_launch.dashboard.metrics_source import metrics_store
+    from prefect_launch.dashboard.spec import UTC
 
     if by not in C.BY:
         fail(f"--by must be one of {', '.join(C.BY)}")
     if as_json and as_csv:
         fail("give --json or --csv, not both")
     t0, t1 = since, until
-    store = D.metrics_store()
+    store = metrics_store()
     if store is None:
         fail("no metrics store: set LAUNCH_METRICS_URL or run `prefect-launch setup`")
     try:
-        deployments = D.fetch_deployments(D.get_api())  # names the jobs of runs whose record has only the id
+        deployments = fetch_deployments(get_api())  # names the jobs of runs whose record has only the id
     except Exception:
         deployments = {}
     try:
@@ -637,7 +636,7 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
     except Exception as exc:
         fail(f"cannot read the metrics store: {str(exc).splitlines()[0][:300]}")
     if as_json:
-        print_json({"by": by, "since": t0.isoformat(), "until": (t1 or D.dt.datetime.now(D.UTC)).isoformat(),
+        print_json({"by": by, "since": t0.isoformat(), "until": (t1 or datetime.now(UTC)).isoformat(),
                      "rows": C.report_rows(table)})
         return
     if as_csv:

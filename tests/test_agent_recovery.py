@@ -175,10 +175,11 @@ def test_timeout_from_queue_default_and_per_run(tmp_path: Path, unique_name: str
     # ... and the monitor's errors panel (API path: the same state message)
     from datetime import datetime, timedelta, timezone
 
-    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard.spec import ViewSpec
+    from prefect_launch.dashboard.view import load_view
 
     now = datetime.now(timezone.utc)
-    view = D.load_view(D.ViewSpec(since=now - timedelta(hours=1), until=now + timedelta(minutes=1), queues=(q,)),
+    view = load_view(ViewSpec(since=now - timedelta(hours=1), until=now + timedelta(minutes=1), queues=(q,)),
                        use_cache=False, store=None, source="api")
     errors = {row["id"]: row for row in view.errors.to_dict("records")}
     assert errors[slow]["message"].startswith("task-timeout: timeout after 3 s") and ok not in errors

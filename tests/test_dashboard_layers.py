@@ -6,7 +6,7 @@
 * the pure producers (spec, frames, index_view, occupancy, summary) read no server, store or
   page: they import none of the API, cache, index-sync, view or metrics-source modules,
   nor httpx or streamlit;
-* ``data.py`` is a facade: it only imports.
+* the old ``data.py`` facade is gone: nothing in the project imports it.
 
 ``scripts/check_dashboard_imports.py`` imports each module alone in a fresh interpreter.
 """
@@ -21,7 +21,7 @@ import pytest
 DASH = Path(__file__).resolve().parents[1] / "dashboard"
 PKG = "prefect_launch.dashboard"
 PURE = {"spec", "frames", "index_view", "occupancy", "summary", "keep_warm"}
-IO_MODULES = {"api", "api_cache", "index_sync", "view", "metrics_source", "data"}
+IO_MODULES = {"api", "api_cache", "index_sync", "view", "metrics_source"}
 
 
 def _sources() -> dict[str, ast.Module]:
@@ -120,10 +120,21 @@ def test_pure_producers_read_no_server_store_or_page(graph):
         assert not top & {"httpx", "streamlit", "sqlalchemy"}, (m, top & {"httpx", "streamlit", "sqlalchemy"})
 
 
-def test_no_dashboard_module_or_page_imports_the_facade(graph):
-    """The pages and modules import each name from the module that owns it (dashboard/data.py stays only for
-    importers outside the dashboard until they move)."""
-    assert sorted(m for m, (deps, _) in graph.items() if "data" in deps and m != "data") == []
+def test_the_data_facade_is_gone_and_nothing_imports_it():
+    """Every name is imported from the module that owns it; dashboard/data.py (a one-import facade) was deleted."""
+    root = DASH.parent
+    assert not (DASH / "data.py").exists()
+    facade = PKG + ".data"
+    found = []
+    for top in ("prefect_launch", "dashboard", "workers", "blocks", "flows", "deployments", "tests", "bench", "scripts"):
+        for p in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []:
+            for node in ast.walk(ast.parse(p.read_text(), str(p))):
+                if isinstance(node, ast.ImportFrom) and not node.level and (
+                        node.module == facade or (node.module == PKG and any(a.name == "data" for a in node.names))):
+                    found.append(str(p.relative_to(root)))
+                elif isinstance(node, ast.Import) and any(a.name == facade for a in node.names):
+                    found.append(str(p.relative_to(root)))
+    assert found == []
 
 
 def test_only_the_frame_and_the_pages_read_streamlit_state():
@@ -133,21 +144,3 @@ def test_only_the_frame_and_the_pages_read_streamlit_state():
                  and isinstance(n.value, ast.Name) and n.value.id == "st"}
         if m != "app":
             assert not calls & {"st.navigation", "st.cache_resource"}, (m, calls & {"st.navigation", "st.cache_resource"})
-
-
-def test_data_is_only_a_facade():
-    tree = _sources()["data"]
-    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-    assert all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body)
-
-
-def test_every_name_the_facade_exports_exists():
-    """The facade's names resolve (callers that still import ``data as D`` keep working)."""
-    from prefect_launch.dashboard import data as D
-
-    tree = _sources()["data"]
-    names = [a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names]
-    assert [n for n in names if not hasattr(D, n)] == []
-    for n in ("ViewSpec", "View", "load_view", "get_api", "metrics_store", "clear_caches", "run_url", "options",
-              "index_status", "time_window", "interval_for", "aligned_range", "STATUS_OF_TYPE", "UTC", "dt"):
-        assert hasattr(D, n), n

@@ -125,11 +125,12 @@ def test_cli_agent_job_and_monitor_work_with_the_auth_string(server):
     # the monitor's data layer with and without the auth string
     probe = (
         "import datetime as dt, json, sys\n"
-        "from prefect_launch.dashboard import data as D\n"
+        "from prefect_launch.dashboard.spec import ViewSpec\n"
+        "from prefect_launch.dashboard.view import load_view, options\n"
         "now = dt.datetime.now(dt.timezone.utc)\n"
-        f"v = D.load_view(D.ViewSpec(since=now - dt.timedelta(hours=1), until=now + dt.timedelta(minutes=1), "
+        f"v = load_view(ViewSpec(since=now - dt.timedelta(hours=1), until=now + dt.timedelta(minutes=1), "
         f"queues=({queue!r},), interval_s=300), use_cache=False)\n"
-        "print(json.dumps({'runs': [str(i) for i in v.runs['id']], 'queues': D.options()['queues']}))\n"
+        "print(json.dumps({'runs': [str(i) for i in v.runs['id']], 'queues': options()['queues']}))\n"
     )
     seen = json.loads(_run(env, sys.executable, "-c", probe).stdout.strip().splitlines()[-1])
     assert run_id in seen["runs"] and queue in seen["queues"]

@@ -83,7 +83,8 @@ def _everything_about(run_id: str, queue: str) -> dict[str, str]:
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard.spec import ViewSpec
+    from prefect_launch.dashboard.view import load_view
 
     out: dict[str, str] = {}
     with get_client(sync_client=True) as client:
@@ -122,8 +123,8 @@ def _everything_about(run_id: str, queue: str) -> dict[str, str]:
     out["history"] = history.text
     out["runs show"] = cli("runs", "show", run_id, "--json").stdout + cli("runs", "show", run_id).stdout
     out["runs ls"] = cli("runs", "ls", "--queue", queue, "--json").stdout
-    view = D.load_view(D.ViewSpec(since=now - dt.timedelta(hours=1), until=now + dt.timedelta(minutes=1),
-                                  queues=(queue,), interval_s=300), use_cache=False)
+    view = load_view(ViewSpec(since=now - dt.timedelta(hours=1), until=now + dt.timedelta(minutes=1),
+                              queues=(queue,), interval_s=300), use_cache=False)
     frames = {k: getattr(view, k) for k in ("runs", "errors", "hist", "metrics", "agents", "workers")}
     assert run_id in frames["runs"].to_json(default_handler=str, date_format="iso"), "the monitor does not show the run at all"
     out["dashboard"] = "\n".join(f.to_json(default_handler=str, date_format="iso") for f in frames.values()) + json.dumps(view.totals,

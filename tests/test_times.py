@@ -205,7 +205,7 @@ def stubbed(monkeypatch):
     import contextlib
 
     from prefect_launch import cli, cli_common, session_cli
-    from prefect_launch.dashboard import data as D
+    from prefect_launch.dashboard import metrics_source
 
     @contextlib.contextmanager
     def no_server():
@@ -214,7 +214,7 @@ def stubbed(monkeypatch):
 
     for mod in (cli, session_cli):
         monkeypatch.setattr(mod, "prefect_client", no_server)
-    monkeypatch.setattr(D, "metrics_store", lambda: cli_common.fail(STUB_MESSAGE))
+    monkeypatch.setattr(metrics_source, "metrics_store", lambda: cli_common.fail(STUB_MESSAGE))
     from prefect_launch.cli import app
 
     return app
