@@ -223,6 +223,9 @@ def agent_start(
     on_exit: str = typer.Option("drain", "--on-exit",
                                 help="On Ctrl-C/SIGTERM: 'drain' (let running runs finish; a second signal "
                                      "cancels them) or 'cancel' (cancel them at once)"),
+    advertise_address: Optional[str] = typer.Option(
+        None, "--advertise-address", help="Address other hosts reach this agent's cluster members at (default: "
+                                          "the source address of this host's route to the Prefect server)"),
 ) -> None:
     """Start one agent serving every --queue with one capacity ledger."""
     if ctx.invoked_subcommand is not None:
@@ -233,7 +236,8 @@ def agent_start(
     from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
     try:
-        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit)
+        run_agent(list(queue), name=name, capacity=capacity, use_cgroups=not no_cgroups, on_exit=on_exit,
+                  advertise_address=advertise_address)
     except (LaunchValidationError, LookupError) as exc:
         fail(str(exc))
 
@@ -250,12 +254,12 @@ def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON."
         print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
         return
     table = Table(title="launch agents")
-    for col in ("agent", "online", "queues", "capacity", "free", "runs"):
+    for col in ("agent", "address", "online", "queues", "capacity", "free", "runs"):
         table.add_column(col)
     for a in agents:
         fmt = lambda r: f"cpu={r.cpu:g} mem={format_size(r.memory)} gpu={r.gpu}"  # noqa: E731
-        table.add_row(a.name, "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity), fmt(a.free),
-                      str(len(a.runs)))
+        table.add_row(a.name, a.address or "-", "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity),
+                      fmt(a.free), str(len(a.runs)))
     console.print(table)
 
 
