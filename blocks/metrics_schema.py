@@ -56,6 +56,11 @@ a Prefect Variable, see ``dashboard.api.Api.server_id``) rather than its URL alo
 one server by another spelling (localhost, a proxy, another port) share its index instead of each
 resetting it. A meta row from before v8 (NULL ``server_id``) is adopted by the first monitor whose
 URL it names.
+
+Version 9 adds who may use the box (issue 40, ``blocks.identity_repository``): ``launch_users`` (name, role
+admin/user/agent, disabled), ``launch_projects``, ``launch_project_members``, ``launch_api_keys`` (only a
+public key id, a per-key salt and the scrypt hash of the secret; revoked and last-used times) and
+``launch_queue_access`` (which users and projects a queue is open to; a queue without rows is open to all).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 metadata = sa.MetaData()
 
@@ -235,6 +240,56 @@ scheduling_history = sa.Table(
 sa.Index("ix_launch_sched_history_run", scheduling_history.c.flow_run_id, scheduling_history.c.id)
 sa.Index("ix_launch_sched_history_updated", scheduling_history.c.updated_ms)
 
+# v9: identity (blocks.identity_repository). Names are unique; keys are stored as scrypt hashes only.
+users = sa.Table(
+    "launch_users",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(255), nullable=False, unique=True),
+    sa.Column("role", sa.String(16), nullable=False),  # admin, user, agent
+    sa.Column("disabled", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+
+projects = sa.Table(
+    "launch_projects",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(255), nullable=False, unique=True),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+
+project_members = sa.Table(
+    "launch_project_members",
+    metadata,
+    sa.Column("project_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("user_id", sa.Integer, primary_key=True, autoincrement=False),
+)
+
+api_keys = sa.Table(
+    "launch_api_keys",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key_id", sa.String(32), nullable=False, unique=True),  # the key's public part, to find its row
+    sa.Column("user_id", sa.Integer, nullable=False),
+    sa.Column("salt", sa.String(64), nullable=False),  # hex
+    sa.Column("hash", sa.String(128), nullable=False),  # hex scrypt(secret, salt)
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("revoked_ms", sa.BigInteger),
+    sa.Column("last_used_ms", sa.BigInteger),
+)
+sa.Index("ix_launch_api_keys_user", api_keys.c.user_id)
+
+queue_access = sa.Table(
+    "launch_queue_access",
+    metadata,
+    sa.Column("queue", sa.String(255), primary_key=True),
+    sa.Column("kind", sa.String(16), primary_key=True),  # user, project
+    sa.Column("name", sa.String(255), primary_key=True),
+)
+
+IDENTITY_TABLES = (users, projects, project_members, api_keys, queue_access)
+
 # ---------------------------------------------------------------- migrations
 # Each migration moves the schema from version k-1 to k. Never edit a released
 # migration; append a new one and bump SCHEMA_VERSION.
@@ -328,9 +383,14 @@ def _migrate_8(conn: Connection) -> None:
     add_missing_columns(conn, index_meta, ("server_id",))
 
 
+def _migrate_9(conn: Connection) -> None:
+    for table in IDENTITY_TABLES:
+        table.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-    8: _migrate_8,
+    8: _migrate_8, 9: _migrate_9,
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

@@ -495,7 +495,7 @@ def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
     engine.dispose()
     dispose_engines()
     index = RunIndex(RunMetricsStore(url=url))
-    assert index.store.schema_version() == 8
+    assert index.store.schema_version() == 9
     assert index.meta("a" * 32, "http://localhost:4200/api") is None  # another URL: not this row
     m = index.meta("a" * 32, "http://127.0.0.1:4200/api")
     assert (m.server_id, m.covered_since_ms, m.events_cursor_ms, m.last_sync_ms) == ("a" * 32, 1000, 2000, 3000)

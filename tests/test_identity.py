@@ -1,0 +1,109 @@
+"""Users, projects, API keys and queue access (issue 40 section 1): pure, on SQLite under tmp_path."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+import pytest
+
+from prefect_launch.blocks import identity_keys as K
+from prefect_launch.blocks import metrics_schema as S
+from prefect_launch.blocks.identity_records import QueueAccess, User, check_name
+from prefect_launch.blocks.identity_repository import IdentityError, IdentityRepository
+from prefect_launch.blocks.metrics_engines import engine_for
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return IdentityRepository(f"sqlite:///{tmp_path / 'identity.db'}")
+
+
+def test_keys_are_stored_only_as_salted_scrypt_hashes():
+    a, b = K.new_key(), K.new_key()
+    assert a.plaintext.startswith("plk_") and a.key_id in a.plaintext
+    key_id, secret = K.split_key(a.plaintext)
+    assert key_id == a.key_id and secret not in (a.hash, a.salt)
+    assert a.salt != b.salt and a.hash != b.hash
+    assert K.verify_secret(secret, a.salt, a.hash)
+    assert not K.verify_secret(secret + "x", a.salt, a.hash)
+    assert not K.verify_secret(secret, b.salt, a.hash)
+    assert a.hash == K.hash_secret(secret, a.salt) and len(a.hash) == 64
+
+
+@pytest.mark.parametrize("text", ["", "Bearer x", "plk_abc_def", "plk_0123456789ab_short", "x" * 80, None])
+def test_malformed_keys_do_not_parse(text):
+    assert K.split_key(text) is None
+
+
+def test_users_projects_and_keys(repo):
+    repo.add_project("vision")
+    alice, key = repo.add_user("alice", projects=["vision"])
+    assert alice == User(name="alice", role="user", projects=("vision",), created=alice.created)
+    admin, admin_key = repo.add_user("root", role="admin")
+    assert admin.is_admin and repo.verify(admin_key).name == "root"
+    assert repo.verify(key).name == "alice" and repo.verify(key, "alice") and repo.verify(key, "root") is None
+    assert repo.verify(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert [p.members for p in repo.projects()] == [("alice",)]
+    # the database holds no plaintext, only the hash; last-used is recorded
+    with engine_for(repo.url).connect() as conn:
+        dump = repr(conn.execute(sa.select(S.api_keys)).all())
+    assert K.split_key(key)[1] not in dump
+    assert repo.keys("alice")[0].last_used is not None
+    # rotate: the old key stops working, the new one works
+    new = repo.rotate_key("alice")
+    assert repo.verify(key) is None and repo.verify(new).name == "alice"
+    assert [k.revoked is not None for k in repo.keys("alice")] == [True, False]
+    # disable: every key stops working
+    repo.set_disabled("alice")
+    assert repo.verify(new) is None and repo.user("alice").disabled
+    repo.set_disabled("alice", False)
+    assert repo.verify(new).name == "alice"
+    repo.revoke_key(K.split_key(new)[0])
+    assert repo.verify(new) is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda r: r.add_user("alice"), "exists already"),
+    (lambda r: r.add_user("bob", projects=["nope"]), "no project 'nope'"),
+    (lambda r: r.add_user("bob", role="king"), "role 'king'"),
+    (lambda r: r.add_user("-bad"), "not allowed"),
+    (lambda r: r.rotate_key("ghost"), "no user 'ghost'"),
+    (lambda r: r.set_queue_access("gpu", users=["ghost"]), "no user 'ghost'"),
+])
+def test_bad_requests_say_what_is_wrong(repo, call, message):
+    repo.add_user("alice")
+    with pytest.raises(IdentityError, match=message):
+        call(repo)
+    assert [u.name for u in repo.users()] == ["alice"]  # nothing half-written
+
+
+def test_queue_access(repo):
+    repo.add_project("vision")
+    alice, _ = repo.add_user("alice", projects=["vision"])
+    bob, _ = repo.add_user("bob")
+    root, _ = repo.add_user("root", role="admin")
+    assert repo.queue_access("gpu").open_to_all and repo.queue_access("gpu").allows(bob)
+    acc = repo.set_queue_access("gpu", projects=["vision"])
+    assert acc.allows(alice) and not acc.allows(bob) and acc.allows(root)
+    assert repo.set_queue_access("gpu", users=["bob"]).allows(bob)
+    assert [a.queue for a in repo.all_queue_access()] == ["gpu"]
+    assert repo.set_queue_access("gpu").open_to_all and repo.all_queue_access() == []
+
+
+@pytest.mark.parametrize("access, user, allowed", [
+    (QueueAccess(queue="q"), User(name="u"), True),
+    (QueueAccess(queue="q", users=("u",)), User(name="u"), True),
+    (QueueAccess(queue="q", users=("v",)), User(name="u"), False),
+    (QueueAccess(queue="q", projects=("p",)), User(name="u", projects=("p",)), True),
+    (QueueAccess(queue="q", projects=("p",)), User(name="u", projects=("r",)), False),
+    (QueueAccess(queue="q", projects=("p",)), User(name="a", role="admin"), True),
+    (QueueAccess(queue="q", projects=("p",)), User(name="a", role="agent"), False),
+])
+def test_queue_access_decisions(access, user, allowed):
+    assert access.allows(user) is allowed
+
+
+def test_names_become_tags_so_they_are_checked():
+    assert check_name("alice.b@x") == "alice.b@x"
+    for bad in ("", "a b", "a:b", "-x", "x" * 64):
+        with pytest.raises(ValueError):
+            check_name(bad)
