@@ -8,7 +8,7 @@ const STEPS = [60e3, 300e3, 600e3, 900e3, 1800e3, 3600e3, 3 * 3600e3, 6 * 3600e3
 
 const pad2 = (n) => String(n).padStart(2, "0");
 
-// A chart's or table's payload arrives as bytes (dashboard/component_js.py, packed): JSON whose first key
+// A chart's payload arrives as bytes (dashboard/chart_data.py, packed): JSON whose first key
 // is sig, a digest of the rest. sigOf reads it from the first bytes; unpack parses the whole, which a
 // component does only for a payload it has not drawn.
 const utf8 = new TextDecoder();
