@@ -268,13 +268,19 @@ def check_gpu_hours(reported_h: Optional[float], expected_h: float, runs: int) -
 REFUSAL_CODES = ("exceeds-agent-capacity", "insufficient-resources")
 
 
-def refusal(history: Sequence[dict[str, Any]], ever_started: bool, gpus: int = 2) -> dict[str, Any]:
-    """A request for ``gpus`` GPUs on an agent with fewer: refused (a scheduling-history record with a
-    capacity error code whose message names the GPUs) and never started."""
+def refusal(history: Sequence[dict[str, Any]], ever_started: bool, gpus: int = 2,
+            submit_error: Optional[str] = None) -> dict[str, Any]:
+    """A request for ``gpus`` GPUs on an agent with fewer: refused with a reason that names the GPUs, and
+    never started. Refused either at submission (``submit_error``: the CLI knows the online agents'
+    capacity) or by the agent (a scheduling-history record with a capacity error code)."""
+    if submit_error is not None:
+        return {"what": "refused_2_gpu_request", "agent": submit_error, "truth": "refused, never started",
+                "ok": f"gpu={gpus}" in submit_error, "where": "submit"}
     recs = [r for r in history if r.get("error_code") in REFUSAL_CODES and f"gpu={gpus}" in (r.get("message") or "")]
     reason = recs[0].get("message") if recs else None
     return {"what": "refused_2_gpu_request", "agent": reason, "truth": "refused, never started",
-            "ok": bool(recs) and not ever_started, "error_code": recs[0].get("error_code") if recs else None}
+            "ok": bool(recs) and not ever_started, "error_code": recs[0].get("error_code") if recs else None,
+            "where": "agent"}
 
 
 def verdict(checks: Sequence[dict[str, Any]]) -> bool:

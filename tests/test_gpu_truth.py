@@ -143,6 +143,10 @@ def test_a_two_gpu_request_is_refused_with_its_reason():
     assert not T.refusal(history, ever_started=True)["ok"]  # it ran after all
     assert not T.refusal([], ever_started=False)["ok"]  # no reason given
     assert not T.refusal([{**history[0], "message": "waiting: needs cpu=64, agent a has 8 in total"}], False)["ok"]
+    at_submit = T.refusal([], False, submit_error="error: beyond any agent's total capacity on queue 'q': needs gpu=2 "
+                                                  "(agent a has 1 in total); choose a smaller preset")
+    assert at_submit["ok"] and at_submit["where"] == "submit"
+    assert not T.refusal([], False, submit_error="error: cannot reach the server")["ok"]
 
 
 def test_the_sampler_reads_nvml_itself():
