@@ -2,7 +2,7 @@
 
 The page (``dashboard/app.py``) only lays a :class:`PageData` out. Its reads (the view, the
 range's cost rows, the waiting runs, the queues' links) run in parallel, once per sidebar state
-and step of the page's clock, in :data:`PAGE` (:class:`.keep_warm.KeepWarm`): while the monitor
+and step of the page's clock, in :data:`PAGE` (:class:`.page_keeper.PageKeeper`): while the monitor
 is served by :mod:`.serve`, the views asked for in the last five minutes are computed for the next
 step before it begins, so a visit finds them ready rather than waiting seconds for them at 100k runs.
 """
@@ -24,13 +24,13 @@ from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard.cost_rows import CostRows
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import view as V
-from prefect_launch.dashboard.keep_warm import KeepWarm
+from prefect_launch.dashboard.page_keeper import PageKeeper
 
 CACHE_TTL_S = 30.0  # a fixed range's page is read again after this long
 KEEP_S = float(os.environ.get("LAUNCH_MONITOR_KEEP_SECONDS", "300"))  # views kept ready this long after their last visit
 # the next step's view is read from LEAD_S before the step on; while a visit is being drawn (QUIET_S after
 # it asked for its view: the script, then the browser's drawing) the read waits, up to the last moment
-# (keep_warm.KeepWarm): figures are then at most a step plus LEAD_S old
+# (page_keeper.PageKeeper): figures are then at most a step plus LEAD_S old
 LEAD_S = 4.0
 QUIET_S = 2.5
 
@@ -155,9 +155,9 @@ def advance(spec: S.ViewSpec) -> Optional[tuple[S.ViewSpec, float]]:
     return spec.next_step(), spec.until.timestamp()
 
 
-PAGE: KeepWarm[S.ViewSpec, PageData] = KeepWarm(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S, lead_s=LEAD_S,
+PAGE: PageKeeper[S.ViewSpec, PageData] = PageKeeper(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S, lead_s=LEAD_S,
                                                  quiet_s=QUIET_S)
-_OPTIONS: KeepWarm[str, dict] = KeepWarm(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
+_OPTIONS: PageKeeper[str, dict] = PageKeeper(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
 
 
 _LAST_OPTIONS: list[dict] = []
@@ -267,7 +267,7 @@ def prepare(now: Optional[dt.datetime] = None) -> PageData:
     return PAGE.get(S.default_spec(now))
 
 
-def keep_warm() -> None:
+def keep_ready() -> None:
     """Keep the views people look at ready ahead of the page's clock (see the module doc)."""
     PAGE.start()
 

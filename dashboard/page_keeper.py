@@ -8,7 +8,7 @@ background thread computes the *next* step's value of each live key a little bef
 begins (``lead`` seconds, at least the last computation's length), for the keys asked for in the
 last ``keep_s`` seconds, so a visit finds its value ready. Figures are then at most one step plus
 the lead old, as before at most one step. Within the lead it waits while a visit is being drawn
-(``quiet_s`` after the last :meth:`KeepWarm.get`), up to the last moment that still finishes before
+(``quiet_s`` after the last :meth:`PageKeeper.get`), up to the last moment that still finishes before
 the step begins: on a small machine a read running beside a visit slowed the visit by most of its
 own length.
 
@@ -36,7 +36,7 @@ class _Entry(Generic[V]):
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class KeepWarm(Generic[K, V]):
+class PageKeeper(Generic[K, V]):
     """Values of ``compute(key)``, each computed once (callers asking while it runs wait for it).
 
     ``advance(key)`` gives the key the same view has in the next clock step, and when that step
@@ -170,7 +170,7 @@ class KeepWarm(Generic[K, V]):
                     self._wake.wait(period_s)
                     self._wake.clear()
 
-            self._thread = threading.Thread(target=loop, name="monitor-keep-warm", daemon=True)
+            self._thread = threading.Thread(target=loop, name="monitor-page-keeper", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:

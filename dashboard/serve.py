@@ -4,7 +4,7 @@
 
 Before the server takes visits this process imports what the page needs (Prefect, pandas,
 Altair) and reads the default view (:func:`.page_data.prepare`); while it serves, the views
-visited in the last minutes are read ahead of the page's clock (:func:`.page_data.keep_warm`).
+visited in the last minutes are read ahead of the page's clock (:func:`.page_data.keep_ready`).
 ``streamlit run dashboard/app.py`` still works: each visit then reads what it shows itself.
 """
 
@@ -29,7 +29,7 @@ DEFAULTS = ["--server.address", "127.0.0.1", "--server.headless", "true", "--bro
             "--runner.magicEnabled", "false"]
 
 
-def _warm_imports() -> None:
+def _preload_imports() -> None:
     """What the first visit would otherwise pay while the person waits (~4 s here): importing
     the page's modules, Altair and Vega-Lite's schema (for the sections drawn on demand), and
     ``inspect``'s module table, which Streamlit walks once (``inspect.stack()``) on the first
@@ -86,14 +86,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("queue monitor: preparing the default view (Prefect's API, the run index)…", flush=True)
     from prefect_launch.dashboard import page_data as P
 
-    _warm_imports()
+    _preload_imports()
     try:
         P.prepare()
         print(f"queue monitor: ready in {time.perf_counter() - t:.1f} s", flush=True)
     except Exception as exc:  # the page itself says what is wrong on each visit
         print(f"queue monitor: could not read the default view ({type(exc).__name__}: {exc}); "
               "the page will try again on each visit", flush=True)
-    P.keep_warm()
+    P.keep_ready()
     _accept_with_nodelay()
     asset_cache.install()  # Streamlit's hashed scripts from memory: ~0.3 s of this process's CPU a new visitor
     from streamlit.web import cli as stcli

@@ -20,7 +20,7 @@ import pytest
 
 DASH = Path(__file__).resolve().parents[1] / "dashboard"
 PKG = "prefect_launch.dashboard"
-PURE = {"spec", "frames", "index_view", "occupancy", "summary", "keep_warm"}
+PURE = {"spec", "frames", "index_view", "occupancy", "summary", "page_keeper"}
 IO_MODULES = {"api", "api_cache", "index_sync", "view", "metrics_source"}
 
 

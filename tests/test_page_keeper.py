@@ -1,4 +1,4 @@
-"""The monitor's keep-warm cache (dashboard/keep_warm.py): when a value is computed, reused and
+"""The monitor's page keeper (dashboard/page_keeper.py): when a value is computed, reused and
 read ahead of the page's clock. Pure: a fake clock and compute function, no server."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from prefect_launch.dashboard import spec as S
-from prefect_launch.dashboard.keep_warm import KeepWarm
+from prefect_launch.dashboard.page_keeper import PageKeeper
 from prefect_launch.dashboard.page_data import advance
 
 
@@ -29,11 +29,11 @@ def _live(step: int):
 
 def test_each_key_is_computed_once_and_served_until_its_ttl():
     clock, calls = Clock(), []
-    kw = KeepWarm(lambda k: calls.append(k) or f"v{k}", lambda k: None, ttl_s=30, clock=clock)
-    assert kw.get(1) == "v1" and kw.get(1) == "v1"
-    assert calls == [1] and (kw.hits, kw.misses) == (1, 1)
+    keeper = PageKeeper(lambda k: calls.append(k) or f"v{k}", lambda k: None, ttl_s=30, clock=clock)
+    assert keeper.get(1) == "v1" and keeper.get(1) == "v1"
+    assert calls == [1] and (keeper.hits, keeper.misses) == (1, 1)
     clock.t += 31
-    assert kw.get(1) == "v1" and calls == [1, 1]  # expired: read again
+    assert keeper.get(1) == "v1" and calls == [1, 1]  # expired: read again
 
 
 def _slow_double():
@@ -52,9 +52,9 @@ def _slow_double():
 
 def test_concurrent_requests_wait_for_one_computation():
     started, release, calls, slow = _slow_double()
-    kw = KeepWarm(slow, lambda k: None)
+    keeper = PageKeeper(slow, lambda k: None)
     out = []
-    threads = [threading.Thread(target=lambda: out.append(kw.get(21))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: out.append(keeper.get(21))) for _ in range(3)]
     threads[0].start()
     started.wait(5)
     for t in threads[1:]:
@@ -75,28 +75,28 @@ def test_a_failure_reaches_every_waiter_and_is_not_kept():
             raise RuntimeError("server down")
         return "ok"
 
-    kw = KeepWarm(flaky, lambda k: None)
+    keeper = PageKeeper(flaky, lambda k: None)
     with pytest.raises(RuntimeError, match="server down"):
-        kw.get("a")
-    assert not kw.peek("a")
-    assert kw.get("a") == "ok" and n["calls"] == 2
+        keeper.get("a")
+    assert not keeper.peek("a")
+    assert keeper.get("a") == "ok" and n["calls"] == 2
 
 
 def test_the_next_step_is_read_ahead_of_the_clock_for_a_key_asked_lately():
     clock = Clock(95.0)  # step 10 is shown during [90, 100); step 11 begins at 100
     calls = []
-    kw = KeepWarm(lambda k: calls.append(k) or k, _live(10), keep_s=300, lead_s=2, clock=clock)
-    kw.get(10)
-    assert kw.keep_ahead() == 0  # 5 s before the step: too early
+    keeper = PageKeeper(lambda k: calls.append(k) or k, _live(10), keep_s=300, lead_s=2, clock=clock)
+    keeper.get(10)
+    assert keeper.keep_ahead() == 0  # 5 s before the step: too early
     clock.t = 98.5
-    assert kw.keep_ahead() == 1 and calls == [10, 11]
-    assert kw.keep_ahead() == 0  # once
+    assert keeper.keep_ahead() == 1 and calls == [10, 11]
+    assert keeper.keep_ahead() == 0  # once
     clock.t = 100.5
-    assert kw.peek(11) and kw.get(11) == 11 and calls == [10, 11]  # the visit in the new step: no wait
+    assert keeper.peek(11) and keeper.get(11) == 11 and calls == [10, 11]  # the visit in the new step: no wait
     # nobody asks any more: kept ahead for keep_s after the last request, then left alone
     for t in range(100, 420, 1):
         clock.t = t + 0.9
-        kw.keep_ahead()
+        keeper.keep_ahead()
     read_ahead = [k for k in calls[2:]]
     assert read_ahead == list(range(12, 12 + len(read_ahead)))
     assert 12 + len(read_ahead) - 1 <= 41  # up to ~300 s after the last request (at 100.5): step 40 ends at 400
@@ -110,44 +110,44 @@ def test_a_slow_view_is_read_ahead_earlier():
         clock.t += 4.0  # takes 4 s of the clock
         return k
 
-    kw = KeepWarm(compute, _live(10), lead_s=2, clock=clock)
-    kw.get(10)  # finished at 94; took 4 s by the fake clock? took_s is wall time: tiny
-    kw._entries[10].took_s = 4.0  # what a 100k-run view costs here
+    keeper = PageKeeper(compute, _live(10), lead_s=2, clock=clock)
+    keeper.get(10)  # finished at 94; took 4 s by the fake clock? took_s is wall time: tiny
+    keeper._entries[10].took_s = 4.0  # what a 100k-run view costs here
     clock.t = 93.5  # 6.5 s before the step: 1.5 x 4 s = 6 s lead, too early
-    assert kw.keep_ahead() == 0
+    assert keeper.keep_ahead() == 0
     clock.t = 94.5
-    assert kw.keep_ahead() == 1
+    assert keeper.keep_ahead() == 1
 
 
 def test_fixed_keys_are_not_read_ahead_and_entries_are_bounded():
     clock = Clock()
-    kw = KeepWarm(lambda k: k, lambda k: None, max_entries=3, clock=clock)
+    keeper = PageKeeper(lambda k: k, lambda k: None, max_entries=3, clock=clock)
     for k in range(5):
         clock.t += 1
-        kw.get(k)
-    assert kw.keep_ahead() == 0
-    assert sorted(k for k in range(5) if kw.peek(k)) == [2, 3, 4]
+        keeper.get(k)
+    assert keeper.keep_ahead() == 0
+    assert sorted(k for k in range(5) if keeper.peek(k)) == [2, 3, 4]
 
 
 def test_clear_forgets_values_and_values_lists_them():
-    kw = KeepWarm(lambda k: {"k": k}, lambda k: None)
-    kw.get(1), kw.get(2)
-    assert sorted(v["k"] for v in kw.values()) == [1, 2]
-    kw.clear()
-    assert kw.values() == [] and not kw.peek(1)
+    keeper = PageKeeper(lambda k: {"k": k}, lambda k: None)
+    keeper.get(1), keeper.get(2)
+    assert sorted(v["k"] for v in keeper.values()) == [1, 2]
+    keeper.clear()
+    assert keeper.values() == [] and not keeper.peek(1)
 
 
 def test_the_keeper_thread_reads_ahead_on_its_own():
-    kw = KeepWarm(lambda k: k, lambda k: (k + 1, 0.0), keep_s=60)  # next step "begins" at once
-    kw.get(1)
-    kw.start(period_s=0.05)
+    keeper = PageKeeper(lambda k: k, lambda k: (k + 1, 0.0), keep_s=60)  # next step "begins" at once
+    keeper.get(1)
+    keeper.start(period_s=0.05)
     try:
         deadline = time.time() + 5
-        while not kw.peek(3) and time.time() < deadline:
+        while not keeper.peek(3) and time.time() < deadline:
             time.sleep(0.02)
-        assert kw.peek(2) and kw.peek(3) and kw.ahead >= 2
+        assert keeper.peek(2) and keeper.peek(3) and keeper.ahead >= 2
     finally:
-        kw.stop()
+        keeper.stop()
 
 
 def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
@@ -164,16 +164,16 @@ def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
 
 def test_request_starts_one_read_in_the_background_and_does_not_wait():
     started, release, calls, slow = _slow_double()
-    kw = KeepWarm(slow, lambda k: None)
+    keeper = PageKeeper(slow, lambda k: None)
     t = time.monotonic()
-    assert kw.request(4) is False and started.wait(5)
-    assert kw.request(4) is False and not kw.peek(4)  # under way: no second read
+    assert keeper.request(4) is False and started.wait(5)
+    assert keeper.request(4) is False and not keeper.peek(4)  # under way: no second read
     assert time.monotonic() - t < 1.0
     release.set()
     deadline = time.monotonic() + 5
-    while not kw.peek(4) and time.monotonic() < deadline:
+    while not keeper.peek(4) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert kw.request(4) is True and kw.get(4) == 8 and calls == [4]
+    assert keeper.request(4) is True and keeper.get(4) == 8 and calls == [4]
 
 
 def _page(now: dt.datetime, took: float = 20.0):
@@ -200,7 +200,7 @@ def test_a_visit_shows_the_newest_page_of_its_sidebar_state_while_its_view_is_re
         return _page(spec.until)
 
     monkeypatch.setattr(P, "_read", read)
-    monkeypatch.setattr(P, "PAGE", KeepWarm(P.compute, P.advance, ttl_s=30))
+    monkeypatch.setattr(P, "PAGE", PageKeeper(P.compute, P.advance, ttl_s=30))
     t0 = S.page_now(dt.datetime(2026, 11, 30, 12, 0, 5, tzinfo=S.UTC))
     first = S.default_spec(t0)
     release.set()
@@ -251,7 +251,7 @@ def test_a_failed_read_is_said_not_hidden_behind_older_figures(monkeypatch):
         return _page(spec.until)
 
     monkeypatch.setattr(P, "_read", read)
-    monkeypatch.setattr(P, "PAGE", KeepWarm(P.compute, P.advance, ttl_s=30))
+    monkeypatch.setattr(P, "PAGE", PageKeeper(P.compute, P.advance, ttl_s=30))
     first = S.default_spec(S.page_now(dt.datetime(2026, 11, 30, 12, 0, 5, tzinfo=S.UTC)))
     P.get_or_newest(first, now=first.until)
     fail.set()
@@ -283,18 +283,18 @@ def test_the_read_ahead_waits_while_a_visit_is_drawn_up_to_the_last_moment():
     start now to be ready when the step begins (1.2 x its last length before it, at least 0.5 s)."""
     clock = Clock(90.0)
     calls = []
-    kw = KeepWarm(lambda k: calls.append(k) or k, _live(10), lead_s=4, quiet_s=2.5, clock=clock)
-    kw.get(10)  # a visit at 90
-    kw._entries[10].took_s = 1.0  # the read takes 1 s: it must start by 98.8
+    keeper = PageKeeper(lambda k: calls.append(k) or k, _live(10), lead_s=4, quiet_s=2.5, clock=clock)
+    keeper.get(10)  # a visit at 90
+    keeper._entries[10].took_s = 1.0  # the read takes 1 s: it must start by 98.8
     clock.t = 96.5  # within the lead (from 96); the last visit 6.5 s ago: quiet
-    kw.get(10)  # another visit: the keeper holds back until 99.0 or the step's last moment
-    assert kw.keep_ahead() == 0
+    keeper.get(10)  # another visit: the keeper holds back until 99.0 or the step's last moment
+    assert keeper.keep_ahead() == 0
     clock.t = 98.0  # still within 2.5 s of the visit, and there is time left
-    assert kw.keep_ahead() == 0 and calls == [10]
+    assert keeper.keep_ahead() == 0 and calls == [10]
     clock.t = 98.8  # the last moment that is ready in time: it reads though the visit is recent
-    assert kw.keep_ahead() == 1 and calls == [10, 11]
+    assert keeper.keep_ahead() == 1 and calls == [10, 11]
     # after the quiet spell a read starts as soon as the lead allows
     clock.t = 105.0
-    kw.get(11)  # a visit at 105
+    keeper.get(11)  # a visit at 105
     clock.t = 107.6  # lead from 106, the visit 2.6 s ago
-    assert kw.keep_ahead() == 1 and calls == [10, 11, 12]
+    assert keeper.keep_ahead() == 1 and calls == [10, 11, 12]
