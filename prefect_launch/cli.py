@@ -19,7 +19,9 @@ import typer
 from rich.table import Table
 
 from prefect_launch.cli_common import TIME_HELP, console, err, fail, prefect_client, print_json, time_option
+from prefect_launch.identity_cli import access_app, gateway, project_app, user_app
 from prefect_launch.session_cli import session_app
+from prefect_launch.env_cli import env_app
 
 app = typer.Typer(help="Launch queues, resource-aware agents and run metrics on Prefect 3.",
                   no_args_is_help=True, add_completion=False)
@@ -180,6 +182,10 @@ def submit_cmd(
                                      "placed only when all N fit (all or none); members get WORLD_SIZE, RANK, MASTER_ADDR, ..."),
     cluster_mode: Optional[str] = typer.Option(
         None, "--cluster-mode", help="single-node (all members on one agent; default) or multi-node"),
+    environment: Optional[str] = typer.Option(
+        None, "--environment", help="The run's job environment (process queues): a requirements file, or JSON such "
+                                    "as '{\"requirements\": [\"rich==13.7\"], \"find_links\": \"/srv/wheels\"}'; "
+                                    "overrides the job's"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and show what would be submitted; create nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the created run ids as JSON."),
 ) -> None:
@@ -192,7 +198,8 @@ def submit_cmd(
                             shm_size=shm_size, priority=priority, params=parse_params(param or []),
                             env=list(env or []), secret_env=list(secret_env or []), name=name, count=count, agent=agent, owner=owner,
                             timeout=timeout, preemptible=preemptible, cluster_size=cluster_size,
-                            cluster_mode=cluster_mode, dry_run=dry_run)
+                            cluster_mode=cluster_mode, dry_run=dry_run,
+                            environment=environment)
         with prefect_client() as client:
             result = submit(client, req)
     except LaunchValidationError as exc:
@@ -662,6 +669,11 @@ def report(by: str = typer.Option("owner", "--by", help="Group by owner, job or 
 
 
 app.add_typer(session_app, name="session")
+app.add_typer(env_app, name="env")
+app.add_typer(user_app, name="user")
+app.add_typer(project_app, name="project")
+app.add_typer(access_app, name="access")
+app.command("gateway")(gateway)
 
 
 def main() -> None:  # pragma: no cover - console entry

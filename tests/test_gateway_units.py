@@ -1,0 +1,154 @@
+"""The gateway's decisions (issue 40 section 2), pure: credentials, the failure limiter, the key cache, the
+rules on creating and changing runs. The gateway served in front of a real server: test_gateway_e2e.py."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from prefect_launch import gateway_rules as R
+from prefect_launch.blocks.identity_records import QueueAccess, User
+from prefect_launch.gateway_auth import Credentials, FailureLimiter, KeyCache, credentials, token_credentials
+
+ALICE = User(name="alice", projects=("vision", "nlp"))
+BOB = User(name="bob")
+ROOT = User(name="root", role="admin")
+AGENT = User(name="box-3", role="agent")
+
+
+def basic(text: str) -> str:
+    return "Basic " + base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("Bearer plk_k", Credentials("plk_k")),
+    ("bearer   plk_k ", Credentials("plk_k")),
+    (basic("alice:plk_k"), Credentials("plk_k", "alice")),
+    (basic("alice:plk:k"), Credentials("plk:k", "alice")),
+    (basic("alice"), None),
+    (basic(":plk_k"), None),
+    ("Basic !!!notbase64", None),
+    ("Bearer", None),
+    ("Token plk_k", None),
+    ("", None),
+    (None, None),
+])
+def test_credentials_from_the_authorization_header(header, expected):
+    assert credentials(header) == expected
+
+
+@pytest.mark.parametrize("token, expected", [
+    ("alice:plk_k", Credentials("plk_k", "alice")), ("plk_k", Credentials("plk_k")),
+    (None, None), ("", None), (":x", None), (42, None),
+])
+def test_credentials_from_the_events_auth_message(token, expected):
+    assert token_credentials(token) == expected
+
+
+def test_failed_attempts_are_limited_per_address():
+    now = [0.0]
+    lim = FailureLimiter(limit=3, window_s=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert lim.retry_after("10.0.0.1") == 0
+        lim.failed("10.0.0.1")
+    assert lim.retry_after("10.0.0.1") == pytest.approx(60)
+    assert lim.retry_after("10.0.0.2") == 0  # another address is not affected
+    now[0] = 59.0
+    assert lim.retry_after("10.0.0.1") == pytest.approx(1)
+    now[0] = 60.5
+    assert lim.retry_after("10.0.0.1") == 0  # the window has passed
+
+
+def test_the_limiter_keeps_a_bounded_number_of_addresses():
+    lim = FailureLimiter(limit=1, window_s=60, clock=lambda: 0.0, max_addresses=10)
+    for i in range(100):
+        lim.failed(f"a{i}")
+    assert len(lim._fails) <= 10
+
+
+def test_the_key_cache_keeps_no_key_and_expires():
+    now = [0.0]
+    cache: KeyCache[User] = KeyCache(ttl_s=10, clock=lambda: now[0])
+    cred = Credentials("plk_secret-value", "alice")
+    cache.put(cred, ALICE)
+    assert cache.get(cred) == ALICE
+    assert cache.get(Credentials("plk_secret-value", "bob")) is None  # the user is part of the entry
+    assert cache.get(Credentials("plk_other")) is None
+    assert "secret-value" not in repr(cache._data)
+    now[0] = 10.0
+    assert cache.get(cred) is None
+
+
+RUN = "0b4f2b1e-7c1a-4c59-9d2b-3c1f7f1d2e3a"
+
+
+@pytest.mark.parametrize("method, path, expected", [
+    ("POST", f"/api/deployments/{RUN}/create_flow_run", R.Route(R.CREATE_FROM_DEPLOYMENT, RUN)),
+    ("POST", "/api/flow_runs/", R.Route(R.CREATE_RUN, None)),
+    ("POST", "/api/flow_runs", R.Route(R.CREATE_RUN, None)),
+    ("POST", f"/api/flow_runs/{RUN}/set_state", R.Route(R.CHANGE_RUN, RUN)),
+    ("PATCH", f"/api/flow_runs/{RUN}", R.Route(R.CHANGE_RUN, RUN)),
+    ("PATCH", f"/api/flow_runs/{RUN}/labels", R.Route(R.CHANGE_RUN, RUN)),
+    ("DELETE", f"/api/flow_runs/{RUN}", R.Route(R.CHANGE_RUN, RUN)),
+    ("GET", f"/api/flow_runs/{RUN}", None),
+    ("POST", "/api/flow_runs/filter", None),
+    ("POST", "/api/deployments/filter", None),
+])
+def test_which_requests_have_a_rule(method, path, expected):
+    assert R.classify(method, path) == expected
+
+
+@pytest.mark.parametrize("path, ok", [
+    ("/api/flow_runs/x", True), ("/", True), ("/api/../admin", False), ("/api/./x", False),
+    ("/api/..", False), ("/api\\x", False),
+])
+def test_paths_that_step_out_are_refused(path, ok):
+    assert R.safe_path(path) is ok
+
+
+@pytest.mark.parametrize("user, tags, expected", [
+    # a user's run is theirs whatever the body says, in their first project unless they name another of theirs
+    (ALICE, None, ["owner:alice", "project:vision"]),
+    (ALICE, ["launch", "owner:bob", "preset:s"], ["launch", "preset:s", "owner:alice", "project:vision"]),
+    (ALICE, ["owner:alice", "project:nlp"], ["owner:alice", "project:nlp"]),
+    (ALICE, ["launched_by:root"], ["owner:alice", "project:vision"]),
+    (BOB, ["owner:alice"], ["owner:bob"]),
+    # admins and agents may launch for someone else, and that is recorded
+    (ROOT, ["owner:alice"], ["owner:alice", "launched_by:root"]),
+    (ROOT, ["x"], ["x", "owner:root"]),
+    (AGENT, ["owner:alice", "project:p"], ["owner:alice", "project:p", "launched_by:box-3"]),
+])
+def test_a_new_runs_tags_come_from_the_verified_user(user, tags, expected):
+    out, refusal = R.launch_tags(user, tags)
+    assert refusal is None and out == expected
+
+
+@pytest.mark.parametrize("user, tags, status, words", [
+    (ALICE, ["project:secret"], 403, "not a member of project 'secret'"),
+    (BOB, ["project:vision"], 403, "their projects: none"),
+    (ROOT, ["owner:a", "owner:b"], 422, "one owner"),
+])
+def test_tags_that_are_refused(user, tags, status, words):
+    _, refusal = R.launch_tags(user, tags)
+    assert refusal.status == status and words in refusal.message
+
+
+@pytest.mark.parametrize("user, tags, allowed", [
+    (ALICE, ["owner:alice"], True), (BOB, ["owner:alice"], False), (BOB, [], False), (BOB, None, False),
+    (ROOT, ["owner:alice"], True), (AGENT, ["owner:alice"], True), (AGENT, None, True),
+])
+def test_who_may_change_a_run(user, tags, allowed):
+    refusal = R.may_change_run(user, tags, "cancel")
+    assert (refusal is None) is allowed
+    if refusal:
+        assert refusal.status == 403 and f"user '{user.name}' may not cancel" in refusal.message
+
+
+def test_a_closed_queue_says_who_it_is_open_to():
+    acc = QueueAccess(queue="gpu", users=("carol",), projects=("vision",))
+    assert R.queue_refusal(ALICE, acc) is None and R.queue_refusal(ROOT, acc) is None
+    refusal = R.queue_refusal(BOB, acc)
+    assert refusal.status == 403 and "queue 'gpu' is not open to user 'bob'" in refusal.message
+    assert "users carol and projects vision" in refusal.message
+    assert R.queue_refusal(BOB, QueueAccess(queue="gpu")) is None
