@@ -168,3 +168,12 @@ def test_the_docker_worker_names_sent_gpus_inside_the_container(monkeypatch):
                         lambda self, client, cfg: {"image": "img", "environment": {"CUDA_VISIBLE_DEVICES": "1"}})
     assert LaunchDockerWorker._build_container_settings(worker, None, None)["environment"] == \
         {"CUDA_VISIBLE_DEVICES": "1"}  # GPUs not sent (a GPU-less host's virtual GPUs): left as they are
+
+
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"])
+def test_a_secret_env_cannot_move_the_runs_gpus(name):
+    """The pins are the agent's: --secret-env may not override what selects the devices."""
+    from prefect_launch.workers.agent.secrets import SecretEnvError, _check_name
+
+    with pytest.raises(SecretEnvError, match=f"cannot set '{name}'"):
+        _check_name(name)

@@ -11,7 +11,7 @@ environment only. A deployment may carry ``secret_env`` in its ``job_variables``
 Checks, the same at submit time (before anything is enqueued) and at run start:
 
 - the variable name is a valid environment variable name, and not one the agent sets
-  itself (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``LAUNCH_*``, ``PREFECT__*``...);
+  itself (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``OMP_NUM_THREADS``, ``LAUNCH_*``, ``PREFECT__*``...);
 - the block exists and is a Secret (``prefect.blocks.system.Secret``).
 
 Errors name the variable and the block, never a value.
@@ -29,7 +29,8 @@ JOB_VARIABLE = "secret_env"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BLOCK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")  # Prefect's block document names
 SECRET_SLUG = "secret"
-RESERVED_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+RESERVED_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                            "OPENBLAS_NUM_THREADS"})
 RESERVED_PREFIXES = ("LAUNCH_", "PREFECT__")
 
 
@@ -45,7 +46,7 @@ def _check_name(name: Any) -> str:
         )
     if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
         raise SecretEnvError(
-            f"--secret-env cannot set {name!r}: the agent sets it itself (CUDA_VISIBLE_DEVICES, *_NUM_THREADS, "
+            f"--secret-env cannot set {name!r}: the agent sets it itself (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, *_NUM_THREADS, "
             "LAUNCH_*, PREFECT__*)"
         )
     return name
