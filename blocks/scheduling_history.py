@@ -1,7 +1,7 @@
 """Scheduling history: every decision an agent makes about a launch run, as rows in the metrics store.
 
 Backend.AI's ``session_scheduling_history`` answers "why is it still pending?": one record per
-decision with phase (``schedule``, ``check_precondition``, ``start``, ``check_timeout``,
+decision with phase (``schedule``, ``check_precondition``, ``build`` (a job environment), ``start``, ``check_timeout``,
 ``idle_check``, ``terminate``), result (``SUCCESS``, ``NEED_RETRY``, ``SKIPPED``, ``GIVE_UP``,
 ``EXPIRED``, ``FAILURE``), from/to state, error code, message, sub-steps and ``attempts``.
 
@@ -39,9 +39,9 @@ __all__ = ["PHASES", "RESULTS", "SubStep", "SchedulingRecord", "record", "record
 
 log = logging.getLogger("prefect_launch.scheduling_history")
 
-PHASES = ("schedule", "check_precondition", "start", "check_timeout", "idle_check", "terminate")
+PHASES = ("schedule", "check_precondition", "build", "start", "check_timeout", "idle_check", "terminate")
 RESULTS = ("SUCCESS", "NEED_RETRY", "SKIPPED", "GIVE_UP", "EXPIRED", "FAILURE")
-Phase = Literal["schedule", "check_precondition", "start", "check_timeout", "idle_check", "terminate"]
+Phase = Literal["schedule", "check_precondition", "build", "start", "check_timeout", "idle_check", "terminate"]
 Result = Literal["SUCCESS", "NEED_RETRY", "SKIPPED", "GIVE_UP", "EXPIRED", "FAILURE"]
 SubStepName = Literal["sequencing", "validation", "capacity_check", "allocation", "signal", "release"]
 

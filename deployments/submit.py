@@ -7,6 +7,7 @@ input with the same message before anything reaches the queue.
 from __future__ import annotations
 
 import getpass
+import os
 from datetime import datetime
 import json
 import re
@@ -23,6 +24,7 @@ from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_r
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 from prefect_launch.workers.agent.tags import launch_tags
 from prefect_launch.workers.agent.secrets import check_secret_blocks, parse_secret_env
+from prefect_launch.workers.environments.spec import environment_for_submit
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -55,6 +57,8 @@ class SubmitRequest(BaseModel):
     dry_run: bool = False  # validate and resolve everything, create nothing
     cluster_size: Optional[int] = None  # a cluster run of this many members (main1, sub1, ...), placed all or none
     cluster_mode: Optional[str] = None  # single-node | multi-node
+    # a job environment ({requirements: FILE or [pins], ...}; a bare file name too): overrides the deployment's
+    environment: Optional[Any] = None
 
 
 class Submitted(BaseModel):
@@ -230,8 +234,12 @@ def submit(client: Any, req: SubmitRequest) -> Submitted:
     check_secret_blocks(client, secret_env)
     params = validate_params(req.params, deployment.parameter_openapi_schema, req.job)
     check_capacity(client, queue, resolved)
+    environment = environment_for_submit(spec.target, deployment.job_variables, req.environment,
+                                         [os.getcwd(), getattr(deployment, "path", None)])
 
     job_variables = dict(run_vars)
+    if environment is not None:  # its file read here: inline pins travel with the run
+        job_variables["environment"] = environment
     if env:  # per-run env overlays the deployment's env, key by key
         job_variables["env"] = {**((deployment.job_variables or {}).get("env") or {}), **env}
     if secret_env:  # block names only, never values; overlays the deployment's references

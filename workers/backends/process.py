@@ -34,6 +34,7 @@ from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHand
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.agent.limits import RunLimits, kill_tree
 from prefect_launch.workers.agent.recovery import pid_start_time, process_is_run
+from prefect_launch.workers.environments.run_env import prepare_job_environment
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -54,6 +55,7 @@ class LaunchProcessJobConfiguration(ProcessJobConfiguration):
     agent: Optional[str] = Field(default=None)
     timeout: Optional[str] = Field(default=None)
     secret_env: Optional[dict[str, str]] = Field(default=None)
+    environment: Optional[Any] = Field(default=None)  # a job environment (workers/environments/run_env.py)
     launch: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
@@ -95,6 +97,11 @@ class LaunchVariables(ProcessVariables):
     cluster_mode: Optional[str] = Field(
         default=None, description="single-node (every member on one agent) or multi-node.",
     )
+    environment: Optional[dict[str, Any]] = Field(
+        default=None, description="The job's own Python environment, built once per content hash and cached by the "
+        "agent (process queues): {requirements: requirements.txt} or a list of pins, or {pyproject: "
+        "pyproject.toml}; optional python, find_links (a wheel folder), index_url.",
+    )
 
 
 LaunchProcessVariables = LaunchVariables
@@ -119,6 +126,10 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
     ) -> ProcessWorkerResult:
         alloc = self._allocation_of(flow_run)
         configuration.env.update(await self._run_env(alloc, configuration.secret_env))
+        job_env = await prepare_job_environment(self, flow_run, configuration)  # None: no environment declared
+        if job_env is not None and job_env.error:  # recorded Failed with the installer's words; capacity goes back
+            (task_status or anyio.TASK_STATUS_IGNORED).started()
+            return ProcessWorkerResult(status_code=0, identifier="environment-build-failed")
         cluster = None
         if alloc.members:
             try:
@@ -144,6 +155,8 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
             status_code = result.status_code
             return result
         finally:
+            if job_env is not None:
+                job_env.release()
             if cluster is not None:  # main1 is gone: the other members end with it
                 with anyio.CancelScope(shield=True):
                     await self._end_cluster(flow_run, cluster, status_code)

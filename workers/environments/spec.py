@@ -72,6 +72,11 @@ def parse_environment(value: Any, where: str = "") -> Optional[EnvironmentSpec]:
     """The job variable as a spec; None when not set. Raises LaunchValidationError saying what to change."""
     if value in (None, {}, ""):
         return None
+    if isinstance(value, str) and value.lstrip().startswith("{"):  # JSON, e.g. from `submit --environment`
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise LaunchValidationError(f"environment {where} is not valid JSON: {exc}") from None
     if isinstance(value, str):  # a bare file name is the common case
         value = {"requirements": value}
     if not isinstance(value, dict):
@@ -233,3 +238,19 @@ def lru_victims(envs: Sequence[CachedEnv], max_bytes: Optional[int]) -> list[Cac
         out.append(env)
         total -= env.size
     return out
+
+
+def environment_for_submit(target: str, deployment_vars: Optional[dict[str, Any]], run_value: Any,
+                           bases: Sequence[Optional[Union[str, Path]]]) -> Optional[dict[str, Any]]:
+    """What ``submit`` sends as the run's ``environment``: the run's (else the deployment's) declaration with its
+    file read into inline pins, so a missing or malformed file is refused before anything is enqueued and the
+    agent needs no access to it. None when neither declares one."""
+    where, value = ("in the submission", run_value) if run_value not in (None, {}, "") else \
+        ("in the job's deployment", (deployment_vars or {}).get("environment"))
+    spec = parse_environment(value, where)
+    if spec is None:
+        return None
+    if target != "process":
+        raise LaunchValidationError(f"environment {where}: job environments are built on process queues only "
+                                    f"(this queue runs {target} jobs: bake the requirements into its image)")
+    return inline(spec, bases).model_dump(exclude_none=True)

@@ -15,7 +15,7 @@ from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 from prefect_launch.workers.scheduling.resources import format_size, parse_size
 
 LAUNCH_VARIABLES = ("preset", "cpu", "memory", "gpu", "shm_size", "agent", "timeout", "preemptible", "secret_env",
-                    "cluster_size", "cluster_mode")
+                    "cluster_size", "cluster_mode", "environment")
 
 
 def _worker_template(pool_type: str) -> dict[str, Any]:
@@ -68,6 +68,7 @@ def build_base_job_template(spec: QueueSpec) -> dict[str, Any]:
     props["cluster_size"].update(type="integer", minimum=1, maximum=MAX_CLUSTER_SIZE)
     props["cluster_mode"].update(type="string", enum=["single-node", "multi-node"])
     props["secret_env"].update(type="object", additionalProperties={"type": "string"})  # NAME -> Secret block
+    props["environment"].update(type="object")  # a job environment: workers/environments/spec.py
     if spec.timeout:
         props["timeout"]["description"] += f" Queue default: {spec.timeout}."
     b = spec.bounds

@@ -1,0 +1,157 @@
+"""A process run's job environment, as the agent prepares it before the run's engine starts.
+
+The process back end calls `prepare_job_environment` from ``run`` once the run is placed (its capacity held)
+and before its process starts. With no ``environment`` job variable it returns None and nothing changes.
+Otherwise it resolves the declaration (a requirements file is read relative to the deployment's ``path``; a
+submission already sent its pins inline), builds or finds the environment (`builder.EnvCache.ensure`, in a
+thread: the agent's loop keeps placing other runs), and points the run at it: the engine command becomes
+``<env>/bin/python -m prefect.engine`` (a command the job set itself is kept, with the environment's ``bin``
+first on ``PATH``), ``VIRTUAL_ENV`` is set.
+
+- **Cold start**: a run with an environment never takes a warm engine (those were started by the agent's own
+  Python, with its packages imported); it pays the engine's imports (~1-2 s), as any cold start.
+- **Capacity is held during the build**, and the build's time is counted and shown: the run was placed and
+  claimed (Pending) before ``run`` is called, its GPUs and cores bound; handing them back for the build and
+  placing it again would need a second claim path and could starve the run behind others, while a uv build is
+  seconds and happens once per hash. While it builds, the run's ``launch.waiting`` label says
+  "building environment <hash>, <n> s" (the CLI's run list shows it for a Pending run).
+- **Records**: one ``build`` record in the scheduling history per run with an environment: SUCCESS with
+  error code ``env-cache-hit`` or ``env-cache-miss`` (and the build's time), or FAILURE ``env-build-failed``.
+  The build's output goes to the run's Prefect logs line by line.
+- **A failed build** (or a file that cannot be read) ends the run Failed "environment build failed: <the
+  installer's last lines>"; nothing is left that looks complete, and the next run of that hash builds again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+import anyio
+import anyio.to_thread
+
+from prefect_launch.workers.environments.builder import Built, EnvCache, EnvironmentBuildError
+from prefect_launch.workers.environments.spec import identity, inline, parse_environment
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+LABEL_EVERY_S = 5.0  # how often the waiting label's seconds move on during a build
+
+
+@dataclass
+class JobEnvironment:
+    """The outcome for one run: the environment it uses, or why it could not be had."""
+
+    cache: EnvCache
+    run_id: str
+    built: Optional[Built] = None
+    error: Optional[str] = None
+    _released: bool = field(default=False, repr=False)
+
+    def release(self) -> None:
+        """The run is over: it no longer holds the environment (prune and the size limit may take it)."""
+        if self.built is not None and not self._released:
+            self._released = True
+            self.cache.release(self.built.hash, self.run_id)
+
+
+async def _deployment_path(worker: Any, flow_run: "FlowRun") -> Optional[str]:
+    if not flow_run.deployment_id:
+        return None
+    try:
+        dep = await worker.client.read_deployment(flow_run.deployment_id)
+    except Exception:
+        return None
+    return getattr(dep, "path", None)
+
+
+def point_at(configuration: Any, built: Built) -> None:
+    """The run's engine starts with the environment's python (cold: see the module's docstring)."""
+    from prefect.utilities.processutils import command_to_string
+
+    bin_dir = str(built.path / "bin")
+    env = configuration.env
+    env["PATH"] = bin_dir + os.pathsep + (env.get("PATH") or os.environ.get("PATH", ""))
+    env["VIRTUAL_ENV"] = str(built.path)
+    env.pop("PYTHONHOME", None)
+    if not configuration._command_configured:
+        configuration.command = command_to_string([str(built.python), "-m", "prefect.engine"])
+        configuration._command_configured = True
+
+
+async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuration: Any,
+                                  cache: Optional[EnvCache] = None) -> Optional[JobEnvironment]:
+    """Build or find the run's environment and point ``configuration`` at it; None without an environment."""
+    declared = getattr(configuration, "environment", None)
+    if not declared:
+        return None
+    import prefect
+
+    run_id = str(flow_run.id)
+    job = JobEnvironment(cache=cache or EnvCache(), run_id=run_id)
+    logger = worker.get_flow_run_logger(flow_run)
+    t0 = time.monotonic()
+    try:
+        spec = parse_environment(declared, "of the run")
+        spec = inline(spec, [await _deployment_path(worker, flow_run), os.getcwd()])
+        ident = identity(spec, prefect.__version__)
+    except Exception as exc:  # a file the agent cannot see, a python it does not run
+        job.error = f"environment build failed: {exc}"
+        await _fail(worker, flow_run, job.error, time.monotonic() - t0)
+        return job
+    short = ident.hash[:8]
+    hit = job.cache.is_complete(ident.hash)
+    if not hit:
+        logger.info(f"building environment {ident.hash} ({len(ident.pins)} requirement(s)) with uv")
+    stop_label = anyio.Event()
+
+    async def label_loop() -> None:
+        from prefect_launch.workers.agent.tags import WAIT_LABEL
+
+        while not stop_label.is_set():
+            text = f"building environment {short}, {time.monotonic() - t0:.0f} s on agent {worker.name}"
+            try:
+                await worker.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: text})
+            except Exception:
+                pass
+            with anyio.move_on_after(LABEL_EVERY_S):
+                await stop_label.wait()
+
+    async with anyio.create_task_group() as tg:
+        if not hit:
+            tg.start_soon(label_loop)
+        try:
+            job.built = await anyio.to_thread.run_sync(
+                lambda: job.cache.ensure(ident, log=logger.info, run_id=run_id), abandon_on_cancel=True)
+        except EnvironmentBuildError as exc:  # caught here: out of the task group it would be an ExceptionGroup
+            job.error = str(exc)
+        finally:
+            stop_label.set()
+    if job.error:
+        await _fail(worker, flow_run, job.error, time.monotonic() - t0, env_hash=ident.hash)
+        return job
+    seconds = time.monotonic() - t0
+    built = job.built
+    how = f"built in {built.seconds:.1f} s (cache miss)" if built.built else "cache hit"
+    worker._note(flow_run.id, "build", "SUCCESS", error_code="env-cache-miss" if built.built else "env-cache-hit",
+                 from_state="PENDING", to_state="PENDING",
+                 message=f"environment {built.hash}: {how}; agent {worker.name} held the run's capacity "
+                         f"for {seconds:.1f} s before its start")
+    logger.info(f"job environment {built.hash} ({how}) at {built.path}")
+    point_at(configuration, built)
+    return job
+
+
+async def _fail(worker: Any, flow_run: "FlowRun", message: str, seconds: float, env_hash: str = "") -> None:
+    from prefect.states import Failed
+
+    worker._note(flow_run.id, "build", "FAILURE", error_code="env-build-failed", from_state="PENDING",
+                 to_state="FAILED", message=f"environment {env_hash or '?'} after {seconds:.1f} s: {message}")
+    worker.get_flow_run_logger(flow_run).error(message)
+    try:
+        await worker.client.set_flow_run_state(flow_run.id, Failed(message=message[-2000:]), force=True)
+    except Exception as exc:
+        worker._logger.warning("could not mark run %s Failed after its environment build: %s", flow_run.id, exc)
