@@ -64,6 +64,8 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
         res = labels.get("launch.resources") or ",".join(
             f"{k}={jv[k]}" for k in ("cpu", "memory", "gpu", "shm_size") if jv.get(k) is not None)
         note = labels.get(WAIT_LABEL) if r.state_type == StateType.SCHEDULED else labels.get(PLACED_LABEL)
+        if r.state_type == StateType.PENDING and (labels.get(WAIT_LABEL) or "").startswith("building environment"):
+            note = labels[WAIT_LABEL]  # placed, its job environment building (workers/environments/run_env.py)
         if r.state and r.state_type in (StateType.FAILED, StateType.CRASHED, StateType.CANCELLED) and r.state.message:
             note = r.state.message
         rows.append(RunRow(
