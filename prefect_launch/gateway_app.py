@@ -141,12 +141,13 @@ class Gateway:
             return None
         return resp.json()
 
-    async def _queue_refusal(self, user: User, deployment_id: Optional[str]) -> Optional[R.Refusal]:
-        if not deployment_id:
-            return None
-        dep = await self._get_json(f"/api/deployments/{deployment_id}")
-        pool = (dep or {}).get("work_pool_name")
-        if not pool:
+    async def _queue_refusal(self, user: User, deployment_id: Optional[str],
+                             pool: Optional[str] = None) -> Optional[R.Refusal]:
+        """Why the run's queue (the body's ``work_pool_name``, else its deployment's) is closed to ``user``."""
+        if not pool and deployment_id:
+            dep = await self._get_json(f"/api/deployments/{deployment_id}")
+            pool = (dep or {}).get("work_pool_name")
+        if not pool or not isinstance(pool, str):
             return None  # no such deployment (the server answers that) or not on a queue
         access = await anyio.to_thread.run_sync(self.repo.queue_access, pool)
         return R.queue_refusal(user, access)
@@ -162,7 +163,8 @@ class Gateway:
             return None, None
         if route.kind in (R.CREATE_FROM_DEPLOYMENT, R.CREATE_RUN):
             dep = route.id if route.kind == R.CREATE_FROM_DEPLOYMENT else data.get("deployment_id")
-            refusal = await self._queue_refusal(user, dep)
+            pool = data.get("work_pool_name") if route.kind == R.CREATE_RUN else None
+            refusal = await self._queue_refusal(user, dep, pool)
             if refusal is None:
                 tags, refusal = R.launch_tags(user, data.get("tags"))
             if refusal is not None:

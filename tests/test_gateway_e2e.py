@@ -53,7 +53,7 @@ def gw(prefect_server, tmp_path_factory):
                 return False
 
         wait_for(up, 30, lambda: f"the gateway did not start:\n{log.read_text()[-3000:]}")
-        yield {"api": f"{base}/api", "keys": keys, "deployments": deployments, "repo": repo, "log": log}
+        yield {"api": f"{base}/api", "keys": keys, "flow_id": flow_id, "closed_pool": f"gw-closed-{suffix}", "deployments": deployments, "repo": repo, "log": log}
 
 
 @contextmanager
@@ -108,6 +108,12 @@ def test_a_queue_not_open_to_the_user_is_refused_and_an_admin_launches_on_behalf
             client.create_flow_run_from_deployment(dep)
     assert exc.value.response.status_code == 403
     assert "is not open to user 'alice'" in exc.value.response.json()["detail"]
+    # a run made directly (POST /flow_runs/) on the closed queue, by its name or its deployment
+    flow_id = str(gw["flow_id"])
+    for extra in ({"work_pool_name": gw["closed_pool"]}, {"deployment_id": str(dep)}):
+        r = httpx.post(f"{gw['api']}/flow_runs/", json={"flow_id": flow_id, "name": "sneaky", **extra},
+                       headers={"Authorization": f"Bearer {gw['keys']['alice']}"})
+        assert r.status_code == 403 and "is not open to user 'alice'" in r.json()["detail"], r.text
     with client_as(gw, gw["keys"]["root"]) as client:
         run = client.create_flow_run_from_deployment(dep, tags=["owner:alice"])
     with direct() as client:
@@ -136,3 +142,39 @@ def test_another_users_run_cannot_be_cancelled_or_renamed(gw):
         assert client.set_flow_run_state(run.id, Cancelled()).status.value == "ACCEPT"
     with direct() as client:
         assert client.read_flow_run(run.id).state.type.value == "CANCELLED"
+
+
+def test_events_websockets_go_through_with_prefects_auth_message(gw):
+    """A subscriber on /api/events/out and an emitter on /api/events/in, both through the gateway with
+    PREFECT_API_AUTH_STRING=user:key (the token of Prefect's auth message); a wrong token is closed."""
+    import asyncio
+
+    from prefect.events import Event
+    from prefect.events.clients import PrefectEventsClient, PrefectEventSubscriber
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    name = f"gw.test.{os.urandom(4).hex()}"
+
+    async def roundtrip():
+        flt = EventFilter(event=EventNameFilter(name=[name]))
+        async with PrefectEventSubscriber(api_url=gw["api"], filter=flt) as sub:
+            async with PrefectEventsClient(api_url=gw["api"]) as emitter:
+                await emitter.emit(Event(event=name, resource={"prefect.resource.id": "gw.test"}))
+            return await asyncio.wait_for(sub.__anext__(), 20)
+
+    async def wrong_token():
+        ws_url = gw["api"].replace("http://", "ws://") + "/events/in"
+        async with connect(ws_url, subprotocols=["prefect"]) as ws:
+            await ws.send('{"type": "auth", "token": "bob:plk_000000000000_wrongwrongwrongwrongwrong"}')
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        return closed.value.rcvd.code
+
+    with temporary_settings(updates={PREFECT_API_URL: gw["api"],
+                                     PREFECT_API_AUTH_STRING: f"alice:{gw['keys']['alice']}"}):
+        got = asyncio.run(roundtrip())
+    assert got.event == name
+    assert asyncio.run(wrong_token()) == 1008
