@@ -91,7 +91,7 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float 
     out.mkdir(parents=True, exist_ok=True)
     env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                                           "CUDA_VISIBLE_DEVICES", "LAUNCH_CLUSTER_SIZE", "LAUNCH_CLUSTER_RANK",
-                                          "LAUNCH_CLUSTER_MEMBER", "LAUNCH_CLUSTER_HOSTS",
+                                          "LAUNCH_CLUSTER_MEMBER", "LAUNCH_CLUSTER_HOSTS", "LAUNCH_CLUSTER_ADDRS",
                                           "LAUNCH_CLUSTER_MAIN_ADDR", "LAUNCH_CLUSTER_MODE", "LAUNCH_AGENT",
                                           "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
     _write_record(out / f"{run_id}-{member}.started.json", {"pid": os.getpid(), "env": env})

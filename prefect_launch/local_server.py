@@ -39,9 +39,9 @@ CHROMIUM_MISSING = f"{CHROMIUM} missing: install Debian's chromium (make system-
 PREFECT_CLI = [sys.executable, "-c", "import prefect_launch; from prefect.cli import app; app()"]
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -124,14 +124,15 @@ def seed_sqlite_database(home: Path) -> bool:
 
 
 def start_prefect_server(home: Path, port: int, log: IO, ui: bool = False, db_url: Optional[str] = None,
-                         auth_string: Optional[str] = None) -> subprocess.Popen:
-    """``prefect server start`` on 127.0.0.1:``port`` in its own session (so a test can kill its group),
-    on a copy of the migrated template database unless ``db_url`` names another; not waited for."""
+                         auth_string: Optional[str] = None, host: str = "127.0.0.1") -> subprocess.Popen:
+    """``prefect server start`` on ``host``:``port`` (loopback by default) in its own session (so a test can
+    kill its group), on a copy of the migrated template database unless ``db_url`` names another; not
+    waited for."""
     if not db_url:
         seed_sqlite_database(home)
-    api_url = f"http://127.0.0.1:{port}/api"
+    api_url = f"http://{host}:{port}/api"
     return subprocess.Popen(
-        [*PREFECT_CLI, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [*PREFECT_CLI, "server", "start", "--host", host, "--port", str(port)],
         env={**server_env(home, api_url, ui, db_url),
              **({"PREFECT_SERVER_API_AUTH_STRING": auth_string} if auth_string else {})},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -141,8 +142,9 @@ def start_prefect_server(home: Path, port: int, log: IO, ui: bool = False, db_ur
 @contextlib.contextmanager
 def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None, ui: bool = False,
                          export: bool = True, db_url: Optional[str] = None,
-                         auth_string: Optional[str] = None) -> Iterator[str]:
-    """Run ``prefect server start`` on 127.0.0.1; yields the API URL.
+                         auth_string: Optional[str] = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """Run ``prefect server start`` on 127.0.0.1 (or ``host``: e.g. a test bridge's address, which agents in
+    network namespaces reach); yields the API URL.
 
     ``db_url`` (``postgresql+asyncpg://...``) puts the server's database on PostgreSQL instead of
     SQLite under ``home``. With ``export`` the URL and home go into ``os.environ`` (so subprocesses
@@ -152,11 +154,11 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
     """
     home = Path(home or tempfile.mkdtemp(prefix="prefect-launch-"))
     home.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
+    port = port or free_port(host)
+    api_url = f"http://{host}:{port}/api"
     log_path = home / "server.log"
     log = open(log_path, "a")
-    proc = start_prefect_server(home, port, log, ui=ui, db_url=db_url, auth_string=auth_string)
+    proc = start_prefect_server(home, port, log, ui=ui, db_url=db_url, auth_string=auth_string, host=host)
     try:
         wait_healthy(api_url, proc, log=log_path, timeout=180 if db_url else 120)
         if export:
@@ -250,8 +252,9 @@ def pg_url(port: int, db: str, driver: str = "psycopg", host: str = "127.0.0.1")
     return f"postgresql+{driver}://{PG_USER}@{host}:{port}/{db}"
 
 
-def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True) -> int:
-    """Start a private PostgreSQL with its data under ``base`` (initdb on first use) on 127.0.0.1.
+def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True, hosts: str = "127.0.0.1") -> int:
+    """Start a private PostgreSQL with its data under ``base`` (initdb on first use) on 127.0.0.1 (or on
+    ``hosts``, comma-separated addresses: e.g. also a test bridge's, for agents in network namespaces).
 
     Returns the port. ``fast`` turns fsync off (tests, benchmarks, the demo: never for data you keep).
     """
@@ -278,7 +281,7 @@ def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True) ->
     if not (data / "PG_VERSION").exists():
         _as_user(user, [initdb, "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync"])
     port = port or free_port()
-    opts = f"-p {port} -k {sock} -h 127.0.0.1 -c max_connections=300"
+    opts = f"-p {port} -k {sock} -h {hosts} -c max_connections=300"
     if fast:
         opts += " -F -c fsync=off -c full_page_writes=off -c synchronous_commit=off"
     _as_user(user, [pg_ctl, "-D", str(data), "-l", str(base / "pg.log"), "-o", opts, "-w", "-t", "60", "start"])
@@ -311,12 +314,12 @@ def create_database(port: int, name: str, host: str = "127.0.0.1") -> None:
 
 
 @contextlib.contextmanager
-def local_postgres(base: Optional[Path] = None, keep: bool = False) -> Iterator[int]:
+def local_postgres(base: Optional[Path] = None, keep: bool = False, hosts: str = "127.0.0.1") -> Iterator[int]:
     """A private PostgreSQL for the duration of the block; yields its port (see :func:`pg_url`)."""
     import shutil
 
     base = Path(base or tempfile.mkdtemp(prefix="launch-pg-"))
-    port = start_postgres(base)
+    port = start_postgres(base, hosts=hosts)
     try:
         yield port
     finally:

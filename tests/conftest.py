@@ -59,6 +59,7 @@ SERVICE_FIXTURES = frozenset({
     "prefect_server",  # here: `prefect server start` (SQLite) for the session
     "pg_server", "pg_url", "prefect_server_pg",  # tests/fixtures_pg.py: a private PostgreSQL (+ a server on it)
     "docker_host",  # tests/test_docker_backend.py: the suite's dockerd (under docker_client and image too)
+    "prefect_server_hosts",  # tests/fixtures_hosts.py: a server on the bridge of network-namespace hosts
 })
 
 SERVICE_COMMAND = re.compile(

@@ -1,0 +1,143 @@
+"""Agents on several hosts with their own addresses (issue 41 §1-2): network-namespace hosts on a bridge.
+
+- The harness (tests/netns_hosts.py): each host has its own address, reaches the bridge and the other
+  hosts, has loopback up; a host cut off (its veth down) reaches nothing until restored; when the block
+  ends nothing of it is left (namespaces, bridge, veths).
+- Two agents, each inside its own host, against a Prefect server on the bridge address: each publishes
+  its host's address (one detected from its route to the server, one given with --advertise-address),
+  shown by `agent ls`; a 2-member multi-node run of the all-reduce job puts one member on each host
+  (checked by the member processes' network namespaces), MASTER_ADDR is main1's host address, the
+  collective across the hosts gives the right sum; while it runs each host's agent holds (and publishes)
+  its own member, and both give their capacity back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import netns_hosts as N
+from fixtures_hosts import host_agent, netns_hosts, prefect_server_hosts  # noqa: F401
+from launch_helpers import ROOT, _agents, apply_queue, cli, cli_json, wait_agent_free, wait_agent_online, wait_final
+
+PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
+
+
+def test_namespace_hosts_have_their_own_addresses_and_leave_nothing_behind():
+    why = N.unavailable()
+    if why:
+        pytest.skip(why)
+    import socket
+
+    with N.namespace_hosts(2) as hosts:
+        a, b = hosts
+        assert a.addr != b.addr and {a.addr, b.addr} <= {str(x) for x in __import__("ipaddress").ip_network(hosts.subnet)}
+        addrs = a.run(["ip", "-4", "-o", "addr", "show"]).stdout
+        assert f"inet {a.addr}/24" in addrs and "inet 127.0.0.1/8" in addrs and b.addr not in addrs
+        with socket.socket() as srv:  # a server bound to the bridge address is reached from a host
+            srv.bind((hosts.gateway, 0))
+            srv.listen(4)
+            port = srv.getsockname()[1]
+            assert N.reachable(a, hosts.gateway, port)
+            a.cut()  # cut off: nothing gets through its link
+            assert not N.reachable(a, hosts.gateway, port, timeout=1.0)
+            a.restore()
+            assert N.reachable(a, hosts.gateway, port)
+        # host to host, over the bridge
+        listen = b.exec(["python3", "-c", "import socket,sys; s=socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(1); "
+                                          "print(s.getsockname()[1], flush=True); s.accept()"])
+        with subprocess.Popen(listen, stdout=subprocess.PIPE, text=True) as p:
+            bport = int(p.stdout.readline())
+            assert N.reachable(a, b.addr, bport)
+            p.wait(10)
+        names = [h.name for h in hosts] + [hosts.bridge] + [h.veth for h in hosts]
+    namespaces, links = N._ours()
+    assert not set(names) & (namespaces | links), (names, namespaces, links)
+
+
+def _allreduce_queue(tmp: Path) -> tuple[str, str]:
+    import prefect.context
+    from prefect import flow
+
+    name = f"hosts-{uuid.uuid4().hex[:8]}"
+    q = apply_queue(tmp, {"name": name, "presets": PRESETS, "default_preset": "g1"})
+    prefect.context.refresh_global_settings_context()
+    flow.from_source(source=str(ROOT / "flows"), entrypoint="allreduce.py:allreduce").deploy(
+        name=name, work_pool_name=q, work_queue_name="medium", build=False, push=False, print_next_steps=False)
+    return name, q
+
+
+def _netns_of(pid: int) -> str:
+    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.timeout(300)
+def test_a_multi_node_run_across_two_hosts_uses_each_hosts_address(prefect_server_hosts, tmp_path):
+    hosts = prefect_server_hosts["hosts"]
+    assert f"//{hosts.gateway}:" in prefect_server_hosts["api_url"]  # the server listens on the bridge
+    name, q = _allreduce_queue(tmp_path)
+    out = tmp_path / "out"
+    cap = "cpu=1,memory=1Gi,gpu=1"
+    a, b = f"{name}-a", f"{name}-b"
+    with host_agent(hosts[0], [q], a, cap, tmp_path, wait_online=False), \
+            host_agent(hosts[1], [q], b, cap, tmp_path, extra=("--advertise-address", hosts[1].addr),
+                       wait_online=False):
+        for agent in (a, b):
+            wait_agent_online(agent, [q], timeout=120)
+        shown = {x["name"]: x for x in cli_json("agent", "ls")}
+        assert (shown[a]["address"], shown[b]["address"]) == (hosts[0].addr, hosts[1].addr), shown
+        table = cli("agent", "ls").stdout
+        assert hosts[0].addr in table and hosts[1].addr in table, table
+        host_of = {a: hosts[0], b: hosts[1]}
+
+        run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
+                          "--param", f"out_dir={out}", "--param", "hold_s=5")["run_ids"][0]
+        started, deadline = {}, time.time() + 150
+        while len(started) < 2 and time.time() < deadline:
+            started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
+                       for p in out.glob(f"{run_id}-*.started.json")}
+            time.sleep(0.2)
+        assert sorted(started) == ["main1", "sub1"], (started, _tail(tmp_path))
+        agent_of = {m: r["env"]["LAUNCH_AGENT"] for m, r in started.items()}
+        assert sorted(agent_of.values()) == [a, b], agent_of  # one member on each agent
+        for member, rec in started.items():  # each member runs on its agent's host (held: still alive)
+            assert _netns_of(rec["pid"]) == host_of[agent_of[member]].name, (member, rec["pid"])
+        # and each host's agent holds its own member: the leader the run, the other agent its member booking
+        want = {agent_of["main1"]: [run_id], agent_of["sub1"]: [f"{run_id}:members"]}
+        deadline, held = time.time() + 20, {}
+        while held != want and time.time() < deadline:
+            held = {x["name"]: [r["run_id"] for r in x["runs"]] for x in _agents() if x["name"] in (a, b)}
+            time.sleep(0.3)
+        assert held == want, held
+
+        [run] = wait_final([run_id], timeout=120)
+        assert run.state_name == "Completed", (run.state.message, _tail(tmp_path))
+        recs = {p.name[len(run_id) + 1:-len(".json")]: json.loads(p.read_text())
+                for p in out.glob(f"{run_id}-*.json") if not p.name.endswith(".started.json")}
+        assert sorted(recs) == ["main1", "sub1"]
+        assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs
+        main_addr = host_of[agent_of["main1"]].addr
+        sub_addr = host_of[agent_of["sub1"]].addr
+        for r in recs.values():
+            env = r["env"]
+            assert (env["MASTER_ADDR"], env["LAUNCH_CLUSTER_MAIN_ADDR"]) == (main_addr, main_addr), env
+            assert env["LAUNCH_CLUSTER_ADDRS"] == f"{main_addr},{sub_addr}", env
+            assert env["LAUNCH_CLUSTER_MODE"] == "multi-node" and env["LAUNCH_CLUSTER_HOSTS"] == "main1,sub1"
+        # the leader's record names the rendezvous on main1's host (the history writer stores once a second)
+        rendezvous = f"main1 starts on agent {agent_of['main1']} ({main_addr}:{started['main1']['env']['MASTER_PORT']})"
+        deadline, notes = time.time() + 30, []
+        while not any(rendezvous in n for n in notes) and time.time() < deadline:
+            time.sleep(0.5)
+            notes = [r["message"] for r in cli_json("history", run_id, "--phase", "schedule", "--result", "SUCCESS")]
+        assert any(rendezvous in n for n in notes), (rendezvous, notes)
+        for agent in (a, b):
+            wait_agent_free(agent, gpu=1)
+
+
+def _tail(tmp: Path) -> str:
+    return "\n".join(f"--- {p.name}\n" + p.read_text()[-1500:] for p in sorted(tmp.glob("agent-*.log")))
