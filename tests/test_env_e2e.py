@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from env_wheels import wheel_folder
+from env_wheels import wheel_folder, write_wheel
 from launch_helpers import ROOT, agent, apply_queue, cli, cli_json, records, wait_final
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -40,6 +40,7 @@ def _history(run_id: str, phase: str, timeout: float = 30) -> list[dict]:
 
 def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name: str, monkeypatch):
     wheels = wheel_folder(tmp_path / "wheels")
+    write_wheel(wheels, "iniconfig", "0.0.1")  # shadows a package the agent has (pytest's): that run starts cold
     monkeypatch.setenv("LAUNCH_ENV_DIR", str(tmp_path / "envs"))
     (tmp_path / "requirements.txt").write_text("launchtiny==1.0\nlaunchalpha\n")
     q = apply_queue(tmp_path, {"name": f"env-{unique_name}", "presets": {"small": {"cpu": 0.5, "memory": "512Mi"}},
@@ -48,18 +49,19 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
                                                             "find_links": str(wheels)}})
     rec = tmp_path / "records"
 
-    def submit(tag: str, *extra: str) -> str:
+    def submit(tag: str, *extra: str, seconds: float = 0.5) -> str:
         return cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", f"tag={tag}",
-                        "--param", "seconds=1", *extra)["run_ids"][0]
+                        "--param", f"seconds={seconds}", *extra)["run_ids"][0]
 
     # bad input is refused before anything is enqueued
     bad = cli("submit", job, "--queue", q, "--dry-run", "--environment", str(tmp_path / "missing.txt"), check=False)
     assert bad.returncode != 0 and "missing.txt" in bad.stdout + bad.stderr and "does not exist" in bad.stdout + bad.stderr
 
-    pin2 = json.dumps({"requirements": ["launchtiny==2.0"], "find_links": str(wheels)})
+    pin2 = json.dumps({"requirements": ["launchtiny==2.0", "iniconfig==0.0.1"], "find_links": str(wheels)})
     nope = json.dumps({"requirements": ["launchnope==9"], "find_links": str(wheels)})
     with agent([q], f"env-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
-        first, other, broken = submit("one"), submit("two", "--environment", pin2), submit("bad", "--environment", nope)
+        first, other = submit("one", seconds=5), submit("two", "--environment", pin2, seconds=5)
+        broken = submit("bad", "--environment", nope)
         runs = {str(r.id): r for r in wait_final([first, other, broken], timeout=120)}
         again = submit("again")
         runs.update({str(r.id): r for r in wait_final([again], timeout=60)})
@@ -70,8 +72,12 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
     got = records(rec)
     # each run saw its own pin, from its own environment (two jobs side by side, one agent)
     assert (got[first]["launchtiny"], got[other]["launchtiny"], got[again]["launchtiny"]) == ("1.0", "2.0", "1.0")
-    assert got[first]["prefix"] == got[again]["prefix"] != got[other]["prefix"]
-    assert got[first]["prefix"].startswith(str(tmp_path / "envs"))
+    envs = str(tmp_path / "envs")
+    assert all(got[r]["launchtiny_file"].startswith(envs) for r in (first, other, again))
+    assert got[first]["launchtiny_file"] == got[again]["launchtiny_file"] != got[other]["launchtiny_file"]
+    # only new packages: a warm engine (the agent's interpreter) with the environment first on sys.path;
+    # one that shadows an agent package: a cold start in the environment's own interpreter
+    assert not got[first]["prefix"].startswith(envs) and got[other]["prefix"].startswith(envs)
     overlap = got[first]["start"] < got[other]["end"] and got[other]["start"] < got[first]["end"]
     assert overlap, "the two environments' runs ran side by side"
     # built once: a miss for the first run of a hash, a hit for the next one

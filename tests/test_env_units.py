@@ -156,3 +156,13 @@ def test_rm_prune_and_the_size_limit(tmp_path, wheels):
     assert cache.enforce_limit(size) == [b.hash]  # the least recently used goes first
     assert [e["hash"] for e in cache.entries()] == [c.hash]
     assert cache.remove(c.hash) and not cache.remove(c.hash)
+
+
+def test_an_environment_that_only_adds_packages_may_start_warm(tmp_path, wheels):
+    from prefect_launch.workers.environments.builder import shadows_agent
+
+    cache = EnvCache(tmp_path / "envs")
+    built = cache.ensure(ident(wheels, ["launchalpha", "launchbeta"]))
+    assert cache.meta(built.hash)["top_level"] == ["launchalpha", "launchbeta"]
+    assert shadows_agent(["launchalpha", "launchbeta"]) == []
+    assert shadows_agent(["launchalpha", "iniconfig", "json", "prefect"]) == ["iniconfig", "json", "prefect"]

@@ -61,6 +61,11 @@ def main() -> None:
     if order.get("replace_env", True):
         os.environ.clear()
     os.environ.update({k: v for k, v in order["env"].items() if v is not None})
+    if os.environ.get("LAUNCH_ENV_SITE"):  # the run's job environment, first (workers/environments/run_env.py)
+        import importlib
+
+        sys.path.insert(0, os.environ["LAUNCH_ENV_SITE"])
+        importlib.invalidate_caches()
     if order.get("cwd"):
         os.chdir(order["cwd"])
     # Settings were read at import time from the agent's environment; re-read them from the run's.

@@ -144,6 +144,12 @@ class EnvCache:
                         "prefect": (meta.get("identity") or {}).get("prefect")})
         return out
 
+    def meta(self, env_hash: str) -> dict:
+        try:
+            return json.loads((self.path(env_hash) / META).read_text())
+        except (OSError, ValueError):
+            return {}
+
     def last_used(self, env_hash: str) -> float:
         for name in (".last-used", META):
             with contextlib.suppress(OSError):
@@ -243,12 +249,13 @@ class EnvCache:
                 if ident.offline:
                     cmd += ["--offline"] + ([] if ident.index_url else ["--no-index"])
                 self._run(cmd, env, log, env_hash)
-            site_dir = next((venv / "lib").glob("python*/site-packages"))
+            site_dir = site_packages(venv)
             (site_dir / "zzz-launch-agent.pth").write_text("".join(p + "\n" for p in agent_site_paths()))
             seconds = time.monotonic() - t0
             (venv / META).write_text(json.dumps({"identity": ident.as_dict(), "hash": env_hash,
                                                  "built_at": time.time(), "build_seconds": round(seconds, 3),
-                                                 "size": dir_size(venv)}, indent=1))
+                                                 "size": dir_size(venv), "top_level": top_level_names(site_dir)},
+                                                indent=1))
             os.rename(venv, self.path(env_hash))  # complete: one rename, never a half-built <hash>
             log(f"environment {env_hash} built in {seconds:.1f} s")
         finally:
@@ -309,6 +316,41 @@ class EnvCache:
         if all_unused:
             return self.enforce_limit(0)
         return self.enforce_limit(max_bytes)
+
+
+def site_packages(env: Path) -> Path:
+    return next((env / "lib").glob("python*/site-packages"))
+
+
+def top_level_names(site_dir: Path) -> list[str]:
+    """The importable top-level names an environment adds (packages, modules, extension modules)."""
+    names = set()
+    for p in site_dir.iterdir():
+        if p.name.endswith((".dist-info", ".egg-info", ".pth")) or p.name in ("__pycache__",) \
+                or p.name.startswith(("_virtualenv", "zzz-launch")):
+            continue
+        if p.is_dir() or p.suffix in (".py", ".so", ".pyd"):
+            names.add(p.name.split(".", 1)[0])
+    return sorted(names)
+
+
+def shadows_agent(names: list[str]) -> list[str]:
+    """Those of ``names`` the agent's Python could already have imported (its site-packages, stdlib, loaded)."""
+    paths = agent_site_paths()
+    out = []
+    for name in names:
+        if name in sys.modules or name in sys.stdlib_module_names or any(
+                os.path.exists(os.path.join(p, name)) or os.path.exists(os.path.join(p, name + ".py"))
+                or any(f.startswith(name + ".") and f.endswith(".so") for f in _listing(p)) for p in paths):
+            out.append(name)
+    return out
+
+
+def _listing(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def dir_size(path: Path) -> int:

@@ -8,8 +8,12 @@ thread: the agent's loop keeps placing other runs), and points the run at it: th
 ``<env>/bin/python -m prefect.engine`` (a command the job set itself is kept, with the environment's ``bin``
 first on ``PATH``), ``VIRTUAL_ENV`` is set.
 
-- **Cold start**: a run with an environment never takes a warm engine (those were started by the agent's own
-  Python, with its packages imported); it pays the engine's imports (~1-2 s), as any cold start.
+- **Warm or cold start**: a warm engine is the agent's own Python with Prefect (and its dependencies) already
+  imported. It runs the job when the environment only *adds* packages the agent does not have (`can_start_warm`:
+  none of them can be imported already), with the environment's site-packages put first on ``sys.path``
+  (``LAUNCH_ENV_SITE``, read by `warm_engine`) and on ``PYTHONPATH`` (for the job's own ``sys.executable``
+  children). An environment that shadows an agent package (another version of something the agent has) starts
+  cold, in its own interpreter, and pays the engine's imports (~1-2 s).
 - **Capacity is held during the build**, and the build's time is counted and shown: the run was placed and
   claimed (Pending) before ``run`` is called, its GPUs and cores bound; handing them back for the build and
   placing it again would need a second claim path and could starve the run behind others, while a uv build is
@@ -32,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import anyio
 import anyio.to_thread
 
-from prefect_launch.workers.environments.builder import Built, EnvCache, EnvironmentBuildError
+from prefect_launch.workers.environments.builder import (Built, EnvCache, EnvironmentBuildError, shadows_agent,
+                                                         site_packages)
 from prefect_launch.workers.environments.spec import identity, inline, parse_environment
 
 if TYPE_CHECKING:
@@ -68,8 +73,9 @@ async def _deployment_path(worker: Any, flow_run: "FlowRun") -> Optional[str]:
     return getattr(dep, "path", None)
 
 
-def point_at(configuration: Any, built: Built) -> None:
-    """The run's engine starts with the environment's python (cold: see the module's docstring)."""
+def point_at(configuration: Any, built: Built, warm: bool) -> None:
+    """The run's engine starts in the environment: a warm engine with its site-packages first (``warm``), else
+    the environment's own python (a cold start; see the module's docstring)."""
     from prefect.utilities.processutils import command_to_string
 
     bin_dir = str(built.path / "bin")
@@ -77,9 +83,24 @@ def point_at(configuration: Any, built: Built) -> None:
     env["PATH"] = bin_dir + os.pathsep + (env.get("PATH") or os.environ.get("PATH", ""))
     env["VIRTUAL_ENV"] = str(built.path)
     env.pop("PYTHONHOME", None)
-    if not configuration._command_configured:
+    if warm:  # the warm engine puts it first on sys.path; PYTHONPATH: for the job's own `sys.executable` children
+        site_dir = str(site_packages(built.path))
+        env["LAUNCH_ENV_SITE"] = site_dir
+        env["PYTHONPATH"] = site_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    elif not configuration._command_configured:
         configuration.command = command_to_string([str(built.python), "-m", "prefect.engine"])
         configuration._command_configured = True
+
+
+def can_start_warm(worker: Any, configuration: Any, cache: EnvCache, built: Built) -> bool:
+    """A warm engine (the agent's Python, Prefect already imported) may run the job when the environment only
+    adds packages the agent does not have: none of them can have been imported by it, so putting the
+    environment's site-packages first gives the job exactly its pins. An environment that shadows an agent
+    package (another version of pydantic, numpy, ...) starts cold, in its own interpreter."""
+    if getattr(worker, "warm_pool", None) is None or configuration._command_configured:
+        return False
+    names = cache.meta(built.hash).get("top_level")
+    return names is not None and not shadows_agent(names)
 
 
 async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuration: Any,
@@ -140,8 +161,9 @@ async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuratio
                  from_state="PENDING", to_state="PENDING",
                  message=f"environment {built.hash}: {how}; agent {worker.name} held the run's capacity "
                          f"for {seconds:.1f} s before its start")
-    logger.info(f"job environment {built.hash} ({how}) at {built.path}")
-    point_at(configuration, built)
+    warm = can_start_warm(worker, configuration, job.cache, built)
+    logger.info(f"job environment {built.hash} ({how}) at {built.path}; {'warm' if warm else 'cold'} start")
+    point_at(configuration, built, warm)
     return job
 
 
