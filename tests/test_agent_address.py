@@ -104,3 +104,17 @@ def test_the_leader_puts_its_own_and_the_other_agents_published_addresses_in_the
     alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
     alloc.remote_members = {"sub1": "b", "sub2": "c"}
     assert asyncio.run(Leader()._cluster_addrs(alloc)) == {"a": "10.77.0.2", "b": "10.77.0.3"}
+
+
+def test_the_leader_counts_an_agent_lost_only_when_its_beat_stops_while_the_leader_itself_is_heard():
+    from prefect_launch.workers.cluster.protocol import BeatWatch, beat_key
+
+    w = BeatWatch(["b", "c"], lost_s=20, now=0.0)
+    assert w.lost({}, 10.0) == []
+    assert w.lost({beat_key("b"): "1-1"}, 15.0) == []  # b beats; c has not yet
+    assert w.lost({beat_key("b"): "1-2"}, 21.0) == ["c"]  # c silent for 20 s
+    w = BeatWatch(["b"], lost_s=20, now=0.0)
+    w.lost({beat_key("b"): "1-1"}, 1.0)
+    w.blind()  # the leader could not read the run for a while (its own link down)
+    assert w.lost({beat_key("b"): "1-1"}, 60.0) == []  # b's clock starts again
+    assert w.lost({beat_key("b"): "1-1"}, 79.0) == [] and w.lost({beat_key("b"): "1-1"}, 80.5) == ["b"]

@@ -9,6 +9,9 @@
   (checked by the member processes' network namespaces), MASTER_ADDR is main1's host address, the
   collective across the hosts gives the right sum; while it runs each host's agent holds (and publishes)
   its own member, and both give their capacity back at the end.
+- A host cut off mid-run (issue 41 §3, its veth down) while it runs a member of a multi-node run and a
+  job of its own: the multi-node run fails within 30 s naming the lost member, the job's end is recorded
+  once when the link is back.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import pytest
 
 import netns_hosts as N
 from fixtures_hosts import host_agent, netns_hosts, prefect_server_hosts  # noqa: F401
-from launch_helpers import ROOT, _agents, apply_queue, cli, cli_json, wait_agent_free, wait_agent_online, wait_final
+from launch_helpers import (ROOT, _agents, apply_queue, cli, cli_json, read_runs, wait_agent_free, wait_agent_online,
+                            wait_final)
 
 PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
 
@@ -76,67 +80,127 @@ def _netns_of(pid: int) -> str:
     return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
 
 
-@pytest.mark.timeout(300)
-def test_a_multi_node_run_across_two_hosts_uses_each_hosts_address(prefect_server_hosts, tmp_path):
+@pytest.fixture(scope="module")
+def two_hosts(prefect_server_hosts, tmp_path_factory):
+    """A queue with the all-reduce job and an agent (2 GPUs) inside each of two hosts: ``a`` finds its address
+    from its route to the server, ``b`` is given its own with --advertise-address."""
     hosts = prefect_server_hosts["hosts"]
-    assert f"//{hosts.gateway}:" in prefect_server_hosts["api_url"]  # the server listens on the bridge
-    name, q = _allreduce_queue(tmp_path)
-    out = tmp_path / "out"
-    cap = "cpu=1,memory=1Gi,gpu=1"
+    tmp = tmp_path_factory.mktemp("hosts")
+    name, q = _allreduce_queue(tmp)
+    cap = "cpu=2,memory=2Gi,gpu=2"
     a, b = f"{name}-a", f"{name}-b"
-    with host_agent(hosts[0], [q], a, cap, tmp_path, wait_online=False), \
-            host_agent(hosts[1], [q], b, cap, tmp_path, extra=("--advertise-address", hosts[1].addr),
-                       wait_online=False):
+    with host_agent(hosts[0], [q], a, cap, tmp, wait_online=False), \
+            host_agent(hosts[1], [q], b, cap, tmp, extra=("--advertise-address", hosts[1].addr), wait_online=False):
         for agent in (a, b):
             wait_agent_online(agent, [q], timeout=120)
-        shown = {x["name"]: x for x in cli_json("agent", "ls")}
-        assert (shown[a]["address"], shown[b]["address"]) == (hosts[0].addr, hosts[1].addr), shown
-        table = cli("agent", "ls").stdout
-        assert hosts[0].addr in table and hosts[1].addr in table, table
-        host_of = {a: hosts[0], b: hosts[1]}
+        yield {"hosts": hosts, "job": f"allreduce/{name}", "queue": q, "a": a, "b": b, "tmp": tmp,
+               "host_of": {a: hosts[0], b: hosts[1]}, "api_url": prefect_server_hosts["api_url"]}
 
-        run_id = cli_json("submit", f"allreduce/{name}", "--cluster-size", "2", "--cluster-mode", "multi-node",
-                          "--param", f"out_dir={out}", "--param", "hold_s=5")["run_ids"][0]
-        started, deadline = {}, time.time() + 150
-        while len(started) < 2 and time.time() < deadline:
-            started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
-                       for p in out.glob(f"{run_id}-*.started.json")}
-            time.sleep(0.2)
-        assert sorted(started) == ["main1", "sub1"], (started, _tail(tmp_path))
-        agent_of = {m: r["env"]["LAUNCH_AGENT"] for m, r in started.items()}
-        assert sorted(agent_of.values()) == [a, b], agent_of  # one member on each agent
-        for member, rec in started.items():  # each member runs on its agent's host (held: still alive)
-            assert _netns_of(rec["pid"]) == host_of[agent_of[member]].name, (member, rec["pid"])
-        # and each host's agent holds its own member: the leader the run, the other agent its member booking
-        want = {agent_of["main1"]: [run_id], agent_of["sub1"]: [f"{run_id}:members"]}
-        deadline, held = time.time() + 20, {}
-        while held != want and time.time() < deadline:
-            held = {x["name"]: [r["run_id"] for r in x["runs"]] for x in _agents() if x["name"] in (a, b)}
-            time.sleep(0.3)
-        assert held == want, held
 
-        [run] = wait_final([run_id], timeout=120)
-        assert run.state_name == "Completed", (run.state.message, _tail(tmp_path))
-        recs = {p.name[len(run_id) + 1:-len(".json")]: json.loads(p.read_text())
-                for p in out.glob(f"{run_id}-*.json") if not p.name.endswith(".started.json")}
-        assert sorted(recs) == ["main1", "sub1"]
-        assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs
-        main_addr = host_of[agent_of["main1"]].addr
-        sub_addr = host_of[agent_of["sub1"]].addr
-        for r in recs.values():
-            env = r["env"]
-            assert (env["MASTER_ADDR"], env["LAUNCH_CLUSTER_MAIN_ADDR"]) == (main_addr, main_addr), env
-            assert env["LAUNCH_CLUSTER_ADDRS"] == f"{main_addr},{sub_addr}", env
-            assert env["LAUNCH_CLUSTER_MODE"] == "multi-node" and env["LAUNCH_CLUSTER_HOSTS"] == "main1,sub1"
-        # the leader's record names the rendezvous on main1's host (the history writer stores once a second)
-        rendezvous = f"main1 starts on agent {agent_of['main1']} ({main_addr}:{started['main1']['env']['MASTER_PORT']})"
-        deadline, notes = time.time() + 30, []
-        while not any(rendezvous in n for n in notes) and time.time() < deadline:
-            time.sleep(0.5)
-            notes = [r["message"] for r in cli_json("history", run_id, "--phase", "schedule", "--result", "SUCCESS")]
-        assert any(rendezvous in n for n in notes), (rendezvous, notes)
-        for agent in (a, b):
-            wait_agent_free(agent, gpu=1)
+def _wait_started(out: Path, run_id: str, members: tuple[str, ...], tmp: Path) -> dict[str, dict]:
+    started, deadline = {}, time.time() + 150
+    while len(started) < len(members) and time.time() < deadline:
+        started = {p.name.split("-")[-1].split(".")[0]: json.loads(p.read_text())
+                   for p in out.glob(f"{run_id}-*.started.json")}
+        time.sleep(0.2)
+    assert sorted(started) == sorted(members), (started, _tail(tmp))
+    return started
+
+
+@pytest.mark.timeout(300)
+def test_a_multi_node_run_across_two_hosts_uses_each_hosts_address(two_hosts):
+    env, hosts = two_hosts, two_hosts["hosts"]
+    a, b, host_of, tmp = env["a"], env["b"], env["host_of"], env["tmp"]
+    assert f"//{hosts.gateway}:" in env["api_url"]  # the server listens on the bridge
+    out = tmp / "sum"
+    shown = {x["name"]: x for x in cli_json("agent", "ls")}
+    assert (shown[a]["address"], shown[b]["address"]) == (hosts[0].addr, hosts[1].addr), shown
+    table = cli("agent", "ls").stdout
+    assert hosts[0].addr in table and hosts[1].addr in table, table
+
+    run_id = cli_json("submit", env["job"], "--cluster-size", "2", "--cluster-mode", "multi-node",
+                      "--param", f"out_dir={out}", "--param", "hold_s=5")["run_ids"][0]
+    started = _wait_started(out, run_id, ("main1", "sub1"), tmp)
+    agent_of = {m: r["env"]["LAUNCH_AGENT"] for m, r in started.items()}
+    assert sorted(agent_of.values()) == [a, b], agent_of  # one member on each agent
+    for member, rec in started.items():  # each member runs on its agent's host (held: still alive)
+        assert _netns_of(rec["pid"]) == host_of[agent_of[member]].name, (member, rec["pid"])
+    # and each host's agent holds its own member: the leader the run, the other agent its member booking
+    want = {agent_of["main1"]: [run_id], agent_of["sub1"]: [f"{run_id}:members"]}
+    deadline, held = time.time() + 20, {}
+    while held != want and time.time() < deadline:
+        held = {x["name"]: [r["run_id"] for r in x["runs"]] for x in _agents() if x["name"] in (a, b)}
+        time.sleep(0.3)
+    assert held == want, held
+
+    [run] = wait_final([run_id], timeout=120)
+    assert run.state_name == "Completed", (run.state.message, _tail(tmp))
+    recs = {p.name[len(run_id) + 1:-len(".json")]: json.loads(p.read_text())
+            for p in out.glob(f"{run_id}-*.json") if not p.name.endswith(".started.json")}
+    assert sorted(recs) == ["main1", "sub1"]
+    assert all(r["ok"] and r["sum"] == [3.0, 6.0, 9.0, 12.0] for r in recs.values()), recs
+    main_addr = host_of[agent_of["main1"]].addr
+    sub_addr = host_of[agent_of["sub1"]].addr
+    for r in recs.values():
+        renv = r["env"]
+        assert (renv["MASTER_ADDR"], renv["LAUNCH_CLUSTER_MAIN_ADDR"]) == (main_addr, main_addr), renv
+        assert renv["LAUNCH_CLUSTER_ADDRS"] == f"{main_addr},{sub_addr}", renv
+        assert renv["LAUNCH_CLUSTER_MODE"] == "multi-node" and renv["LAUNCH_CLUSTER_HOSTS"] == "main1,sub1"
+    # the leader's record names the rendezvous on main1's host (the history writer stores once a second)
+    rendezvous = f"main1 starts on agent {agent_of['main1']} ({main_addr}:{started['main1']['env']['MASTER_PORT']})"
+    deadline, notes = time.time() + 30, []
+    while not any(rendezvous in n for n in notes) and time.time() < deadline:
+        time.sleep(0.5)
+        notes = [r["message"] for r in cli_json("history", run_id, "--phase", "schedule", "--result", "SUCCESS")]
+    assert any(rendezvous in n for n in notes), (rendezvous, notes)
+    for agent in (a, b):
+        wait_agent_free(agent, gpu=2)
+
+
+@pytest.mark.timeout(300)
+def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(two_hosts):
+    """Issue 41 §3: the host of sub1 (a multi-node run) that also runs a single-host job is cut off (its
+    veth down). The multi-node run fails within 30 s naming sub1 and its agent, main1 is stopped and the
+    leader's capacity comes back; the single-host job keeps running and, once the link is back, its end is
+    recorded once (one Pending, one Running: never placed a second time while its host was silent);
+    the cut host's agent then stops sub1 and gives everything back."""
+    import psutil
+    from prefect import get_client
+
+    env, tmp = two_hosts, two_hosts["tmp"]
+    out = tmp / "cut"
+    run_id = cli_json("submit", env["job"], "--cluster-size", "2", "--cluster-mode", "multi-node",
+                      "--param", f"out_dir={out}", "--param", "hold_s=120")["run_ids"][0]
+    started = _wait_started(out, run_id, ("main1", "sub1"), tmp)
+    leader, follower = started["main1"]["env"]["LAUNCH_AGENT"], started["sub1"]["env"]["LAUNCH_AGENT"]
+    cut = env["host_of"][follower]
+    single = cli_json("submit", env["job"], "--agent", follower, "--param", f"out_dir={out}",
+                      "--param", "hold_s=45")["run_ids"][0]
+    job = _wait_started(out, single, ("main1",), tmp)["main1"]
+    assert _netns_of(job["pid"]) == cut.name
+    cut.cut()
+    try:
+        t0 = time.time()
+        [run] = wait_final([run_id], timeout=45)
+        took = time.time() - t0
+        assert run.state_name == "Failed" and "member(s) sub1 lost" in run.state.message \
+            and follower in run.state.message, (run.state_name, run.state.message)
+        assert took <= 30, took
+        wait_agent_free(leader, gpu=2)  # main1 stopped, its capacity back
+        assert not psutil.pid_exists(started["main1"]["pid"])
+        [job_run] = read_runs([single])
+        assert job_run.state_name == "Running" and psutil.pid_exists(job["pid"])  # cut off, still running
+    finally:
+        cut.restore()
+    [job_run] = wait_final([single], timeout=120)
+    assert job_run.state_name == "Completed", (job_run.state.message, _tail(tmp))
+    with get_client(sync_client=True) as client:
+        names = [s.name for s in client.read_flow_run_states(single)]  # Pending (the claim), then Submitting
+    assert [n for n in names if n in ("Pending", "Running", "Completed")] == ["Pending", "Running", "Completed"], names
+    wait_agent_free(follower, gpu=2, timeout=60)  # sub1 stopped once its agent saw the run had failed
+    assert not psutil.pid_exists(started["sub1"]["pid"])
+    [run] = read_runs([run_id])
+    assert run.state_name == "Failed" and "member(s) sub1 lost" in run.state.message  # not overwritten later
 
 
 def _tail(tmp: Path) -> str:

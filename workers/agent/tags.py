@@ -24,6 +24,7 @@ ALLOC_LABEL = "launch.alloc"
 IDLE_LABEL = "launch.idle"
 CLUSTER_PLAN_LABEL = "launch.cluster.plan"  # multi-node cluster run: the leader's plan (JSON), read by the other members' agents
 CLUSTER_ACK_LABEL = "launch.cluster.ack."  # + agent name: "ok" once it booked and started its members, or "no: why"
+CLUSTER_BEAT_LABEL = "launch.cluster.beat."  # + agent name: a count each follower raises while it follows the run
 WORKER_LABEL = "prefect.worker.name"  # Prefect's own label: the worker that claimed the run
 
 RUN_ID_LABEL = "io.prefect-launch.run-id"  # on containers and pods: the flow run they execute

@@ -6,7 +6,10 @@ agent reads its queue's Pending runs; one whose ``launch.cluster.plan`` plan nam
 (`cluster/protocol.py`): its members booked in this agent's ledger and started (``ok``), or why not
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
 (the leader stops main1 when it sees that), the run back in its queue (the leader gave up) or
-ended stops them (after the drain when the run completed), and its capacity goes back.
+ended stops them (after the drain when the run completed), and its capacity goes back. While it follows,
+it raises its beat label every ``LAUNCH_CLUSTER_BEAT_SECONDS``: a follower cut off from the server
+falls silent, and the leader fails the run naming its members (`protocol.BeatWatch`); when its link
+returns it finds the run ended and stops its members.
 The booking is journaled like a run's (under `booking_key`): a follower that restarts (SIGKILL, OOM)
 books its live members again and follows them to the run's end (`decide_followed`), reading the exit
 status each member left in its exit file, so their hardware is never handed out twice.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import anyio
 from typing import TYPE_CHECKING, Any
@@ -24,7 +28,8 @@ from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster.env import member_env
 from prefect_launch.workers.cluster.process import ClusterProcesses, adopt_members, describe_exit
-from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key, booking_key, decide_followed, plan_of, run_of_booking
+from prefect_launch.workers.cluster.protocol import (ClusterPlan, ack_key, beat_key, booking_key, decide_followed,
+                                                     plan_of, run_of_booking)
 from prefect_launch.workers.scheduling.resolve import resolve_request
 from prefect_launch.workers.agent.tags import OWNER, tag_value
 
@@ -33,6 +38,11 @@ from prefect_launch.settings import env_seconds
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+
+
+def cluster_beat_s() -> float:
+    """How often an agent following a multi-node run tells its leader it is there (LAUNCH_CLUSTER_BEAT_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_BEAT_SECONDS", 5)
 
 
 class ClusterFollowerMixin:
@@ -198,9 +208,17 @@ class ClusterFollowerMixin:
 
         run_id = str(fr.id)
         failed_here = False
+        beats, next_beat = 0, 0.0
         try:
             while True:
                 await asyncio.sleep(0.5)
+                if time.monotonic() >= next_beat:  # the leader counts this agent lost when its beat stops
+                    beats += 1
+                    try:
+                        await self.client.update_flow_run_labels(fr.id, {beat_key(self.name): f"{os.getpid()}-{beats}"})
+                        next_beat = time.monotonic() + cluster_beat_s()
+                    except Exception as exc:
+                        self._logger.debug("run %s: cluster beat not written: %s", run_id, exc)
                 try:
                     now = await self.client.read_flow_run(fr.id)
                 except Exception:

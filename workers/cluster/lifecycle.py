@@ -23,7 +23,7 @@ from prefect_launch.workers.cluster.env import LOOPBACK, free_port, member_env
 from prefect_launch.workers.cluster.process import (ClusterProcesses, adopt_members, describe_exit, find_members,
                                                      pin_cores, stop_found)
 from prefect_launch.workers.cluster.follow import ClusterFollowerMixin
-from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key, answers
+from prefect_launch.workers.cluster.protocol import BeatWatch, ClusterPlan, ack_key, answers, plan_of
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.queued_state import queued
 from prefect_launch.workers.agent.tags import CLUSTER_PLAN_LABEL, WAIT_LABEL
@@ -43,6 +43,11 @@ def cluster_stop_grace_s() -> float:
 def cluster_drain_s() -> float:
     """How long sub members may run on after main1 ended (LAUNCH_CLUSTER_DRAIN_SECONDS)."""
     return env_seconds("LAUNCH_CLUSTER_DRAIN_SECONDS", 30)
+
+
+def cluster_lost_s() -> float:
+    """Multi-node: how long the leader waits for a silent agent of a run before failing it (LAUNCH_CLUSTER_LOST_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_LOST_SECONDS", 20)
 
 
 def cluster_ack_s() -> float:
@@ -152,20 +157,47 @@ class ClusterRunMixin(ClusterFollowerMixin):
             self._logger.warning("could not put cluster run %s back in its queue: %s", flow_run.id, exc)
 
     async def _watch_cluster_state(self, flow_run: "FlowRun") -> None:
-        """Leader: a member on another agent that fails marks the run Failed; then main1 is stopped too."""
+        """Leader: a member on another agent that fails marks the run Failed; then main1 is stopped too. An
+        agent of the run not heard from for `cluster_lost_s` (its host cut off or down) fails it here."""
         run_id = str(flow_run.id)
+        watch: Optional[BeatWatch] = None
         while self.ledger.get(run_id) is not None:
             await asyncio.sleep(0.5)
             try:
-                state = (await self.client.read_flow_run(flow_run.id)).state
+                now = await self.client.read_flow_run(flow_run.id)
             except Exception:
+                if watch is not None:
+                    watch.blind()  # this agent's own outage: nobody is blamed for it
                 continue
+            state = now.state
+            plan = plan_of(now.labels)
+            if watch is None and plan is not None:
+                watch = BeatWatch(plan.followers(), cluster_lost_s(), time.monotonic())
+            if watch is not None and plan is not None and state is not None and not state.is_final():
+                lost = watch.lost(now.labels, time.monotonic())
+                if lost:
+                    await self._cluster_agents_lost(flow_run, plan, lost)
+                    continue  # read again: the run is Failed, main1 is stopped below
             if state is not None and state.is_final():
                 handle = self._active.get(flow_run.id).handle
                 if state.type == StateType.FAILED and (state.message or "").startswith("cluster-member-failed") \
                         and handle is not None and await self._handle_alive(run_id, handle):
                     await self._stop_run(flow_run, handle, Failed(message=state.message), grace_s=0)
                 return
+
+    async def _cluster_agents_lost(self, flow_run: "FlowRun", plan: ClusterPlan, lost: list[str]) -> None:
+        """Agents of the run fell silent: fail the run naming their members (main1 is then stopped)."""
+        members = sorted(m for m, a in plan.members.items() if a in lost)
+        who = ", ".join(f"{a} ({plan.addrs.get(a, '?')})" for a in lost)
+        reason = (f"cluster-member-failed: member(s) {', '.join(members)} lost: agent(s) {who} not heard from for "
+                  f"{cluster_lost_s():g} s (host cut off or down); agent {self.name} stopped the other members")
+        self._note(flow_run.id, "terminate", "FAILURE", error_code="cluster-member-lost", from_state="RUNNING",
+                   to_state="FAILED", message=reason)
+        self.get_flow_run_logger(flow_run).error(reason)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, Failed(message=reason), force=True)
+        except Exception as exc:
+            self._logger.warning("could not fail cluster run %s: %s", flow_run.id, exc)
 
     def _on_cluster_main(self, flow_run: "FlowRun", alloc: Allocation, procs: ClusterProcesses, pid: int,
                          limits: Any) -> None:

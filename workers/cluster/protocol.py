@@ -2,11 +2,14 @@
 
 The agent that places the run (its Prefect claim makes it the only one) is the leader: it books its
 own members (main1 and any others it hosts), then writes the plan - which agent hosts which member,
-each agent's published address (main1's is ``MASTER_ADDR``) and the rendezvous port - as the run's ``launch.cluster.plan`` label. Each other agent named there books its
-members in its own ledger and answers ``ok`` (members started) or ``no: why`` in
-``launch.cluster.ack.<agent>``. The leader starts main1 only when every agent said ok; a ``no`` or no
-answer in time puts the run back in its queue (its submit time kept) and every agent gives back
-what it booked, so nothing is held while a cluster run waits. No service of our own: Prefect is the medium.
+each agent's published address (main1's is ``MASTER_ADDR``) and the rendezvous port - as the run's
+``launch.cluster.plan`` label. Each other agent named there books its members in its own ledger and
+answers ``ok`` (members started) or ``no: why`` in ``launch.cluster.ack.<agent>``. The leader starts
+main1 only when every agent said ok; a ``no`` or no answer in time puts the run back in its queue (its
+submit time kept) and every agent gives back what it booked, so nothing is held while a cluster run
+waits. While the run runs, each other agent raises its ``launch.cluster.beat.<agent>`` label; one the
+leader has not heard from for ``LAUNCH_CLUSTER_LOST_SECONDS`` (its host cut off or down) fails the run
+naming its members (`BeatWatch`). No service of our own: Prefect is the medium.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel
 
-from prefect_launch.workers.agent.tags import CLUSTER_ACK_LABEL, CLUSTER_PLAN_LABEL
+from prefect_launch.workers.agent.tags import CLUSTER_ACK_LABEL, CLUSTER_BEAT_LABEL, CLUSTER_PLAN_LABEL
 
 
 class ClusterPlan(BaseModel):
@@ -60,6 +63,42 @@ def plan_of(labels: Optional[dict]) -> Optional[ClusterPlan]:
 
 def ack_key(agent: str) -> str:
     return CLUSTER_ACK_LABEL + agent
+
+
+def beat_key(agent: str) -> str:
+    return CLUSTER_BEAT_LABEL + agent
+
+
+class BeatWatch:
+    """The leader's view of the other agents' beats (pure; ``now`` is the leader's monotonic clock).
+
+    A follower raises its ``launch.cluster.beat.<agent>`` label every `cluster_beat_s` while it follows the
+    run; the leader notes when it last saw each value change. An agent whose beat has not changed for
+    ``lost_s`` while the leader itself reached the server is lost (its host cut off or down). A leader that
+    could not read the run (its own link or the server down) starts every agent's clock again once it can,
+    so its own outage never blames the others."""
+
+    def __init__(self, agents: list[str], lost_s: float, now: float) -> None:
+        self.lost_s = lost_s
+        self.seen: dict[str, tuple[Optional[str], float]] = {a: (None, now) for a in agents}
+
+    def blind(self) -> None:
+        self._blind = True
+
+    def lost(self, labels: Optional[dict], now: float) -> list[str]:
+        """Agents not heard from for ``lost_s``, given the run's labels read at ``now``."""
+        if getattr(self, "_blind", False):
+            self._blind = False
+            self.seen = {a: ((labels or {}).get(beat_key(a)), now) for a in self.seen}
+            return []
+        out = []
+        for a, (value, since) in self.seen.items():
+            current = (labels or {}).get(beat_key(a))
+            if current != value:
+                self.seen[a] = (current, now)
+            elif now - since >= self.lost_s:
+                out.append(a)
+        return out
 
 
 def answers(labels: Optional[dict], plan: ClusterPlan) -> tuple[list[str], dict[str, str]]:
