@@ -8,7 +8,7 @@ inside a host is started with ``host.exec(...)`` (``nsenter --net``, or ``ip net
 ``host.restore()`` take its link down and up (its root-side veth), for a host cut off mid-run.
 
 Everything is removed when the block ends, also when the test fails or the process gets SIGTERM (turned
-into SystemExit while the block runs, so the ``finally`` runs). Names carry the creating process's pid
+into KeyboardInterrupt while the block runs, so the ``finally`` runs). Names carry the creating process's pid
 (``lh<pid>...``); a harness that starts also removes what a killed earlier process (a pid no longer alive)
 left behind. ``unavailable()`` says why it cannot run here (not root, no ``ip``, ``ip netns`` refused);
 tests skip with that reason.
@@ -147,6 +147,14 @@ def sweep_stale() -> list[str]:
             else:
                 _ip("link", "del", name, check=False)
             removed.append(name)
+    if shutil.which("iptables"):  # the FORWARD rules their bridges had (_allow_bridged)
+        rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=30).stdout
+        for bridge in re.findall(rf"^-A FORWARD -i ({PREFIX}\d+\w*br) -o \1 -j ACCEPT$", rules, re.M):
+            pid = int(re.match(rf"^{PREFIX}(\d+)", bridge).group(1))
+            if pid != os.getpid() and not _alive(pid):
+                subprocess.run(["iptables", "-D", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"],
+                               capture_output=True, timeout=30)
+                removed.append(f"iptables FORWARD rule of {bridge}")
     return removed
 
 
@@ -164,13 +172,14 @@ _seq = [0]
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """While the block runs, SIGTERM raises SystemExit in the main thread, so cleanups run."""
+    """While the block runs, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C would: the
+    ``finally`` blocks run (pytest also tears its fixtures down and stops the session)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum, frame):
-        raise SystemExit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
