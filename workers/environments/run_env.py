@@ -117,7 +117,9 @@ async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuratio
     t0 = time.monotonic()
     try:
         spec = parse_environment(declared, "of the run")
-        spec = inline(spec, [await _deployment_path(worker, flow_run), os.getcwd()])
+        if not isinstance(spec.requirements, list):  # a file: read relative to the deployment's path
+            spec = inline(spec, [await _deployment_path(worker, flow_run), os.getcwd()])
+        spec = inline(spec, [])  # inline pins (what submit sends): normalised, no server round trip
         ident = identity(spec, prefect.__version__)
     except Exception as exc:  # a file the agent cannot see, a python it does not run
         job.error = f"environment build failed: {exc}"
@@ -160,7 +162,7 @@ async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuratio
     worker._note(flow_run.id, "build", "SUCCESS", error_code="env-cache-miss" if built.built else "env-cache-hit",
                  from_state="PENDING", to_state="PENDING",
                  message=f"environment {built.hash}: {how}; agent {worker.name} held the run's capacity "
-                         f"for {seconds:.1f} s before its start")
+                         f"for {seconds:.3f} s before its start")
     warm = can_start_warm(worker, configuration, job.cache, built)
     logger.info(f"job environment {built.hash} ({how}) at {built.path}; {'warm' if warm else 'cold'} start")
     point_at(configuration, built, warm)
