@@ -56,6 +56,14 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
     # bad input is refused before anything is enqueued
     bad = cli("submit", job, "--queue", q, "--dry-run", "--environment", str(tmp_path / "missing.txt"), check=False)
     assert bad.returncode != 0 and "missing.txt" in bad.stdout + bad.stderr and "does not exist" in bad.stdout + bad.stderr
+    bad = cli("submit", job, "--queue", q, "--environment", '{"requirements": ["-r other.txt"]}', check=False)
+    assert bad.returncode != 0 and "list its pins inline" in bad.stdout + bad.stderr
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(job)
+        assert client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))) == []
 
     pin2 = json.dumps({"requirements": ["launchtiny==2.0", "iniconfig==0.0.1"], "find_links": str(wheels)})
     nope = json.dumps({"requirements": ["launchnope==9"], "find_links": str(wheels)})
