@@ -252,9 +252,11 @@ def pg_url(port: int, db: str, driver: str = "psycopg", host: str = "127.0.0.1")
     return f"postgresql+{driver}://{PG_USER}@{host}:{port}/{db}"
 
 
-def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True, hosts: str = "127.0.0.1") -> int:
+def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True, hosts: str = "127.0.0.1",
+                   trust_nets: tuple[str, ...] = ()) -> int:
     """Start a private PostgreSQL with its data under ``base`` (initdb on first use) on 127.0.0.1 (or on
-    ``hosts``, comma-separated addresses: e.g. also a test bridge's, for agents in network namespaces).
+    ``hosts``, comma-separated addresses: e.g. also a test bridge's, for agents in network namespaces,
+    whose subnet ``trust_nets`` lets in without a password, as the loopback is).
 
     Returns the port. ``fast`` turns fsync off (tests, benchmarks, the demo: never for data you keep).
     """
@@ -280,6 +282,13 @@ def start_postgres(base: Path, port: Optional[int] = None, fast: bool = True, ho
                 raise RuntimeError(f"{parent} is not searchable by user {user!r}; put the PostgreSQL data elsewhere")
     if not (data / "PG_VERSION").exists():
         _as_user(user, [initdb, "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync"])
+    if trust_nets:
+        hba = data / "pg_hba.conf"
+        text = hba.read_text()
+        extra = "".join(f"host all all {net} trust\n" for net in trust_nets if f"host all all {net} trust" not in text)
+        if extra:
+            with open(hba, "a") as f:
+                f.write(extra)
     port = port or free_port()
     opts = f"-p {port} -k {sock} -h {hosts} -c max_connections=300"
     if fast:
@@ -314,12 +323,13 @@ def create_database(port: int, name: str, host: str = "127.0.0.1") -> None:
 
 
 @contextlib.contextmanager
-def local_postgres(base: Optional[Path] = None, keep: bool = False, hosts: str = "127.0.0.1") -> Iterator[int]:
+def local_postgres(base: Optional[Path] = None, keep: bool = False, hosts: str = "127.0.0.1",
+                   trust_nets: tuple[str, ...] = ()) -> Iterator[int]:
     """A private PostgreSQL for the duration of the block; yields its port (see :func:`pg_url`)."""
     import shutil
 
     base = Path(base or tempfile.mkdtemp(prefix="launch-pg-"))
-    port = start_postgres(base, hosts=hosts)
+    port = start_postgres(base, hosts=hosts, trust_nets=trust_nets)
     try:
         yield port
     finally:

@@ -4,11 +4,14 @@ Import them into a test module: ``from fixtures_hosts import netns_hosts, prefec
 
 - ``netns_hosts`` (module): ``HOSTS`` hosts (a module-level ``HOSTS = n``, default 2) on a fresh bridge;
   skips with the reason where namespaces cannot be made (not root, no iproute2, ``ip netns`` refused).
-- ``prefect_server_hosts`` (module): a Prefect server (SQLite) listening on the bridge address
-  (``hosts.gateway``) instead of the loopback, so agents inside the hosts reach it; PREFECT_API_URL and
-  PREFECT_HOME are exported while the module runs and restored afterwards (the session's loopback server
-  serves the other modules). The metrics store is the default SQLite file under that PREFECT_HOME: the
-  hosts share this machine's file system. Yields ``{"api_url", "hosts"}``.
+- ``prefect_server_hosts`` (module): a Prefect server listening on the bridge address (``hosts.gateway``)
+  instead of the loopback, so agents inside the hosts reach it; PREFECT_API_URL and PREFECT_HOME are
+  exported while the module runs and restored afterwards (the session's loopback server serves the other
+  modules). With ``HOSTS_DB = "postgresql"`` in the module: its database and the metrics store are on a
+  private PostgreSQL of the module's that listens on the loopback and the bridge address (the hosts'
+  subnet trusted as the loopback is), the store block pointing at the bridge address; else SQLite (the
+  metrics store the default file under PREFECT_HOME, which the hosts share only because they share this
+  machine's file system). Yields ``{"api_url", "hosts", "metrics_url"}``.
 - ``host_agent(host, ...)``: ``prefect-launch agent`` inside a host (a context manager, as
   ``launch_helpers.agent``).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -25,7 +29,8 @@ import pytest
 
 import netns_hosts as N
 from launch_helpers import CLI, wait_agent_online
-from prefect_launch.local_server import background_process, local_prefect_server
+from prefect_launch.local_server import (background_process, create_database, find_pg_bin, local_postgres,
+                                         local_prefect_server, pg_url)
 
 _EXPORTED = ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "LAUNCH_METRICS_BLOCK")
 
@@ -40,14 +45,29 @@ def netns_hosts(request) -> Iterator[N.Hosts]:
 
 
 @pytest.fixture(scope="module")
-def prefect_server_hosts(netns_hosts, tmp_path_factory) -> Iterator[dict]:
+def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dict]:
     import prefect.context
 
     saved = {k: os.environ.get(k) for k in _EXPORTED}
+    home = tmp_path_factory.mktemp("prefect-home-hosts")
+    gw = netns_hosts.gateway
     try:
         os.environ.pop("LAUNCH_METRICS_BLOCK", None)
-        with local_prefect_server(tmp_path_factory.mktemp("prefect-home-hosts"), host=netns_hosts.gateway) as api:
-            yield {"api_url": api, "hosts": netns_hosts}
+        with contextlib.ExitStack() as stack:
+            db_url = metrics_url = None
+            if getattr(request.module, "HOSTS_DB", "sqlite") == "postgresql":
+                if not find_pg_bin("initdb") or not find_pg_bin("pg_ctl"):
+                    pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; run scripts/system-deps.sh")
+                port = stack.enter_context(local_postgres(hosts=f"127.0.0.1,{gw}", trust_nets=(netns_hosts.subnet,)))
+                for db in ("prefect", "metrics"):
+                    create_database(port, db)
+                db_url = pg_url(port, "prefect", driver="asyncpg")
+                metrics_url = pg_url(port, "metrics", host=gw)  # agents inside the hosts reach it there
+            api = stack.enter_context(local_prefect_server(home, host=gw, db_url=db_url))
+            if metrics_url:
+                subprocess.run([sys.executable, "-m", "prefect_launch.cli", "setup", "--metrics-url", metrics_url],
+                               check=True, capture_output=True, env=os.environ.copy(), timeout=120)
+            yield {"api_url": api, "hosts": netns_hosts, "metrics_url": metrics_url}
     finally:
         for k, v in saved.items():
             if v is None:

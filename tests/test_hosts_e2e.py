@@ -3,7 +3,8 @@
 - The harness (tests/netns_hosts.py): each host has its own address, reaches the bridge and the other
   hosts, has loopback up; a host cut off (its veth down) reaches nothing until restored; when the block
   ends nothing of it is left (namespaces, bridge, veths).
-- Two agents, each inside its own host, against a Prefect server on the bridge address: each publishes
+- Two agents, each inside its own host, against a Prefect server on the bridge address (on PostgreSQL,
+  with the metrics store, both reached at the bridge address): each publishes
   its host's address (one detected from its route to the server, one given with --advertise-address),
   shown by `agent ls`; a 2-member multi-node run of the all-reduce job puts one member on each host
   (checked by the member processes' network namespaces), MASTER_ADDR is main1's host address, the
@@ -30,6 +31,7 @@ from launch_helpers import (ROOT, _agents, apply_queue, cli, cli_json, read_runs
                             wait_final)
 
 PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
+HOSTS_DB = "postgresql"  # the Prefect server and the metrics store on PostgreSQL, on the bridge address
 
 
 def test_namespace_hosts_have_their_own_addresses_and_leave_nothing_behind():
@@ -94,7 +96,8 @@ def two_hosts(prefect_server_hosts, tmp_path_factory):
         for agent in (a, b):
             wait_agent_online(agent, [q], timeout=120)
         yield {"hosts": hosts, "job": f"allreduce/{name}", "queue": q, "a": a, "b": b, "tmp": tmp,
-               "host_of": {a: hosts[0], b: hosts[1]}, "api_url": prefect_server_hosts["api_url"]}
+               "host_of": {a: hosts[0], b: hosts[1]}, "api_url": prefect_server_hosts["api_url"],
+               "metrics_url": prefect_server_hosts["metrics_url"]}
 
 
 def _wait_started(out: Path, run_id: str, members: tuple[str, ...], tmp: Path) -> dict[str, dict]:
@@ -112,6 +115,8 @@ def test_a_multi_node_run_across_two_hosts_uses_each_hosts_address(two_hosts):
     env, hosts = two_hosts, two_hosts["hosts"]
     a, b, host_of, tmp = env["a"], env["b"], env["host_of"], env["tmp"]
     assert f"//{hosts.gateway}:" in env["api_url"]  # the server listens on the bridge
+    # the metrics store (where the scheduling history read below comes from) is PostgreSQL on the bridge too
+    assert env["metrics_url"].startswith("postgresql") and f"@{hosts.gateway}:" in env["metrics_url"]
     out = tmp / "sum"
     shown = {x["name"]: x for x in cli_json("agent", "ls")}
     assert (shown[a]["address"], shown[b]["address"]) == (hosts[0].addr, hosts[1].addr), shown
