@@ -166,3 +166,19 @@ def test_an_environment_that_only_adds_packages_may_start_warm(tmp_path, wheels)
     assert cache.meta(built.hash)["top_level"] == ["launchalpha", "launchbeta"]
     assert shadows_agent(["launchalpha", "launchbeta"]) == []
     assert shadows_agent(["launchalpha", "iniconfig", "json", "prefect"]) == ["iniconfig", "json", "prefect"]
+
+
+def test_submit_sends_inline_pins_the_run_over_the_deployment_and_process_queues_only(tmp_path):
+    from prefect_launch.workers.environments.spec import environment_for_submit
+
+    (tmp_path / "requirements.txt").write_text("launchtiny==1.0\n")
+    dep = {"environment": {"requirements": "requirements.txt", "find_links": "/wheels"}}
+    assert environment_for_submit("process", dep, None, [tmp_path]) == {
+        "requirements": ["launchtiny==1.0"], "find_links": "/wheels"}
+    assert environment_for_submit("process", dep, '{"requirements": ["launchtiny==2.0"]}', [tmp_path]) == {
+        "requirements": ["launchtiny==2.0"]}
+    assert environment_for_submit("process", {}, None, [tmp_path]) is None
+    with pytest.raises(LaunchValidationError, match="built on process queues only"):
+        environment_for_submit("docker", dep, None, [tmp_path])
+    with pytest.raises(LaunchValidationError, match="not valid JSON"):
+        environment_for_submit("process", {}, "{requirements: [", [tmp_path])
