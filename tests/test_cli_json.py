@@ -20,6 +20,7 @@ from launch_helpers import agent, cli, deploy_probe, wait_final, wait_running
 # every command that takes --json; the server test below runs each (by this name)
 JSON_COMMANDS = {
     "setup", "queue apply", "queue ls", "jobs ls", "submit", "agent ls", "runs ls", "runs show", "history",
+    "env ls", "env prune",
     "monitor index", "monitor status", "store retention", "store purge", "report",
     "session start", "session ls", "session show", "session logs", "session terminate", "session rename",
     "session recent", "session pin", "session relaunch", "session images", "session commit",
@@ -113,6 +114,8 @@ def test_every_json_command_prints_one_json_document(tmp_path: Path, unique_name
         for session in (renamed, f"{name}-c"):
             run("session terminate", session, *common)
     assert run("monitor index", "--days", "1")["built"] is True
+    monkeypatch.setenv("LAUNCH_ENV_DIR", str(tmp_path / "envs"))  # the host's job environments: none built here
+    assert run("env ls")["environments"] == [] and run("env prune", "--all")["removed"] == []
     assert "indexed" in run("monitor status", "--no-sync")
     assert "retention_days" in run("store retention")
     assert run("store purge", "--older-than-days", "36500")["deleted_runs"] == 0
