@@ -98,8 +98,11 @@ def ident(wheels, pins):
 
 
 def version_seen(python, module="launchtiny"):
-    out = subprocess.run([str(python), "-c", f"import {module}, prefect; print({module}.VERSION, prefect.__version__)"],
-                         capture_output=True, text=True, timeout=60)
+    """The version of ``module`` the environment's python imports, and the Prefect version it would import
+    (read from its metadata: importing Prefect costs seconds)."""
+    code = (f"import {module}, importlib.metadata as m, importlib.util as u; assert u.find_spec('prefect'); "
+            f"print({module}.VERSION, m.version('prefect'))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 
