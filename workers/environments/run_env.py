@@ -106,7 +106,10 @@ def can_start_warm(worker: Any, configuration: Any, cache: EnvCache, built: Buil
 async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuration: Any,
                                   cache: Optional[EnvCache] = None) -> Optional[JobEnvironment]:
     """Build or find the run's environment and point ``configuration`` at it; None without an environment."""
-    declared = getattr(configuration, "environment", None)
+    # the run's own job variables too: a queue applied before job environments has no ``environment`` in its
+    # template, and `submit` always sends the declaration (the deployment's, inlined) with the run
+    declared = getattr(configuration, "environment", None) or (getattr(flow_run, "job_variables", None) or {}).get(
+        "environment")
     if not declared:
         return None
     import prefect
