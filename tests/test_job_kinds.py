@@ -186,6 +186,27 @@ def test_code_based_example_jobs_train_and_evaluate(queues, launch_agent, tmp_pa
     assert 0.5 < e["accuracy"] <= 1.0
 
 
+def test_code_based_example_job_with_its_own_environment(queues, launch_agent, tmp_path):
+    """report-env imports tabulate, which the agent's Python lacks: the agent builds its environment from
+    examples/requirements-report.txt (here from a local wheel folder standing in for the package index)."""
+    import importlib.util
+    import json
+
+    from env_wheels import write_wheel
+
+    assert importlib.util.find_spec("tabulate") is None, "the agent must lack the example's package"
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "tabulate", "0.9.0", body="def tabulate(rows, headers=()):\n    return repr((list(rows), headers))\n")
+    env = {"LAUNCH_CODE_STORAGE": str(tmp_path / "storage")}
+    assert deploy_jobs(PREFECT_FILE, names=["report-env"], env=env, pool=queues["cpu-pool"]) == ["report/report-env"]
+    assert _deployment("report/report-env").job_variables["environment"] == _declared()["report-env"]["work_pool"][
+        "job_variables"]["environment"]
+    environment = json.dumps({"requirements": str(ROOT / "examples" / "requirements-report.txt"),
+                              "find_links": str(wheels)})
+    run = _run_to_completion("report/report-env", queues["cpu-pool"], "--environment", environment)
+    assert run.job_variables["environment"] == {"requirements": ["tabulate==0.9.0"], "find_links": str(wheels)}
+
+
 # ------------------------------------------------------------------------ git-based
 @pytest.mark.parametrize("ref_kind", ["tag", "commit", "branch"])
 def test_git_based_job_runs_the_pinned_commit(queues, launch_agent, git_repo, ref_kind):
