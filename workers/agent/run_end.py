@@ -7,6 +7,7 @@ the process is gone, before the bookkeeping, so the next placement does not wait
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
     from prefect_launch.workers.agent.core import LaunchWorkerCore
+
+
+LATE_STATE_S = 1.0  # how long after a signalled run is gone a state its engine sent late may still land
 
 
 class RunEnds:
@@ -96,21 +100,44 @@ class RunEnds:
                    sub_steps=self.w.stops.stop_steps(flow_run.id))
 
     async def mark_stopped(self, flow_run: "FlowRun", state: State) -> None:
-        """The run's executor already reported a bare signal; record the agent's reason instead."""
+        """The run's executor already reported a bare signal; record the agent's reason instead.
+
+        When the agent signalled the run, it reads once more a moment later, off the end's path (the
+        capacity is not held for it): a state the engine sent just before it was killed (a session that
+        reports Completed on SIGTERM, slowed past the grace on a loaded box) can reach the server after the
+        process is gone, over the agent's reason.
+        """
         self.w._active.of(flow_run.id).ended = True
+        signalled = self.w._active.get(flow_run.id).signalled_at
         try:
             current = (await self.w.client.read_flow_run(flow_run.id)).state
-            signalled = self.w._active.get(flow_run.id).signalled_at
             if current is not None and current.is_completed() and (
                     signalled is None or current.timestamp.timestamp() < signalled):
                 return  # it finished before the signal landed (after it: it ended because of it)
-            if current is not None and current.is_final() and current.type == state.type \
-                    and current.message == state.message:
-                return  # already recorded (a cluster member's failure is recorded before the stop)
-            self.w.get_flow_run_logger(flow_run).error(state.message)
-            await self.w.client.set_flow_run_state(flow_run.id, state, force=True)
+            if not (current is not None and current.is_final() and current.type == state.type
+                    and current.message == state.message):  # else already recorded (e.g. a member's failure)
+                self.w.get_flow_run_logger(flow_run).error(state.message)
+                await self.w.client.set_flow_run_state(flow_run.id, state, force=True)
         except Exception as exc:
             self.w._logger.warning("could not record why run %s was stopped: %s", flow_run.id, exc)
+            return
+        if signalled is not None and state.is_final() and self.w._runs_task_group is not None:
+            try:
+                self.w._runs_task_group.start_soon(self._mark_late, flow_run, state, signalled)
+            except RuntimeError:  # the worker is stopping: its task group takes nothing new
+                pass
+
+    async def _mark_late(self, flow_run: "FlowRun", state: State, signalled: float) -> None:
+        """`mark_stopped` once more (its ``signalled`` kept: the run's record may be gone by then)."""
+        await asyncio.sleep(LATE_STATE_S)
+        try:
+            current = (await self.w.client.read_flow_run(flow_run.id)).state
+            if current is not None and current.is_completed() and current.timestamp.timestamp() >= signalled:
+                self.w._logger.info("run %s reported Completed after agent %s stopped it: its reason again",
+                                    flow_run.id, self.w.name)
+                await self.w.client.set_flow_run_state(flow_run.id, state, force=True)
+        except Exception as exc:
+            self.w._logger.debug("could not re-check run %s's end: %s", flow_run.id, exc)
 
     def note_peak(self, run_id: UUID, limits: Any) -> None:
         """The kernel's final peak reaches the summary (finish() removes the cgroup before the last sample)."""
