@@ -24,6 +24,7 @@ JSON_COMMANDS = {
     "monitor index", "monitor status", "store retention", "store purge", "report",
     "session start", "session ls", "session show", "session logs", "session terminate", "session rename",
     "session recent", "session pin", "session relaunch", "session images", "session commit",
+    "user add", "user ls", "user key rotate", "user key ls", "project add", "project ls", "access set", "access ls",
 }
 
 
@@ -120,4 +121,14 @@ def test_every_json_command_prints_one_json_document(tmp_path: Path, unique_name
     assert "retention_days" in run("store retention")
     assert run("store purge", "--older-than-days", "36500")["deleted_runs"] == 0
     assert isinstance(run("report", "--since", "1h"), (list, dict))
+    # users, projects, keys and queue access (in the store's database)
+    assert run("project add", f"p{unique_name}")["name"] == f"p{unique_name}"
+    assert run("user add", f"u{unique_name}", "--project", f"p{unique_name}")["key"].startswith("plk_")
+    run("user add", f"u{unique_name}", ok=False)  # the name is taken: the error alone
+    assert run("user key rotate", f"u{unique_name}")["key"].startswith("plk_")
+    assert [k["revoked"] is None for k in run("user key ls", f"u{unique_name}")] == [False, True]
+    assert f"u{unique_name}" in [u["name"] for u in run("user ls")]
+    assert run("project ls")[0]["members"] == [f"u{unique_name}"]
+    assert run("access set", q, "--project", f"p{unique_name}")[0]["projects"] == [f"p{unique_name}"]
+    assert run("access ls")[0]["queue"] == q
     assert set(ran) == JSON_COMMANDS
