@@ -13,6 +13,7 @@ import time
 import uuid
 
 import anyio
+import psutil
 import pytest
 
 from prefect.exceptions import InfrastructureNotAvailable, InfrastructureNotFound
@@ -24,6 +25,12 @@ from prefect_launch.workers.backends.process import LaunchProcessWorker, process
 
 STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)\n"
 POLITE = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+# the engine exits on SIGTERM, but a worker it started (here: a stubborn grandchild) ignores it and stays in its group
+PARENT_OF_STUBBORN = ("import subprocess, sys, time\n"
+                      f"child = subprocess.Popen([sys.executable, '-c', {STUBBORN!r}], stdout=subprocess.PIPE)\n"
+                      "child.stdout.readline()\n"
+                      "print(child.pid, flush=True)\n"
+                      "time.sleep(60)\n")
 
 
 @pytest.fixture
@@ -57,6 +64,21 @@ def test_kill_infrastructure_stops_the_run_within_its_grace(worker, source, grac
         assert proc.returncode == -9 and took >= killed_after
     else:
         assert took < 2.0
+
+
+def test_kill_infrastructure_leaves_no_process_of_the_run_behind(worker):
+    run_id = uuid.uuid4()
+    proc = subprocess.Popen([sys.executable, "-c", PARENT_OF_STUBBORN], start_new_session=True, stdout=subprocess.PIPE,
+                            env={"PREFECT__FLOW_RUN_ID": str(run_id), "PATH": "/usr/bin:/bin"})
+    child = psutil.Process(int(proc.stdout.readline()))
+    worker._active.of(run_id).handle = RunHandle(pid=proc.pid, pid_started=pid_start_time(proc.pid))
+    anyio.run(lambda: worker.kill_infrastructure(process_id(proc.pid), None, grace_seconds=1))
+    assert proc.wait(timeout=5) == -15  # the engine took the SIGTERM
+    try:
+        child.wait(timeout=5)  # and the child that ignored it did not outlive the grace
+    except psutil.TimeoutExpired:
+        child.kill()
+        pytest.fail("the run's child process survived kill_infrastructure")
 
 
 def test_kill_infrastructure_refuses_what_is_not_its_run(worker):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import anyio
+import psutil
 from pydantic import Field
 
 from prefect.exceptions import InfrastructureNotAvailable, InfrastructureNotFound
@@ -233,13 +234,20 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
         run_id, handle = str(found[0][0]), found[0][1]
         if not process_is_run(pid, handle.pid_started, run_id):
             raise InfrastructureNotFound(f"the process {pid} of run {run_id} has already exited")
+        group = run_group(pid)
         if grace_seconds > 0:
             signal_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_seconds
-            while time.monotonic() < deadline and process_is_run(pid, handle.pid_started, run_id):
+            while time.monotonic() < deadline and (process_is_run(pid, handle.pid_started, run_id)
+                                                   or group_has_live_members(group)):
                 await anyio.sleep(0.2)
         if process_is_run(pid, handle.pid_started, run_id):
             kill_tree(pid)
+        if group_has_live_members(group):
+            # the engine is gone but children it started (a job's workers, a shell's pipeline) outlive it
+            # in its group: the grace is over, they go too, or they would hold GPUs no ledger counts
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
 
     def _refill_warm_pool(self) -> None:
         if self.warm_pool is not None and self._runs_task_group is not None:
@@ -254,6 +262,28 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
 def process_id(pid: int) -> str:
     """The infrastructure id Prefect records for a process run: ``host:pid`` (`kill_infrastructure` reads it)."""
     return f"{socket.gethostname()}:{pid}"
+
+
+def run_group(pid: int) -> Optional[int]:
+    """The run's own process group id (its session), or None when it shares the agent's (never signalled)."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+    return pgid if pgid != os.getpgid(0) else None
+
+
+def group_has_live_members(pgid: Optional[int]) -> bool:
+    """Whether any process of the group is still running (zombies waiting for their parent's wait do not count)."""
+    if pgid is None:
+        return False
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
 
 
 def signal_group(pid: int, sig: int) -> None:
