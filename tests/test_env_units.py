@@ -23,6 +23,7 @@ def spec_of(value, bases=()):
 @pytest.mark.parametrize("value, message", [
     ({"requirements": "r.txt", "pyproject": "pyproject.toml"}, "both requirements and pyproject"),
     ({"python": "3.11"}, "names no requirements"),
+    ({"base_image": "python:3.11"}, "names no requirements"),
     ({"requirements": ["ok", 3]}, "bad environment"),
     ({"requirements": ["-r other.txt"]}, "names another file"),
     ({"requirement": "r.txt"}, "bad environment"),
@@ -171,7 +172,7 @@ def test_an_environment_that_only_adds_packages_may_start_warm(tmp_path, wheels)
     assert shadows_agent(["launchalpha", "iniconfig", "json", "prefect"]) == ["iniconfig", "json", "prefect"]
 
 
-def test_submit_sends_inline_pins_the_run_over_the_deployment_and_process_queues_only(tmp_path):
+def test_submit_sends_inline_pins_the_run_over_the_deployment_and_images_on_container_queues_only(tmp_path):
     from prefect_launch.workers.environments.spec import environment_for_submit
 
     (tmp_path / "requirements.txt").write_text("launchtiny==1.0\n")
@@ -181,7 +182,21 @@ def test_submit_sends_inline_pins_the_run_over_the_deployment_and_process_queues
     assert environment_for_submit("process", dep, '{"requirements": ["launchtiny==2.0"]}', [tmp_path]) == {
         "requirements": ["launchtiny==2.0"]}
     assert environment_for_submit("process", {}, None, [tmp_path]) is None
-    with pytest.raises(LaunchValidationError, match="built on process queues only"):
-        environment_for_submit("docker", dep, None, [tmp_path])
+    assert environment_for_submit("docker", dep, None, [tmp_path]) == {  # an image's pins, inlined the same way
+        "requirements": ["launchtiny==1.0"], "find_links": "/wheels"}
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "Dockerfile").write_text("ARG BASE=python:3.11\nFROM $BASE\nRUN true\n")
+    assert environment_for_submit("kubernetes", {}, '{"dockerfile": "img/Dockerfile"}', [tmp_path]) == {
+        "requirements": [], "dockerfile": str((tmp_path / "img" / "Dockerfile").resolve()),
+        "context": str((tmp_path / "img").resolve())}
+    with pytest.raises(LaunchValidationError, match="for docker and kubernetes queues"):
+        environment_for_submit("process", {}, '{"dockerfile": "img/Dockerfile"}', [tmp_path])
+    with pytest.raises(LaunchValidationError, match="both dockerfile and base_image"):
+        environment_for_submit("docker", {}, '{"dockerfile": "img/Dockerfile", "base_image": "x"}', [tmp_path])
+    with pytest.raises(LaunchValidationError, match="does not exist"):
+        environment_for_submit("docker", {}, '{"dockerfile": "none/Dockerfile"}', [tmp_path])
+    (tmp_path / "img" / "Dockerfile").write_text("# no FROM\nRUN true\n")
+    with pytest.raises(LaunchValidationError, match="must be FROM"):
+        environment_for_submit("docker", {}, '{"dockerfile": "img/Dockerfile"}', [tmp_path])
     with pytest.raises(LaunchValidationError, match="not valid JSON"):
         environment_for_submit("process", {}, "{requirements: [", [tmp_path])

@@ -37,6 +37,7 @@ from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_r
 from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources, format_size
 from prefect_launch.workers.agent.tags import AGENT_LABEL, QUEUE_LABEL, RUN_ID_LABEL
 from prefect_launch.workers.backends.warm_containers import WarmContainers, run_container_name, shape_key, shape_of
+from prefect_launch.workers.environments.run_image import prepare_job_image
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -96,6 +97,7 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
     """prefect-docker's configuration; the run's resolved request travels in a private attribute."""
 
     keep_container: bool = Field(default=False, description="Keep the container after the run ends.")
+    environment: Optional[Any] = Field(default=None)  # a job environment: an image per hash (environments/image.py)
     launch: dict[str, Any] = Field(default_factory=dict)
     _request: Optional[ResolvedRequest] = PrivateAttr(default=None)
     _secret_env: Optional[dict[str, str]] = PrivateAttr(default=None)
@@ -151,6 +153,11 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         template["variables"]["properties"]["keep_container"] = {
             "type": "boolean", "default": False, "title": "Keep container",
             "description": "Keep the container after the run ends (for inspection)."}
+        template["job_configuration"]["environment"] = "{{ environment }}"
+        template["variables"]["properties"]["environment"] = {
+            "title": "Environment", "default": None,
+            "description": "The job's environment: requirements (a file or pins), base_image or dockerfile; built "
+                           "into an image launch-env/<job>:<hash> once per content hash (workers/environments)."}
         return template
 
     def docker(self) -> Any:
@@ -167,6 +174,10 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
     async def run(self, flow_run: "FlowRun", configuration: LaunchDockerJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[str]] = None) -> DockerWorkerResult:
         alloc = self._allocation_of(flow_run)
+        job_image = await prepare_job_image(self, flow_run, configuration, self.docker())  # None: no environment
+        if job_image is not None and job_image.error:  # recorded Failed with Docker's words; capacity goes back
+            (task_status or anyio.TASK_STATUS_IGNORED).started()
+            return DockerWorkerResult(status_code=0, identifier="environment-build-failed")
         configuration.env.update(await self._run_env(alloc, configuration._secret_env))
         self.apply_allocation(configuration, alloc, str(flow_run.id))
         configuration.auto_remove = False  # its end state is read first; removed below unless kept

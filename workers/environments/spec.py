@@ -7,6 +7,8 @@ overridable per run like the other launch variables)::
     environment: {requirements: ["tinypkg==1.0", "rich"]}  # inline pins
     environment: {pyproject: pyproject.toml}                # its [project].dependencies
     environment: {requirements: [...], python: "3.11", find_links: /srv/wheels, index_url: https://...}
+    environment: {requirements: [...], base_image: python:3.11-slim}   # docker/kubernetes queues: an image
+    environment: {dockerfile: Dockerfile, context: ., requirements: [...]}   # docker/kubernetes queues
 
 A file is read as early as it can be seen: ``submit`` (and ``--dry-run``) reads it relative to the
 submitter's directory or the deployment's ``path`` and sends its pins inline with the run, so the agent needs
@@ -51,6 +53,11 @@ class EnvironmentSpec(BaseModel):
     index_url: Optional[str] = Field(default=None, description="Package index URL.")
     offline: Optional[bool] = Field(default=None, description="Never reach a package index (default: true when "
                                                               "find_links is given and index_url is not).")
+    # container queues (docker, kubernetes): the image the requirements are installed into
+    base_image: Optional[str] = Field(default=None, description="Image to build FROM (default: the queue's).")
+    dockerfile: Optional[str] = Field(default=None, description="A Dockerfile to build (its folder is the "
+                                                                "context unless `context` names one).")
+    context: Optional[str] = Field(default=None, description="The Dockerfile's build context folder.")
 
     @field_validator("requirements")
     @classmethod
@@ -88,9 +95,12 @@ def parse_environment(value: Any, where: str = "") -> Optional[EnvironmentSpec]:
         raise LaunchValidationError(f"bad environment {where}: {_short(exc)}") from None
     if spec.requirements is not None and spec.pyproject is not None:
         raise LaunchValidationError(f"environment {where} gives both requirements and pyproject; keep one")
-    if spec.requirements is None and spec.pyproject is None:
+    if spec.requirements is None and spec.pyproject is None and spec.dockerfile is None:
         raise LaunchValidationError(f"environment {where} names no requirements (a file or a list of pins) "
-                                    "or pyproject")
+                                    "or pyproject (or, on container queues, a dockerfile)")
+    if spec.dockerfile is not None and spec.base_image is not None:
+        raise LaunchValidationError(f"environment {where} gives both dockerfile and base_image; keep one (the "
+                                    "Dockerfile's FROM names its base)")
     if isinstance(spec.requirements, list):
         check_pins(spec.requirements, f"in environment {where}")
     return spec
@@ -156,12 +166,76 @@ def locate(name: str, bases: Sequence[Optional[Union[str, Path]]]) -> Path:
 
 
 def inline(spec: EnvironmentSpec, bases: Sequence[Optional[Union[str, Path]]]) -> EnvironmentSpec:
-    """The spec with its file read into inline pins (what ``submit`` sends and the agent builds)."""
+    """The spec with its file read into inline pins (what ``submit`` sends and the agent builds); a Dockerfile
+    and its context become absolute paths, the Dockerfile checked (`check_dockerfile`)."""
+    spec = _locate_dockerfile(spec, bases)
     if isinstance(spec.requirements, list):
         return spec.model_copy(update={"requirements": check_pins(spec.requirements, "in environment")})
+    if spec.requirements is None and spec.pyproject is None:  # a Dockerfile alone
+        return spec.model_copy(update={"requirements": []})
     kind = "pyproject" if spec.pyproject is not None else "requirements"
     path = locate(spec.pyproject or spec.requirements or "", bases)
     return spec.model_copy(update={"requirements": pins_of_file(path, kind), "pyproject": None})
+
+
+def _locate_dockerfile(spec: EnvironmentSpec, bases: Sequence[Optional[Union[str, Path]]]) -> EnvironmentSpec:
+    if spec.dockerfile is None:
+        return spec
+    path = locate(spec.dockerfile, bases).resolve()
+    check_dockerfile(path)
+    if spec.context is None:
+        context = path.parent
+    else:
+        context = Path(spec.context).expanduser()
+        if not context.is_absolute():
+            context = next((Path(b) / context for b in bases if b and (Path(b) / context).is_dir()),
+                           path.parent / context)
+        context = context.resolve()
+    if not context.is_dir():
+        raise LaunchValidationError(f"environment context folder {str(context)!r} does not exist")
+    return spec.model_copy(update={"dockerfile": str(path), "context": str(context)})
+
+
+DOCKERFILE_INSTRUCTIONS = frozenset(
+    "ADD ARG CMD COPY ENTRYPOINT ENV EXPOSE FROM HEALTHCHECK LABEL MAINTAINER ONBUILD RUN SHELL STOPSIGNAL USER "
+    "VOLUME WORKDIR".split())
+
+
+def check_dockerfile(path: Path) -> list[str]:
+    """A Dockerfile's instructions, checked the way ``submit --dry-run`` can know it: the file exists, every
+    instruction is one Docker knows and the first (after ARGs) is FROM. Returns the FROM images."""
+    if not path.is_file():
+        raise LaunchValidationError(f"environment dockerfile {str(path)!r} does not exist")
+    lines, joined = [], ""
+    for n, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        text = raw.strip()
+        if not joined and (not text or text.startswith("#")):
+            continue
+        joined = (joined + " " + text.rstrip("\\").strip()) if joined else text.rstrip("\\").strip()
+        if text.endswith("\\"):
+            continue
+        lines.append((n, joined))
+        joined = ""
+    froms: list[str] = []
+    seen_from = False
+    for n, line in lines:
+        word = line.split(None, 1)[0].upper()
+        if word not in DOCKERFILE_INSTRUCTIONS:
+            raise LaunchValidationError(f"environment dockerfile {str(path)!r} line {n}: unknown instruction "
+                                        f"{line.split(None, 1)[0]!r}")
+        if word == "FROM":
+            seen_from = True
+            parts = line.split()
+            refs = [p for p in parts[1:] if not p.startswith("--")]
+            if not refs:
+                raise LaunchValidationError(f"environment dockerfile {str(path)!r} line {n}: FROM names no image")
+            froms.append(refs[0])
+        elif not seen_from and word != "ARG":
+            raise LaunchValidationError(f"environment dockerfile {str(path)!r} line {n}: the first instruction "
+                                        f"must be FROM (or ARG), not {word}")
+    if not froms:
+        raise LaunchValidationError(f"environment dockerfile {str(path)!r} has no FROM instruction")
+    return froms
 
 
 def python_version() -> str:
@@ -250,7 +324,13 @@ def environment_for_submit(target: str, deployment_vars: Optional[dict[str, Any]
     spec = parse_environment(value, where)
     if spec is None:
         return None
-    if target != "process":
-        raise LaunchValidationError(f"environment {where}: job environments are built on process queues only "
-                                    f"(this queue runs {target} jobs: bake the requirements into its image)")
+    check_target(spec, target, where)
     return inline(spec, bases).model_dump(exclude_none=True)
+
+
+def check_target(spec: EnvironmentSpec, target: str, where: str = "") -> None:
+    """An image declaration (dockerfile, base_image) needs a container queue."""
+    if target == "process" and (spec.dockerfile is not None or spec.base_image is not None):
+        raise LaunchValidationError(f"environment {where}: dockerfile and base_image are for docker and kubernetes "
+                                    "queues (an image per environment); a process queue builds a virtual "
+                                    "environment from requirements alone")

@@ -1,0 +1,243 @@
+"""Job environments on container queues (issue 39 sections 3 and 4): an image per content hash, built with docker-py
+on a real dockerd from the session's base image, offline (the pins come from a local wheel folder copied into the
+build context).
+
+Checked from Docker itself (the image's tag and label, what ``python`` inside it imports) and from the jobs' own
+records; the kubernetes half pushes to a real registry (Debian's docker-registry) on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from env_wheels import wheel_folder
+from launch_helpers import apply_queue, cli, cli_json, records, wait_final
+from prefect_launch.workers.environments.image import (HASH_LABEL, ImageBuildError, ensure_image, image_identity,
+                                                       image_tag, push)
+from prefect_launch.workers.environments.spec import inline, parse_environment
+from prefect_launch.workers.scheduling.resources import LaunchValidationError
+from test_docker_backend import JOBS, PRESETS, agent
+from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(1500)]
+PREFECT = "test"  # the Prefect version in the identity (the agent's, in real runs)
+
+
+def _spec(value, bases=()):
+    return inline(parse_environment(value), list(bases))
+
+
+def _in_image(client, ref: str, code: str) -> str:
+    out = client.containers.run(ref, ["python", "-c", code], remove=True, network_mode="none")
+    return out.decode().strip()
+
+
+def _tagged(client, env_hash: str) -> list:
+    return client.images.list(filters={"label": f"{HASH_LABEL}={env_hash}"})
+
+
+def test_an_image_per_hash_built_once_and_reused(tmp_path: Path, docker_client, image: str, unique_name: str):
+    wheels = wheel_folder(tmp_path / "wheels")
+    spec = _spec({"requirements": ["launchtiny==2.0", "launchalpha"], "find_links": str(wheels)})
+    ident = image_identity(spec, docker_client, image, PREFECT)
+    tag = image_tag(f"Job {unique_name}", ident.hash)
+    assert tag == f"launch-env/job-{unique_name.lower()}:{ident.hash}"
+    results, lines = [], []
+
+    def run() -> None:
+        results.append(ensure_image(docker_client, spec, ident, tag, tmp_path / "locks", log=lines.append))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]  # concurrent runs of one hash: one build
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sorted(r.built for r in results) == [False, True]
+        assert len({r.id for r in results}) == 1
+        assert any("launchtiny" in line for line in lines)  # Docker's own output reached the log
+        assert _in_image(docker_client, tag, "import launchtiny, launchalpha; print(launchtiny.VERSION)") == "2.0"
+        assert docker_client.images.get(tag).labels[HASH_LABEL] == ident.hash
+        again = ensure_image(docker_client, spec, ident, tag, tmp_path / "locks")
+        assert not again.built and again.id == results[0].id  # a cached image is reused, never rebuilt
+        # another job with the same environment: the image is tagged for it too, not built again
+        other = ensure_image(docker_client, spec, ident, image_tag("other", ident.hash), tmp_path / "locks")
+        assert not other.built and other.id == results[0].id
+        # what shapes the image changes the hash: another pin, another base image
+        assert image_identity(_spec({"requirements": ["launchtiny==1.0"], "find_links": str(wheels)}),
+                              docker_client, image, PREFECT).hash != ident.hash
+        assert image_identity(spec, docker_client, "prefect-launch-debian:bookworm", PREFECT).hash != ident.hash
+    finally:
+        for t in (tag, image_tag("other", ident.hash)):
+            docker_client.images.remove(t, force=True)
+
+
+def test_bad_dockerfiles_and_failed_builds_leave_nothing_tagged(tmp_path: Path, docker_client, image: str):
+    wheels = wheel_folder(tmp_path / "wheels")
+    # known before anything is enqueued: a missing Dockerfile, one that is not a Dockerfile
+    with pytest.raises(LaunchValidationError, match="dockerfile .*nope.* does not exist"):
+        _spec({"dockerfile": "nope/Dockerfile"}, [tmp_path])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "Dockerfile").write_text(f"RUN true\nFROM {image}\n")
+    with pytest.raises(LaunchValidationError, match="first instruction must be FROM"):
+        _spec({"dockerfile": "bad/Dockerfile"}, [tmp_path])
+    (tmp_path / "bad" / "Dockerfile").write_text(f"FROM {image}\nRUNN true\n")
+    with pytest.raises(LaunchValidationError, match="line 2: unknown instruction 'RUNN'"):
+        _spec({"dockerfile": "bad/Dockerfile"}, [tmp_path])
+    # known only by building: a RUN that fails, a pin no wheel satisfies -> Docker's words, no image tagged
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {image}\nRUN echo launch-broken-step >&2 && exit 3\n")
+    failing = [_spec({"dockerfile": "ctx/Dockerfile"}, [tmp_path]),
+               _spec({"requirements": ["launchnope==9"], "find_links": str(wheels)})]
+    for spec, words in zip(failing, ("launch-broken-step", "launchnope")):
+        ident = image_identity(spec, docker_client, image, PREFECT)
+        tag = image_tag("broken", ident.hash)
+        with pytest.raises(ImageBuildError, match=words) as err:
+            ensure_image(docker_client, spec, ident, tag, tmp_path / "locks")
+        assert str(err.value).startswith(f"environment build failed: image {tag}")
+        assert not _tagged(docker_client, ident.hash) and not docker_client.images.list(name=tag)
+    # the fixed Dockerfile is another hash and builds; its context files are in the image
+    (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY data.txt /data.txt\n")
+    (ctx / "data.txt").write_text("context file\n")
+    spec = _spec({"dockerfile": "ctx/Dockerfile", "requirements": ["launchbeta"], "find_links": str(wheels)},
+                 [tmp_path])
+    ident = image_identity(spec, docker_client, image, PREFECT)
+    built = ensure_image(docker_client, spec, ident, image_tag("fixed", ident.hash), tmp_path / "locks")
+    try:
+        assert built.built
+        assert _in_image(docker_client, built.tag, "import launchbeta; print(open('/data.txt').read().strip())") \
+            == "context file"
+        (ctx / "data.txt").write_text("changed\n")  # a context file is part of the identity
+        assert image_identity(spec, docker_client, image, PREFECT).hash != ident.hash
+    finally:
+        docker_client.images.remove(built.tag, force=True)
+
+
+@pytest.fixture
+def registry(tmp_path: Path):
+    """Debian's docker-registry serving on a free loopback port, its storage in tmp_path."""
+    exe = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+    if not os.path.exists(exe):
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "registry.yml"
+    conf.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\n"
+                    f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: warn\n")
+    proc = subprocess.Popen([exe, "serve", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import urllib.request
+
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("docker-registry did not answer")
+            time.sleep(0.2)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_kubernetes_images_are_pushed_to_a_real_registry_and_named_by_digest(
+        tmp_path: Path, docker_client, image: str, registry: str):
+    import json
+    import urllib.request
+
+    wheels = wheel_folder(tmp_path / "wheels")
+    spec = _spec({"requirements": ["launchgamma"], "find_links": str(wheels)})
+    ident = image_identity(spec, docker_client, image, PREFECT)
+    built = ensure_image(docker_client, spec, ident, image_tag("kjob", ident.hash), tmp_path / "locks")
+    try:
+        ref = push(docker_client, built.id, registry, built.tag)
+        repo, digest = ref.split("@")
+        assert repo == f"{registry}/launch-env/kjob" and digest.startswith("sha256:")
+        # the registry itself has it, under the tag and by that digest
+        req = urllib.request.Request(f"http://{registry}/v2/launch-env/kjob/manifests/{ident.hash}", headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.headers["Docker-Content-Digest"] == digest
+            assert json.loads(resp.read())["config"]["digest"] == built.id
+    finally:
+        for t in (built.tag, f"{registry}/{built.tag}"):
+            docker_client.images.remove(t, force=True)
+
+
+def _deploy_env_job(queue: str, name: str, image: str, out: Path, environment: dict) -> str:
+    import sys
+
+    variables = {"image": image, "volumes": [f"{JOBS}:{JOBS}:ro", f"{out}:{out}"], "stream_output": False,
+                 "environment": environment}
+    code = (
+        "from prefect import flow\n"
+        f"flow.from_source(source={str(JOBS)!r}, entrypoint='env_job.py:env_job').deploy("
+        f"name={name!r}, work_pool_name={queue!r}, work_queue_name='medium', build=False, push=False,"
+        f" image={image!r}, print_next_steps=False, job_variables={variables!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=os.environ.copy(), timeout=120)
+    return f"env-job/{name}"
+
+
+def _history(run_id: str, phase: str) -> list[dict]:
+    return [r for r in cli_json("history", run_id) if r["phase"] == phase]
+
+
+def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path, unique_name: str, docker_client,
+                                                                  image: str):
+    wheels = wheel_folder(tmp_path / "wheels")
+    (tmp_path / "requirements.txt").write_text("launchtiny==1.0\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    q = apply_queue(tmp_path, {"name": f"envdk-{unique_name}", "target": "docker", "image": image,
+                               "presets": PRESETS, "default_preset": "small"})
+    job = _deploy_env_job(q, f"envdk-{unique_name}", image, out,
+                          {"requirements": str(tmp_path / "requirements.txt"), "find_links": str(wheels)})
+    # a Dockerfile that does not exist is refused before anything is enqueued; dockerfile on a docker queue is fine
+    bad = cli("submit", job, "--queue", q, "--dry-run", "--environment",
+              '{"dockerfile": "%s"}' % (tmp_path / "missing" / "Dockerfile"), check=False)
+    assert bad.returncode != 0 and "does not exist" in bad.stdout + bad.stderr
+    nope = '{"requirements": ["launchnope==9"], "find_links": "%s"}' % wheels
+
+    def submit(tag: str, *extra: str) -> str:
+        return cli_json("submit", job, "--queue", q, "--param", f"record_dir={out}", "--param", f"tag={tag}",
+                        *extra)["run_ids"][0]
+
+    tags_before = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags}
+    with agent([q], f"envdk-{unique_name}", "cpu=2,memory=2Gi", tmp_path):
+        first, broken = submit("one"), submit("bad", "--environment", nope)
+        runs = {str(r.id): r for r in wait_final([first, broken], timeout=300)}
+        again = submit("again")
+        runs.update({str(r.id): r for r in wait_final([again], timeout=120)})
+    try:
+        assert runs[first].state.is_completed() and runs[again].state.is_completed(), {
+            k: (r.state_name, r.state.message) for k, r in runs.items()}
+        got = records(out)
+        assert got[first]["launchtiny"] == got[again]["launchtiny"] == "1.0"
+        assert got[first]["launchtiny_file"].startswith("/opt/venv/")  # installed in the image, not mounted
+        assert [r["error_code"] for r in _history(first, "build")] == ["env-cache-miss"]
+        assert [r["error_code"] for r in _history(again, "build")] == ["env-cache-hit"]
+        failed = runs[broken]
+        assert failed.state.is_failed() and failed.state.message.startswith("environment build failed: image ")
+        assert "launchnope" in failed.state.message
+        assert [r["result"] for r in _history(broken, "build")] == ["FAILURE"]
+        new = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags} - tags_before
+        assert len(new) == 1 and new.pop().startswith(f"launch-env/envdk-{unique_name.lower()}:")
+    finally:
+        for i in docker_client.images.list(name="launch-env/*"):
+            for t in set(i.tags) - tags_before:
+                docker_client.images.remove(t, force=True)
