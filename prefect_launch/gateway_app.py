@@ -26,7 +26,7 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import anyio
 import httpx
@@ -60,6 +60,7 @@ class GatewayConfig:
     key_cache_s: float = 10.0
     failure_limit: int = 20
     failure_window_s: float = 60.0
+    max_body: int = 16 << 20  # larger request bodies get 413
 
     @classmethod
     def from_env(cls, upstream: str, store_url: str) -> "GatewayConfig":
@@ -69,13 +70,18 @@ class GatewayConfig:
         return cls(upstream=upstream, store_url=store_url,
                    upstream_auth=auth.get_secret_value() if auth is not None else None,
                    key_cache_s=env_seconds("LAUNCH_GATEWAY_KEY_CACHE_SECONDS", 10),
-                   failure_limit=env_int("LAUNCH_GATEWAY_FAILURE_LIMIT", 20))
+                   failure_limit=env_int("LAUNCH_GATEWAY_FAILURE_LIMIT", 20),
+                   max_body=env_int("LAUNCH_GATEWAY_MAX_BODY_BYTES", 16 << 20))
 
     @property
     def origin(self) -> str:
         """``scheme://host:port`` of the server: the gateway's paths are forwarded as they are."""
         u = urlsplit(self.upstream)
         return f"{u.scheme}://{u.netloc}"
+
+
+class BodyTooLarge(Exception):
+    """A streamed request body passed the gateway's limit."""
 
 
 def _deny(status: int, message: str, **headers: str) -> JSONResponse:
@@ -161,6 +167,13 @@ class Gateway:
             return None, None  # the server answers malformed JSON itself
         if not isinstance(data, dict):
             return None, None
+        if route.kind == R.OWN_VARIABLE:
+            refusal = R.own_variable_refusal(user, route.id if route.id is not None else data.get("name"))
+            return None, (_deny(refusal.status, refusal.message) if refusal is not None else None)
+        labels = data if request.url.path.rstrip("/").endswith("/labels") else data.get("labels")
+        refusal = R.label_refusal(user, labels)
+        if refusal is not None:
+            return None, _deny(refusal.status, refusal.message)
         if route.kind in (R.CREATE_FROM_DEPLOYMENT, R.CREATE_RUN):
             dep = route.id if route.kind == R.CREATE_FROM_DEPLOYMENT else data.get("deployment_id")
             pool = data.get("work_pool_name") if route.kind == R.CREATE_RUN else None
@@ -194,7 +207,8 @@ class Gateway:
 
     async def http(self, request: Request) -> Response:
         path = request.url.path
-        if not R.safe_path(path) or not R.safe_path(request.scope.get("raw_path", b"").decode("latin-1")):
+        raw_path = request.scope.get("raw_path", b"").decode("latin-1")
+        if not all(R.safe_path(p) for p in (path, request.scope.get("path", ""), raw_path, unquote(raw_path))):
             return _deny(400, "the path may not hold '.' or '..' segments")
         body: Optional[bytes] = None
         if path == "/api" or path.startswith("/api/"):
@@ -203,19 +217,75 @@ class Gateway:
             if refusal is not None:
                 return refusal
             assert user is not None
-            route = R.classify(request.method, path)
-            if route is not None:
-                body = await self._read_limited(request)
-                if body is None:
-                    return _deny(413, f"the request body is over {MAX_RULE_BODY} bytes")
-                new, refusal = await self.apply_rules(user, route, request, body)
-                if refusal is not None:
-                    log.info("refused %s %s for %s: %s", request.method, path, user.name, refusal.body.decode())
-                    return refusal
-                body = new if new is not None else body
+            refusal = self._size_refusal(request)
+            if refusal is None:
+                rule = R.write_refusal(user, request.method, path)
+                refusal = _deny(rule.status, rule.message) if rule is not None else None
+            if refusal is None:
+                query, body, refusal = await self._secret_reads(user, request)
+            if refusal is None:
+                route = R.classify(request.method, path)
+                if route is not None:
+                    if body is None:
+                        body = await self._read_limited(request)
+                    if body is None:
+                        return _deny(413, f"the request body is over {MAX_RULE_BODY} bytes (the limit for "
+                                          "creating and changing runs)")
+                    new, refusal = await self.apply_rules(user, route, request, body)
+                    body = new if new is not None else body
+            if refusal is not None:
+                log.info("refused %s %s for %s: %s", request.method, path, user.name, refusal.body.decode())
+                return refusal
+            return await self.forward(request, body, query)
         elif request.method not in ("GET", "HEAD"):
             return _deny(401, "only the UI's files are served without a key; the API is under /api")
         return await self.forward(request, body)
+
+    def _size_refusal(self, request: Request) -> Optional[Response]:
+        length = request.headers.get("content-length")
+        try:
+            too_big = length is not None and int(length) > self.config.max_body
+        except ValueError:
+            return _deny(400, "the Content-Length header is not a number")
+        if too_big:
+            return _deny(413, f"the request body ({length} bytes) is over the gateway's limit of "
+                              f"{self.config.max_body} bytes (LAUNCH_GATEWAY_MAX_BODY_BYTES)")
+        return None
+
+    async def _secret_reads(self, user: User, request: Request) -> tuple[Optional[str], Optional[bytes], Optional[Response]]:
+        """A plain user's block read: (query to forward, body to forward, refusal). Secret values come back
+        masked (``include_secrets`` forced off) except a session token to its session's owner; a Secret read
+        by name with its value is refused."""
+        params = parse_qsl(request.url.query, keep_blank_values=True)
+        include = any(k == "include_secrets" and v.lower() in ("true", "1", "yes", "on") for k, v in params)
+        sr = R.secret_read(user, request.method, request.url.path, include)
+        if not sr.block_read:
+            return None, None, None
+        if sr.run_id is not None:
+            run = await self._get_json(f"/api/flow_runs/{sr.run_id}")
+            owner = R.tag_value((run or {}).get("tags"), R.OWNER)
+            if owner == user.name:
+                return None, None, None
+            refusal = R.secret_refusal(user, sr.name or "", owner)
+            return None, None, _deny(refusal.status, refusal.message)
+        if sr.refuse:
+            refusal = R.secret_refusal(user, sr.name or "")
+            return None, None, _deny(refusal.status, refusal.message)
+        query = urlencode([(k, v) for k, v in params if k != "include_secrets"] + [("include_secrets", "false")])
+        body = None
+        if request.method == "POST":
+            body = await self._read_limited(request)
+            if body is None:
+                return None, None, _deny(413, f"the request body is over {MAX_RULE_BODY} bytes (the limit for "
+                                              "reading blocks)")
+            try:
+                data = json.loads(body) if body else {}
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                data["include_secrets"] = False
+                body = json.dumps(data).encode()
+        return query, body, None
 
     @staticmethod
     async def _read_limited(request: Request) -> Optional[bytes]:
@@ -227,16 +297,28 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def forward(self, request: Request, body: Optional[bytes]) -> Response:
+    async def _limited_stream(self, request: Request) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.config.max_body:
+                raise BodyTooLarge()
+            yield chunk
+
+    async def forward(self, request: Request, body: Optional[bytes], query: Optional[str] = None) -> Response:
         assert self.client is not None
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         headers += list(self.upstream_headers().items())
         raw = request.scope.get("raw_path") or request.url.path.encode()
-        url = raw.decode("latin-1") + (("?" + request.url.query) if request.url.query else "")
-        content: Any = body if body is not None else request.stream()
+        query = request.url.query if query is None else query
+        url = raw.decode("latin-1") + (("?" + query) if query else "")
+        content: Any = body if body is not None else self._limited_stream(request)
         req = self.client.build_request(request.method, url, headers=headers, content=content)
         try:
             resp = await self.client.send(req, stream=True)
+        except BodyTooLarge:
+            return _deny(413, f"the request body is over the gateway's limit of {self.config.max_body} bytes "
+                              "(LAUNCH_GATEWAY_MAX_BODY_BYTES)")
         except httpx.HTTPError as exc:
             return _deny(502, f"the Prefect server did not answer: {type(exc).__name__}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP - {"content-length"}}

@@ -7,6 +7,12 @@ an agent may launch on behalf of someone, recorded as ``launched_by:<admin>``. :
 says whether the user may cancel, rename, relabel or delete a run with these tags: its owner, an admin,
 an agent. :func:`queue_refusal` says why a queue is not open to a user. Each refusal is a :class:`Refusal`:
 an HTTP status and a message that names what is missing.
+
+:func:`write_refusal` denies plain users every write outside those rules (queues, deployments, blocks,
+automations, variables other than their own recent-sessions list, logs, bulk run changes, the admin area):
+those are for admins and agents. :func:`label_refusal` keeps the agents' labels (``launch.alloc`` and the
+like, which owner quotas count) out of users' hands. :func:`secret_read` decides how a plain user's block
+read is handled: Secret values come back masked, except a session token to its session's owner.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from typing import Iterable, NamedTuple, Optional
 from prefect_launch.blocks.identity_records import QueueAccess, User
 from prefect_launch.workers.agent.tags import OWNER, tag, tag_value
 
-__all__ = ["PROJECT", "LAUNCHED_BY", "Refusal", "Route", "classify", "launch_tags", "may_change_run",
-           "queue_refusal", "safe_path"]
+__all__ = ["PROJECT", "LAUNCHED_BY", "Refusal", "Route", "classify", "label_refusal", "launch_tags",
+           "may_change_run", "queue_refusal", "safe_path", "secret_read", "write_refusal"]
 
 PROJECT = "project"
 LAUNCHED_BY = "launched_by"
@@ -26,6 +32,7 @@ LAUNCHED_BY = "launched_by"
 CREATE_FROM_DEPLOYMENT = "create_from_deployment"
 CREATE_RUN = "create_run"
 CHANGE_RUN = "change_run"
+OWN_VARIABLE = "own_variable"
 
 _UUID = r"[0-9a-fA-F-]{32,36}"
 _ROUTES = [
@@ -34,7 +41,27 @@ _ROUTES = [
     ("POST", re.compile(rf"^/api/flow_runs/(?P<id>{_UUID})/(set_state|resume)/?$"), CHANGE_RUN),
     ("PATCH", re.compile(rf"^/api/flow_runs/(?P<id>{_UUID})(/labels)?/?$"), CHANGE_RUN),
     ("DELETE", re.compile(rf"^/api/flow_runs/(?P<id>{_UUID})/?$"), CHANGE_RUN),
+    ("POST", re.compile(r"^/api/variables/?$"), OWN_VARIABLE),
+    ("PATCH", re.compile(r"^/api/variables/name/(?P<id>[^/]+)/?$"), OWN_VARIABLE),
+    ("DELETE", re.compile(r"^/api/variables/name/(?P<id>[^/]+)/?$"), OWN_VARIABLE),
 ]
+
+# Labels the agents write (placement, allocations that owner quotas count, idle marks, cluster plans) and
+# Prefect's worker label: a user may not set them on a run, at creation or later.
+AGENT_LABELS = ("launch.alloc", "launch.placement", "launch.waiting", "launch.idle", "launch.cluster",
+                "prefect.worker.")
+
+# POSTs that only read (filters, counts, pages, histories) and the UI's read-only helpers.
+_READ_POST_LAST = {"filter", "count", "paginate", "history", "lateness"}
+
+# What each API area holds, for refusal messages.
+_AREAS = {"work_pools": "queues (work pools)", "work_queues": "work queues", "deployments": "deployments",
+          "block_documents": "blocks", "block_types": "block types", "block_schemas": "block schemas",
+          "automations": "automations", "variables": "variables", "concurrency_limits": "concurrency limits",
+          "v2": "concurrency limits", "admin": "the server's administration", "flow_runs": "runs",
+          "task_runs": "task runs", "logs": "logs", "artifacts": "artifacts", "events": "events",
+          "flow_run_notification_policies": "notification policies", "saved_searches": "saved searches",
+          "templates": "templates", "work_pool": "queues (work pools)"}
 
 
 class Refusal(NamedTuple):
@@ -117,3 +144,98 @@ def queue_refusal(user: User, access: QueueAccess) -> Optional[Refusal]:
     who += [f"projects {', '.join(access.projects)}"] if access.projects else []
     return Refusal(403, f"queue {access.queue!r} is not open to user {user.name!r}: it is open to "
                         f"{' and '.join(who)} (an admin can change it: `prefect-launch access set {access.queue} ...`)")
+
+
+def _is_read_post(path: str) -> bool:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[1] == "ui":
+        return True  # /api/ui/...: the UI's read-only summaries and schema validation
+    if parts and parts[-1] in _READ_POST_LAST:
+        return True
+    return len(parts) >= 2 and parts[-2] == "count-by"  # /api/events/count-by/{countable}
+
+
+def write_refusal(user: User, method: str, path: str) -> Optional[Refusal]:
+    """None if ``user`` may send this request as far as the admin-only areas go, else the refusal.
+
+    Deny by default for plain users: besides reads (GET, HEAD, OPTIONS, and POSTs that filter, count or
+    page) a user may only do what :func:`classify` gives a rule (create and change runs, their own
+    recent-sessions variable) and create a flow record (``POST /api/flows/``, harmless, needed to create a
+    run). Everything else (queues, work queues, deployments, blocks, automations, variables, concurrency
+    limits, logs, task runs, bulk run changes, the admin area) is for admins and agents. Reading the
+    ``/api/admin`` area is for admins and agents too (the server's settings).
+    """
+    if user.is_admin or user.is_agent:
+        return None
+    parts = [p for p in path.split("/") if p]
+    area = parts[1] if len(parts) >= 2 else ""
+    if area == "admin" and not (len(parts) == 3 and parts[2] == "version" and method.upper() in ("GET", "HEAD")):
+        return Refusal(403, f"user {user.name!r} may not use the server's administration (/api/admin): "
+                            "only admins may")
+    if method.upper() in ("GET", "HEAD", "OPTIONS"):
+        return None
+    if classify(method, path) is not None:
+        return None  # a run or own-variable rule decides
+    if method.upper() == "POST" and _is_read_post(path):
+        return None
+    if method.upper() == "POST" and parts in (["api", "flows"],):
+        return None
+    what = _AREAS.get(area, area or "this")
+    return Refusal(403, f"user {user.name!r} may not create, change or delete {what} ({method.upper()} {path}): "
+                        "only admins (and agents) may")
+
+
+def label_refusal(user: User, labels: object) -> Optional[Refusal]:
+    """None if ``user`` may set these run labels; a plain user may not set the agents' labels."""
+    if user.is_admin or user.is_agent or not isinstance(labels, dict):
+        return None
+    bad = sorted(k for k in labels if isinstance(k, str) and k.startswith(AGENT_LABELS))
+    if bad:
+        return Refusal(403, f"user {user.name!r} may not set the label {bad[0]!r}: labels starting with "
+                            f"{', '.join(AGENT_LABELS)} are written by the agents")
+    return None
+
+
+def own_variable_refusal(user: User, name: object) -> Optional[Refusal]:
+    """A plain user may write one variable: their recent-sessions list (``launch_recent_<user>``)."""
+    if user.is_admin or user.is_agent:
+        return None
+    from prefect_launch.deployments.session_recent import variable_name
+
+    mine = variable_name(user.name)
+    if name == mine:
+        return None
+    return Refusal(403, f"user {user.name!r} may not create, change or delete variable {name!r}: a user may "
+                        f"write only their own recent-sessions list ({mine!r}); other variables are for admins")
+
+
+_SECRET_BY_NAME = re.compile(r"^/api/block_types/slug/(?P<slug>[^/]+)/block_documents/name/(?P<name>[^/]+)/?$")
+_SESSION_TOKEN = re.compile(rf"^session-token-(?P<run>{_UUID})$")
+_BLOCK_READS = re.compile(r"^/api/(block_documents(/.*)?|block_types/slug/[^/]+/block_documents(/.*)?)$")
+
+
+class SecretRead(NamedTuple):
+    """How a plain user's block read is handled: ``run_id`` (a session token: its run's owner may read it),
+    ``refuse`` (a Secret by name: 403), or else ``include_secrets`` is forced off (values come back masked)."""
+    block_read: bool
+    name: Optional[str] = None
+    run_id: Optional[str] = None
+    refuse: bool = False
+
+
+def secret_read(user: User, method: str, path: str, include_secrets: bool) -> SecretRead:
+    """Whether this is a block read whose secret values ``user`` may not see, and what to do about it."""
+    if user.is_admin or user.is_agent or not _BLOCK_READS.match(path):
+        return SecretRead(False)
+    m = _SECRET_BY_NAME.match(path)
+    if m and method.upper() in ("GET", "HEAD") and include_secrets and m.group("slug") == "secret":
+        token = _SESSION_TOKEN.match(m.group("name"))
+        return SecretRead(True, name=m.group("name"), run_id=token.group("run") if token else None,
+                          refuse=token is None)
+    return SecretRead(True)
+
+
+def secret_refusal(user: User, name: str, owner: Optional[str] = None) -> Refusal:
+    whose = f" (the session of {owner!r})" if owner else ""
+    return Refusal(403, f"user {user.name!r} may not read the value of Secret block {name!r}{whose}: only "
+                        "admins, agents and (for a session's token) the session's owner may")

@@ -15,6 +15,9 @@ from prefect_launch.blocks.identity_repository import IdentityRepository
 from prefect_launch.local_server import background_process, free_port
 
 
+MAX_BODY = 2 << 20
+
+
 @pytest.fixture(scope="module")
 def gw(prefect_server, tmp_path_factory):
     """Users alice (project vision), bob and root (admin); an open and a closed queue with a deployment each;
@@ -28,7 +31,11 @@ def gw(prefect_server, tmp_path_factory):
     repo.add_project("vision")
     repo.add_project("secret")
     keys = {name: repo.add_user(name, role=role, projects=projects)[1]
-            for name, role, projects in [("alice", "user", ["vision"]), ("bob", "user", []), ("root", "admin", [])]}
+            for name, role, projects in [("alice", "user", ["vision"]), ("bob", "user", []), ("root", "admin", []),
+                                         ("carol", "user", []), ("dave", "user", []), ("box-1", "agent", [])]}
+    keys["carol-old"] = keys["carol"]
+    keys["carol"] = repo.rotate_key("carol")  # the old key is revoked
+    repo.set_disabled("dave")
     suffix = os.urandom(4).hex()
     deployments = {}
     with get_client(sync_client=True) as client:  # straight to the server
@@ -39,7 +46,8 @@ def gw(prefect_server, tmp_path_factory):
             deployments[kind] = client.create_deployment(flow_id=flow_id, name=f"gw-{kind}", work_pool_name=pool)
     repo.set_queue_access(f"gw-closed-{suffix}", projects=["secret"])
     port = free_port()
-    env = {**os.environ, "LAUNCH_METRICS_URL": url, "PREFECT_API_URL": prefect_server}
+    env = {**os.environ, "LAUNCH_METRICS_URL": url, "PREFECT_API_URL": prefect_server,
+           "LAUNCH_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)}
     env.pop("PREFECT_API_KEY", None)
     env.pop("PREFECT_API_AUTH_STRING", None)
     log = tmp / "gateway.log"
@@ -178,3 +186,258 @@ def test_events_websockets_go_through_with_prefects_auth_message(gw):
         got = asyncio.run(roundtrip())
     assert got.event == name
     assert asyncio.run(wrong_token()) == 1008
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bad input and attacks (issue 40 section 3): each request through the gateway gets its status and a message
+# naming what is missing, and changes nothing (read back from the server directly).
+
+ATTACK = "gw-attack"
+
+
+@pytest.fixture(scope="module")
+def scene(gw):
+    """alice's scheduled run, a Secret block, alice's session token (a Secret named for her run)."""
+    from prefect.blocks.system import Secret
+
+    sfx = os.urandom(4).hex()
+    with client_as(gw, gw["keys"]["alice"]) as client:
+        run = client.create_flow_run_from_deployment(gw["deployments"]["open"], name=f"alice-run-{sfx}")
+    secret_value, token_value = f"s3cret-{sfx}", f"tok-{sfx}"
+    secret_id = Secret(value=secret_value).save(f"gw-secret-{sfx}")  # straight to the server
+    Secret(value=token_value).save(f"session-token-{run.id}")
+    with direct() as client:
+        pool = client.read_deployment(gw["deployments"]["open"]).work_pool_name
+    return {"run": str(run.id), "run_name": run.name, "secret": f"gw-secret-{sfx}", "secret_id": str(secret_id),
+            "secret_value": secret_value, "token": f"session-token-{run.id}", "token_value": token_value,
+            "pool": pool, "deployment": str(gw["deployments"]["open"]), "flow_id": str(gw["flow_id"])}
+
+
+def call(gw, who, method, path, **kw):
+    headers = {"Authorization": f"Bearer {gw['keys'][who]}"} if who else {}
+    return httpx.request(method, gw["api"] + path, headers=headers, timeout=30, **kw)
+
+
+def run_unchanged(scene):
+    with direct() as client:
+        run = client.read_flow_run(scene["run"])
+    assert run.state.type.value == "SCHEDULED" and run.name == scene["run_name"]
+    assert "owner:alice" in run.tags and not any(k.startswith("launch.alloc") for k in (run.labels or {}))
+
+
+def nothing_made(scene):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.exceptions import ObjectNotFound
+
+    with direct() as client:
+        with pytest.raises(ObjectNotFound):
+            client.read_work_pool(ATTACK)
+        with pytest.raises(ObjectNotFound):
+            client.read_block_document_by_name(ATTACK, block_type_slug="secret")
+        assert client.read_variable_by_name(ATTACK) is None
+        assert not client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[ATTACK])))
+
+
+def pool_unchanged(scene):
+    with direct() as client:
+        pool = client.read_work_pool(scene["pool"])
+    assert pool.description != ATTACK and not pool.is_paused
+
+
+def secret_unchanged(scene):
+    from prefect.blocks.system import Secret
+
+    assert Secret.load(scene["secret"]).get() == scene["secret_value"]
+
+
+def deployment_unchanged(scene):
+    with direct() as client:
+        assert client.read_deployment(scene["deployment"]).description != ATTACK
+
+
+def _secret_body(scene):
+    return {"block_document": {"name": ATTACK, "data": {"value": "x"}}}
+
+
+# who, method, path, request (json/params), status, words in the message, what must be unchanged
+ATTACKS = {
+    "no key": (None, "POST", "/flow_runs/", {"json": {"flow_id": "{flow_id}", "name": ATTACK}}, 401,
+               "API key is required", nothing_made),
+    "wrong key": ("wrong", "POST", "/flow_runs/", {"json": {"flow_id": "{flow_id}", "name": ATTACK}}, 401,
+                  "not valid", nothing_made),
+    "revoked key": ("carol-old", "POST", "/flow_runs/", {"json": {"flow_id": "{flow_id}", "name": ATTACK}}, 401,
+                    "not valid", nothing_made),
+    "disabled user": ("dave", "POST", "/flow_runs/", {"json": {"flow_id": "{flow_id}", "name": ATTACK}}, 401,
+                      "not valid", nothing_made),
+    "project not theirs": ("bob", "POST", "/flow_runs/",
+                           {"json": {"flow_id": "{flow_id}", "name": ATTACK, "tags": ["project:vision"]}}, 403,
+                           "not a member of project 'vision'", nothing_made),
+    "cancel another's run": ("bob", "POST", "/flow_runs/{run}/set_state",
+                             {"json": {"state": {"type": "CANCELLING"}, "force": True}}, 403,
+                             "may not cancel 'alice''s run", run_unchanged),
+    "rename another's run": ("bob", "PATCH", "/flow_runs/{run}", {"json": {"name": ATTACK}}, 403,
+                             "may not rename or change 'alice''s run", run_unchanged),
+    "relabel another's run": ("bob", "PATCH", "/flow_runs/{run}/labels", {"json": {"x": "y"}}, 403,
+                              "may not relabel 'alice''s run", run_unchanged),
+    "delete another's run": ("bob", "DELETE", "/flow_runs/{run}", {}, 403, "may not delete 'alice''s run",
+                             run_unchanged),
+    "bulk cancel": ("bob", "POST", "/flow_runs/bulk_set_state",
+                    {"json": {"flow_run_ids": ["{run}"], "state": {"type": "CANCELLING"}, "force": True}}, 403,
+                    "only admins", run_unchanged),
+    "bulk delete": ("bob", "POST", "/flow_runs/bulk_delete", {"json": {"flow_runs": {"id": {"any_": ["{run}"]}}}},
+                    403, "only admins", run_unchanged),
+    "bulk create as another owner": ("bob", "POST", "/deployments/{deployment}/create_flow_run/bulk",
+                                     {"json": [{"name": ATTACK, "tags": ["owner:alice"]}]}, 403, "only admins",
+                                     nothing_made),
+    "agent label on own run": ("alice", "PATCH", "/flow_runs/{run}/labels", {"json": {"launch.alloc": "gpu=8"}},
+                               403, "may not set the label 'launch.alloc'", run_unchanged),
+    "agent label at creation": ("alice", "POST", "/flow_runs/",
+                                {"json": {"flow_id": "{flow_id}", "name": ATTACK,
+                                          "labels": {"launch.placement": "box-9"}}}, 403,
+                                "may not set the label 'launch.placement'", nothing_made),
+    "create a queue": ("alice", "POST", "/work_pools/", {"json": {"name": ATTACK, "type": "process"}}, 403,
+                       "may not create, change or delete queues", nothing_made),
+    "change queue config": ("alice", "PATCH", "/work_pools/{pool}",
+                            {"json": {"description": ATTACK, "base_job_template": {}}}, 403,
+                            "may not create, change or delete queues", pool_unchanged),
+    "pause a queue": ("alice", "PATCH", "/work_pools/{pool}", {"json": {"is_paused": True}}, 403,
+                      "only admins", pool_unchanged),
+    "delete a queue": ("alice", "DELETE", "/work_pools/{pool}", {}, 403, "only admins", pool_unchanged),
+    "pose as a worker": ("alice", "POST", "/work_pools/{pool}/workers/heartbeat", {"json": {"name": ATTACK}}, 403,
+                         "only admins (and agents)", pool_unchanged),
+    "change a deployment": ("alice", "PATCH", "/deployments/{deployment}", {"json": {"description": ATTACK}}, 403,
+                            "may not create, change or delete deployments", deployment_unchanged),
+    "create a block": ("alice", "POST", "/block_documents/",
+                       {"json": {"name": ATTACK, "data": {"value": "x"}, "block_type_id": "{flow_id}",
+                                 "block_schema_id": "{flow_id}"}}, 403, "may not create, change or delete blocks",
+                       nothing_made),
+    "overwrite a Secret": ("alice", "PATCH", "/block_documents/{secret_id}", {"json": {"data": {"value": "x"}}}, 403,
+                           "only admins", secret_unchanged),
+    "delete a Secret": ("alice", "DELETE", "/block_documents/{secret_id}", {}, 403, "only admins", secret_unchanged),
+    "create an automation": ("alice", "POST", "/automations/", {"json": {"name": ATTACK}}, 403,
+                             "may not create, change or delete automations", nothing_made),
+    "another's variable": ("alice", "POST", "/variables/", {"json": {"name": ATTACK, "value": 1}}, 403,
+                           "may not create, change or delete variable 'gw-attack'", nothing_made),
+    "read server settings": ("alice", "GET", "/admin/settings", {}, 403, "only admins", None),
+    "read a Secret's value": ("bob", "GET", "/block_types/slug/secret/block_documents/name/{secret}",
+                              {"params": {"include_secrets": "true"}}, 403,
+                              "may not read the value of Secret block", secret_unchanged),
+    "read another's session token": ("bob", "GET", "/block_types/slug/secret/block_documents/name/{token}",
+                                     {"params": {"include_secrets": "true"}}, 403,
+                                     "(the session of 'alice')", secret_unchanged),
+    "create a run over the size limit": ("alice", "POST", "/flow_runs/",
+                                         {"json": {"flow_id": "{flow_id}", "name": ATTACK,
+                                                   "parameters": {"x": "y" * (1 << 20)}}}, 413,
+                                         "over 1048576 bytes", nothing_made),
+    "a body over the gateway's limit": ("root", "POST", "/logs/", {"content": b"[" + b" " * MAX_BODY + b"]"}, 413,
+                                        "LAUNCH_GATEWAY_MAX_BODY_BYTES", None),
+}
+
+
+def _fill(value, scene):
+    if isinstance(value, str):
+        return value.format(**scene) if "{" in value else value
+    if isinstance(value, list):
+        return [_fill(v, scene) for v in value]
+    if isinstance(value, dict):
+        return {_fill(k, scene): _fill(v, scene) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("case", list(ATTACKS), ids=list(ATTACKS))
+def test_an_attack_is_refused_with_its_reason_and_changes_nothing(gw, scene, case):
+    who, method, path, req, status, words, unchanged = ATTACKS[case]
+    keys = {**gw["keys"], "wrong": gw["keys"]["alice"][:-4] + "abcd"}
+    r = call({**gw, "keys": keys}, who, method, _fill(path, scene), **_fill(req, scene))
+    assert r.status_code == status, r.text[:500]
+    assert words in r.json()["detail"], r.json()["detail"]
+    if unchanged is not None:
+        unchanged(scene)
+
+
+def test_secret_values_reach_only_admins_agents_and_a_tokens_owner(gw, scene):
+    """A plain user's block reads come back masked; the owner reads their session's token; admins and agents
+    read any value. Values and keys never reach the gateway's log."""
+    by_name = "/block_types/slug/secret/block_documents/name/{}"
+    secret = scene["secret_value"]
+    masked = [("bob", "GET", f"/block_documents/{scene['secret_id']}", {"params": {"include_secrets": "true"}}),
+              ("bob", "POST", "/block_documents/filter", {"json": {"include_secrets": True}}),
+              ("bob", "GET", "/block_types/slug/secret/block_documents", {"params": {"include_secrets": "true"}})]
+    for who, method, path, req in masked:
+        r = call(gw, who, method, path, **req)
+        assert r.status_code == 200 and secret not in r.text and scene["token_value"] not in r.text, (path, r.text[:300])
+    assert call(gw, "bob", "GET", f"/block_documents/{scene['secret_id']}").json()["name"] == scene["secret"]
+    mine = call(gw, "alice", "GET", by_name.format(scene["token"]), params={"include_secrets": "true"})
+    assert mine.status_code == 200 and mine.json()["data"]["value"] == scene["token_value"]
+    for who in ("root", "box-1"):
+        r = call(gw, who, "GET", by_name.format(scene["secret"]), params={"include_secrets": "true"})
+        assert r.status_code == 200 and r.json()["data"]["value"] == secret
+    with client_as(gw, gw["keys"]["bob"]) as client:  # Prefect's own client: Secret.load gets the mask
+        doc = client.read_block_document_by_name(scene["secret"], "secret", include_secrets=False)
+        assert doc.name == scene["secret"]
+    text = gw["log"].read_text()
+    assert secret not in text and scene["token_value"] not in text
+    assert not any(k in text for k in gw["keys"].values())
+
+
+def test_spoofed_owner_tags_are_replaced_and_an_agent_may_change_any_run(gw, scene):
+    r = call(gw, "bob", "POST", "/flow_runs/", json={"flow_id": scene["flow_id"], "name": "bob-direct",
+                                                      "tags": ["owner:alice", "launched_by:root", "x"],
+                                                      "parameters": {"owner": "alice"}})
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    with direct() as client:
+        tags = set(client.read_flow_run(run_id).tags)
+    assert {"owner:bob", "x"} <= tags and not {"owner:alice", "launched_by:root"} & tags
+    assert call(gw, "bob", "PATCH", f"/flow_runs/{run_id}", json={"tags": ["owner:alice"]}).status_code == 204
+    with direct() as client:
+        tags = set(client.read_flow_run(run_id).tags)
+    assert "owner:bob" in tags and "owner:alice" not in tags
+    r = call(gw, "box-1", "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLED"}})
+    assert r.status_code in (200, 201) and r.json()["status"] == "ACCEPT", r.text
+    assert call(gw, "bob", "POST", "/flow_runs/filter", json={"limit": 1}).status_code == 200  # reads stay open
+
+
+def test_paths_that_try_to_leave_the_api_get_400(gw):
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(gw["api"])
+    for path in ("/api/../api/health", "/api/%2e%2e/admin/settings", "/api/flow_runs/./filter", "/api/..%5c.."):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("GET", path, headers={"Authorization": f"Bearer {gw['keys']['alice']}"})
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        conn.close()
+        assert resp.status == 400 and "'.' or '..'" in body, (path, resp.status, body)
+
+
+def test_a_websocket_without_prefects_auth_message_is_closed(gw):
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def first(message):
+        async with connect(gw["api"].replace("http://", "ws://") + "/events/in", subprotocols=["prefect"]) as ws:
+            await ws.send(message)
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        return closed.value.rcvd
+
+    for message in ('{"type": "event", "event": {}}', "not json", '{"type": "auth"}'):
+        rcvd = asyncio.run(first(message))
+        assert rcvd.code == 1008 and ("auth message" in rcvd.reason), (message, rcvd)
+
+
+def test_failed_sign_ins_are_rate_limited_per_address(gw):
+    """Another loopback source address (127.0.0.2) fails past the limit and gets 429; 127.0.0.1 still passes."""
+    transport = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(transport=transport, base_url=gw["api"], timeout=10) as other:
+        codes = [other.get("/deployments/", headers={"Authorization": "Bearer plk_nope_nope"}).status_code
+                 for _ in range(21)]
+        blocked = other.get("/health", headers={"Authorization": f"Bearer {gw['keys']['alice']}"})
+    assert codes[:20] == [401] * 20 and codes[20] == 429
+    assert blocked.status_code == 429 and "too many failed sign-ins from 127.0.0.2" in blocked.json()["detail"]
+    assert int(blocked.headers["retry-after"]) > 0
+    assert call(gw, "alice", "GET", "/health").status_code == 200

@@ -152,3 +152,63 @@ def test_a_closed_queue_says_who_it_is_open_to():
     assert refusal.status == 403 and "queue 'gpu' is not open to user 'bob'" in refusal.message
     assert "users carol and projects vision" in refusal.message
     assert R.queue_refusal(BOB, QueueAccess(queue="gpu")) is None
+
+
+@pytest.mark.parametrize("user, method, path, refused", [
+    (BOB, "GET", "/api/work_pools/gpu", False),
+    (BOB, "POST", "/api/work_pools/filter", False),
+    (BOB, "POST", "/api/flow_runs/count", False),
+    (BOB, "POST", "/api/ui/flow_runs/history", False),
+    (BOB, "POST", "/api/events/count-by/day", False),
+    (BOB, "POST", "/api/flows/", False),
+    (BOB, "POST", "/api/flow_runs/", False),  # a run rule decides
+    (BOB, "POST", "/api/variables/", False),  # the own-variable rule decides
+    (BOB, "GET", "/api/admin/version", False),
+    (BOB, "GET", "/api/admin/settings", True),
+    (BOB, "POST", "/api/work_pools/", True),
+    (BOB, "PATCH", "/api/work_pools/gpu", True),
+    (BOB, "POST", "/api/work_pools/gpu/workers/heartbeat", True),
+    (BOB, "POST", "/api/work_pools/gpu/get_scheduled_flow_runs", True),
+    (BOB, "POST", "/api/flow_runs/bulk_set_state", True),
+    (BOB, "POST", "/api/flow_runs/bulk_delete", True),
+    (BOB, "POST", "/api/deployments/0f3c2b1a-aaaa-bbbb-cccc-0123456789ab/create_flow_run/bulk", True),
+    (BOB, "DELETE", "/api/block_documents/0f3c2b1a-aaaa-bbbb-cccc-0123456789ab", True),
+    (BOB, "POST", "/api/automations/", True),
+    (BOB, "POST", "/api/logs/", True),
+    (ROOT, "POST", "/api/work_pools/", False),
+    (AGENT, "POST", "/api/work_pools/gpu/workers/heartbeat", False),
+    (AGENT, "POST", "/api/block_documents/", False),
+])
+def test_writes_outside_the_run_rules_are_for_admins_and_agents(user, method, path, refused):
+    refusal = R.write_refusal(user, method, path)
+    assert (refusal is not None) == refused
+    if refused:
+        assert refusal.status == 403 and f"user {user.name!r} may not" in refusal.message
+
+
+def test_agent_labels_and_variables():
+    assert R.label_refusal(ALICE, {"launch.alloc": "x"}).status == 403
+    assert R.label_refusal(ALICE, {"prefect.worker.name": "w"}).status == 403
+    assert R.label_refusal(ALICE, {"launch.resources": "cpu=1", "launch.session.ports": "8888"}) is None
+    assert R.label_refusal(AGENT, {"launch.alloc": "x"}) is None
+    assert R.own_variable_refusal(ALICE, "launch_recent_alice") is None
+    assert R.own_variable_refusal(ALICE, "launch_recent_bob").status == 403
+    assert R.own_variable_refusal(ROOT, "anything") is None
+
+
+@pytest.mark.parametrize("user, path, include, expected", [
+    (BOB, "/api/block_types/slug/secret/block_documents/name/k", True, R.SecretRead(True, name="k", refuse=True)),
+    (BOB, "/api/block_types/slug/secret/block_documents/name/k", False, R.SecretRead(True)),
+    (BOB, "/api/block_types/slug/secret/block_documents/name/session-token-0f3c2b1a-aaaa-bbbb-cccc-0123456789ab",
+     True, R.SecretRead(True, name="session-token-0f3c2b1a-aaaa-bbbb-cccc-0123456789ab",
+                        run_id="0f3c2b1a-aaaa-bbbb-cccc-0123456789ab")),
+    (BOB, "/api/block_types/slug/launch-metrics/block_documents/name/default", True, R.SecretRead(True)),
+    (BOB, "/api/block_documents/0f3c2b1a-aaaa-bbbb-cccc-0123456789ab", True, R.SecretRead(True)),
+    (BOB, "/api/block_documents/filter", False, R.SecretRead(True)),
+    (BOB, "/api/flow_runs/filter", True, R.SecretRead(False)),
+    (ROOT, "/api/block_types/slug/secret/block_documents/name/k", True, R.SecretRead(False)),
+    (AGENT, "/api/block_documents/filter", True, R.SecretRead(False)),
+])
+def test_which_block_reads_hide_secret_values(user, path, include, expected):
+    method = "POST" if path.endswith("/filter") else "GET"
+    assert R.secret_read(user, method, path, include) == expected
