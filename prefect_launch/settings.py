@@ -9,29 +9,28 @@ checks the table against the code). Durations end in ``_SECONDS``, counts are ba
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
+
+
+def _env(name: str, default: Any, cast: Callable[[str], Any], what: str) -> Any:
+    """``name`` read as ``cast`` of its value, ``default`` when unset or blank; a bad value names the variable."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return cast(str(default))
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not {what}; unset it or give e.g. {name}={default:g}") from None
 
 
 def env_seconds(name: str, default: float) -> float:
-    """A duration in seconds (``LAUNCH_*_SECONDS``); a value that is not a number says which variable."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return float(default)
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds; unset it or give e.g. {name}={default:g}") \
-            from None
+    """A duration in seconds (``LAUNCH_*_SECONDS``)."""
+    return _env(name, default, float, "a number of seconds")
 
 
 def env_int(name: str, default: int) -> int:
     """A count (``LAUNCH_DUE_WINDOW``, ``LAUNCH_WAIT_LABEL_BUDGET``, ...)."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return int(default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a whole number; unset it or give e.g. {name}={default}") from None
+    return _env(name, default, int, "a whole number")
 
 
 def env_text(name: str, default: str) -> str:

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from launch_helpers import restored_env
 from prefect_launch.local_server import (PG_USER, create_database, find_pg_bin, local_postgres,
                                          local_prefect_server, pg_url as make_pg_url)
 
@@ -46,25 +47,15 @@ def prefect_server_pg(pg_server, tmp_path_factory):
     """A Prefect server on PostgreSQL (fresh database) for this module; the metrics store block
     ``default`` points at a second database on the same PostgreSQL. PREFECT_API_URL is exported while
     the module runs and restored afterwards, so the session's SQLite server serves the other modules."""
-    import prefect.context
-
     port = pg_server["port"]
     suffix = uuid.uuid4().hex[:8]
     create_database(port, f"prefect_{suffix}")
     create_database(port, f"metrics_{suffix}")
-    saved = {k: os.environ.get(k) for k in _EXPORTED}
-    try:
-        with local_prefect_server(tmp_path_factory.mktemp("prefect-home-pg"),
-                                  db_url=make_pg_url(port, f"prefect_{suffix}", driver="asyncpg")) as api_url:
-            os.environ.pop("LAUNCH_METRICS_BLOCK", None)
-            metrics_url = make_pg_url(port, f"metrics_{suffix}")
-            subprocess.run([sys.executable, "-m", "prefect_launch.cli", "setup", "--metrics-url", metrics_url],
-                           check=True, capture_output=True, env=os.environ.copy(), timeout=120)
-            yield {"api_url": api_url, "metrics_url": metrics_url, "pg_port": port}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        prefect.context.refresh_global_settings_context()
+    with restored_env(*_EXPORTED), local_prefect_server(
+            tmp_path_factory.mktemp("prefect-home-pg"),
+            db_url=make_pg_url(port, f"prefect_{suffix}", driver="asyncpg")) as api_url:
+        os.environ.pop("LAUNCH_METRICS_BLOCK", None)
+        metrics_url = make_pg_url(port, f"metrics_{suffix}")
+        subprocess.run([sys.executable, "-m", "prefect_launch.cli", "setup", "--metrics-url", metrics_url],
+                       check=True, capture_output=True, env=os.environ.copy(), timeout=120)
+        yield {"api_url": api_url, "metrics_url": metrics_url, "pg_port": port}

@@ -87,11 +87,12 @@ def agent(queues: list[str], name: str, capacity: str, log_dir: Path, extra: tup
 
 
 @contextlib.contextmanager
-def restored_prefect_env() -> Iterator[None]:
-    """For a test that starts a server of its own: the session server's settings come back after."""
+def restored_env(*keys: str) -> Iterator[None]:
+    """The environment variables ``keys`` come back as they were after the block (unset ones unset), and
+    Prefect's settings are re-read: for a fixture that points the process at a server or store of its own."""
     import prefect.context
 
-    keep = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    keep = {k: os.environ.get(k) for k in keys}
     try:
         yield
     finally:
@@ -101,6 +102,11 @@ def restored_prefect_env() -> Iterator[None]:
             else:
                 os.environ[k] = v
         prefect.context.refresh_global_settings_context()
+
+
+def restored_prefect_env() -> contextlib.AbstractContextManager[None]:
+    """For a test that starts a server of its own: the session server's settings come back after."""
+    return restored_env("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")
 
 
 def _agents() -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import CLI, apply_queue, cli, deploy_probe
+from launch_helpers import CLI, apply_queue, cli, deploy_probe, restored_env
 from prefect_launch.local_server import free_port, start_prefect_server, wait_healthy
 
 pytestmark = pytest.mark.server  # its own server, killed and restarted
@@ -51,16 +51,13 @@ def burst_server(tmp_path_factory):
 
     srv = _Server(tmp_path_factory.mktemp("burst-home"))
     srv.start()
-    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-    os.environ.update(PREFECT_API_URL=srv.api_url, PREFECT_HOME=str(srv.home))
-    prefect.context.refresh_global_settings_context()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    with restored_env("PREFECT_API_URL", "PREFECT_HOME"):
+        os.environ.update(PREFECT_API_URL=srv.api_url, PREFECT_HOME=str(srv.home))
         prefect.context.refresh_global_settings_context()
+        try:
+            yield srv
+        finally:
+            srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from launch_helpers import agent, apply_queue, cli, read_runs
+from launch_helpers import agent, apply_queue, cli, read_runs, restored_env
 from prefect_launch.blocks import metrics_schema as S
 from prefect_launch.blocks.metrics_engines import dispose_engines
 from prefect_launch.blocks.metrics_records import MetricSample, RunRecord
@@ -60,10 +60,9 @@ def ran(tmp_path_factory, prefect_server):
     block = f"cost-{tag}"
     store.save(block)
     env = {"LAUNCH_FAKE_NVML": json.dumps(FAKE), "LAUNCH_METRICS_BLOCK": block, "LAUNCH_SAMPLE_INTERVAL": "0.5"}
-    saved = {k: os.environ.get(k) for k in [*env, "LAUNCH_METRICS_URL"]}
-    os.environ.update(env)
-    os.environ.pop("LAUNCH_METRICS_URL", None)
-    try:
+    with restored_env(*env, "LAUNCH_METRICS_URL"):
+        os.environ.update(env)
+        os.environ.pop("LAUNCH_METRICS_URL", None)
         q = apply_queue(tmp, {"name": f"cost-{tag}", "presets": PRESETS, "default_preset": "cpu2"})
         flow.from_source(source=str(HERE), entrypoint="cost_job.py:cost_job").deploy(
             name=f"cost-{tag}", work_pool_name=q, work_queue_name="medium", build=False, push=False,
@@ -91,12 +90,6 @@ def ran(tmp_path_factory, prefect_server):
             until = dt.datetime.now(UTC) + dt.timedelta(seconds=5)
             # the agent stays online: the page's capacity figures are against what it publishes
             yield dict(store=store, ids=ids, since=since, until=until, queue=q, job=f"cost-{tag}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _expected(store: RunMetricsStore, fid: str, lo: dt.datetime | None = None) -> dict:

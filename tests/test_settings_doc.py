@@ -7,6 +7,8 @@ import ast
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CODE_DIRS = ("workers", "dashboard", "deployments", "flows", "blocks", "prefect_launch")
 NAME = re.compile(r"\bLAUNCH_[A-Z0-9_]*[A-Z0-9]\b")
@@ -19,8 +21,9 @@ AT_IMPORT_ALLOWED = {("dashboard/api.py", "LAUNCH_DASHBOARD_HISTORY_SLOTS"),
 
 
 def code_files() -> list[pathlib.Path]:
-    """The package, its scripts and the test harness (which has a few of its own, e.g. LAUNCH_DOCKER_CACHE)."""
-    return ([p for d in CODE_DIRS + ("tests",) for p in (ROOT / d).rglob("*.py")]
+    """The package, its scripts and the test harness (which has a few of its own, e.g. LAUNCH_DOCKER_CACHE);
+    not this checker, whose names are examples."""
+    return ([p for d in CODE_DIRS + ("tests",) for p in (ROOT / d).rglob("*.py") if p.name != pathlib.Path(__file__).name]
             + list((ROOT / "scripts").glob("*.sh")))
 
 
@@ -74,3 +77,28 @@ def test_no_launch_variable_is_read_at_import():
                         if (rel, name) not in AT_IMPORT_ALLOWED:
                             found.append(f"{rel}:{node.lineno} {name}")
     assert not found, "read these where they are used (prefect_launch/settings.py), not at import: " + ", ".join(found)
+
+
+@pytest.mark.parametrize("reader, raw, expected", [
+    ("env_seconds", "2.5", 2.5), ("env_seconds", "", 1.0), ("env_seconds", None, 1.0),
+    ("env_int", "7", 7), ("env_int", " ", 1), ("env_int", None, 1),
+])
+def test_settings_read_the_variable_or_its_default(monkeypatch, reader, raw, expected):
+    from prefect_launch import settings
+
+    if raw is None:
+        monkeypatch.delenv("LAUNCH_TEST_VALUE", raising=False)
+    else:
+        monkeypatch.setenv("LAUNCH_TEST_VALUE", raw)
+    assert getattr(settings, reader)("LAUNCH_TEST_VALUE", 1) == expected
+
+
+@pytest.mark.parametrize("reader, raw, says", [
+    ("env_seconds", "ten", "is not a number of seconds"), ("env_int", "2.5", "is not a whole number"),
+])
+def test_a_bad_setting_names_the_variable_and_what_to_give(monkeypatch, reader, raw, says):
+    from prefect_launch import settings
+
+    monkeypatch.setenv("LAUNCH_TEST_VALUE", raw)
+    with pytest.raises(ValueError, match=f"LAUNCH_TEST_VALUE='{raw}' {says}; unset it or give e.g. LAUNCH_TEST_VALUE=1"):
+        getattr(settings, reader)("LAUNCH_TEST_VALUE", 1)
