@@ -441,3 +441,53 @@ def test_failed_sign_ins_are_rate_limited_per_address(gw):
     assert blocked.status_code == 429 and "too many failed sign-ins from 127.0.0.2" in blocked.json()["detail"]
     assert int(blocked.headers["retry-after"]) > 0
     assert call(gw, "alice", "GET", "/health").status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The CLI and an agent through the gateway (issue 40 section 2): an admin applies a queue and deploys a job
+# with the CLI, an agent with an agent key runs it, a user submits and lists with the CLI, all with keys.
+
+@contextmanager
+def cli_env(gw, **values):
+    """os.environ pointed at the gateway with these PREFECT_* values (the in-process CLI re-reads it)."""
+    from launch_helpers import restored_env
+
+    with restored_env("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_API_AUTH_STRING"):
+        os.environ.pop("PREFECT_API_AUTH_STRING", None)
+        os.environ.pop("PREFECT_API_KEY", None)
+        os.environ.update({"PREFECT_API_URL": gw["api"], **values})
+        import prefect.context
+
+        prefect.context.refresh_global_settings_context()
+        yield
+
+
+def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
+    from launch_helpers import apply_queue, cli, cli_json, deploy_probe, records, wait_agent_online, wait_final
+
+    sfx = os.urandom(3).hex()
+    with cli_env(gw, PREFECT_API_KEY=gw["keys"]["root"]):  # an admin's CLI sets up the queue and the job
+        q = apply_queue(tmp_path, {"name": f"gw-q-{sfx}", "presets": {"tiny": {"cpu": 0.5, "memory": "256Mi"}},
+                                   "default_preset": "tiny"})
+        job = deploy_probe(q, f"probe-{sfx}")
+    with cli_env(gw, PREFECT_API_KEY=gw["keys"]["bob"]):  # a user may not
+        refused = cli("queue", "apply", str(tmp_path / f"queues-{q}.yaml"), check=False)
+    assert refused.returncode != 0 and "only admins" in refused.stdout + refused.stderr
+    agent_env = {**os.environ, "PREFECT_API_URL": gw["api"], "PREFECT_API_AUTH_STRING": f"box-1:{gw['keys']['box-1']}"}
+    agent_env.pop("PREFECT_API_KEY", None)
+    rec = tmp_path / "records"
+    args = [*CLI, "agent", "--name", f"gw-agent-{sfx}", "--capacity", "cpu=2,memory=4Gi", "--queue", q]
+    agent_log = tmp_path / "agent.log"
+    with background_process(args, agent_log, env=agent_env):
+        wait_agent_online(f"gw-agent-{sfx}", [q])
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
+            out = cli_json("submit", job, "--queue", q, "--owner", "bob", "--count", "2",
+                           "--param", f"record_dir={rec}", "--param", "seconds=0.2")
+            listed = {x["name"]: x for x in cli_json("queue", "ls")}
+        runs = wait_final(out["run_ids"], timeout=180)
+    assert [r.state.type.value for r in runs] == ["COMPLETED", "COMPLETED"], [r.state for r in runs]
+    assert all("owner:alice" in r.tags and "owner:bob" not in r.tags for r in runs)
+    assert sorted(records(rec)) == sorted(out["run_ids"])
+    assert q in listed
+    text = agent_log.read_text()
+    assert not any(k in text for k in gw["keys"].values())
