@@ -50,9 +50,49 @@ def process_run_fingerprint() -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:10]
 
 
+# The sync flow engine's heartbeat context (``prefect.flow_engine._send_heartbeats(engine, join_on_exit=True)``):
+# its daemon thread sleeps in 1-s steps and the context joins it at the run's end, so a run's process outlives
+# its Completed state by up to a second (measured: ~1 s per run end with whole-second runs) before its capacity
+# can go back. Prefect's async engine passes ``join_on_exit=False``; warm engines do the same for sync flows.
+ENGINE_HEARTBEATS = "_send_heartbeats"
+ENGINE_HEARTBEATS_JOIN = "join_on_exit"
+
+
+def engine_heartbeats_unjoined() -> bool:
+    """In an engine process, before its run: Prefect's sync flow engine leaves its heartbeat thread to end on its
+    own (``join_on_exit=False``, as its async engine does) instead of waiting up to a second for it. The thread is
+    a daemon, stops at its next 1-s step and emits nothing once the run's state is final. False where this
+    Prefect has no such parameter (nothing changed)."""
+    import functools
+
+    from prefect import flow_engine
+
+    original = getattr(flow_engine, ENGINE_HEARTBEATS, None)
+    if original is None:
+        return False
+    if getattr(original, "launch_unjoined", False):
+        return True
+    if ENGINE_HEARTBEATS_JOIN not in inspect.signature(original).parameters:
+        return False
+
+    @functools.wraps(original)
+    def unjoined(engine, join_on_exit: bool = True):
+        return original(engine, **{ENGINE_HEARTBEATS_JOIN: False})
+
+    unjoined.launch_unjoined = True  # type: ignore[attr-defined]
+    setattr(flow_engine, ENGINE_HEARTBEATS, unjoined)
+    return True
+
+
 def missing() -> list[str]:
     """The private names above that this Prefect no longer has (empty: all there)."""
+    from prefect import flow_engine
+
     gone = [f"BaseWorker.{n}" for n in missing_members(BaseWorker, WORKER_ATTRIBUTES + WORKER_HOOKS)]
+    heartbeats = getattr(flow_engine, ENGINE_HEARTBEATS, None)
+    if heartbeats is None or ENGINE_HEARTBEATS_JOIN not in inspect.signature(
+            getattr(heartbeats, "__wrapped__", heartbeats)).parameters:
+        gone.append(f"prefect.flow_engine.{ENGINE_HEARTBEATS}({ENGINE_HEARTBEATS_JOIN}=...)")
     gone += [f"ProcessJobConfiguration.{n}" for n in missing_members(ProcessJobConfiguration,
                                                                       JOB_CONFIGURATION_ATTRIBUTES)]
     source = inspect.getsource(ProcessWorker.run)
@@ -61,4 +101,4 @@ def missing() -> list[str]:
 
 
 __all__ = ["FlowRunExecutorContext", "ProcessHandle", "create_isolated_termination_scope", "EngineCommandStarter",
-           "missing", "process_run_fingerprint"]
+           "engine_heartbeats_unjoined", "missing", "process_run_fingerprint"]

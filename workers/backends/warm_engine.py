@@ -81,6 +81,11 @@ def main() -> None:
         from prefect_launch.workers.backends.container_engine import shield_from_sigterm
 
         shield_from_sigterm()
+    from prefect_launch.compat.prefect import engine_heartbeats_unjoined
+
+    # the run's capacity goes back when this process exits: not a second after its final state, waiting for
+    # Prefect's heartbeat thread to finish a 1-s sleep (compat: Prefect's own join_on_exit=False)
+    engine_heartbeats_unjoined()
     import warnings
 
     # runpy's notice that prefect.engine is already imported: that is the point of a warm engine
