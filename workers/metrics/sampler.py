@@ -1,8 +1,7 @@
 """Out-of-process sampler: measures a run's process tree from the worker, with no change to the job.
 
-(About 560 lines: the sampling thread's one tick reads CPU, memory, I/O, network and GPUs of one tree
-together, and splitting that read would split one consistent sample; the store side is sample_writer.py,
-energy is energy.py.)
+(The tree's processes are read by process_tree.py, the store side is sample_writer.py, energy is
+energy.py; the sampling thread's one tick puts CPU, memory, I/O, network and GPUs into one sample.)
 
 One :class:`RunSampler` per run, two daemon threads:
 
@@ -32,12 +31,6 @@ One :class:`RunSampler` per run, two daemon threads:
   what was really dropped. Nothing the store does ever raises out of the sampler
   or slows the sampling.
 
-CPU accounting: for every tracked process the sampler reads utime+stime plus the
-CPU of children it has reaped (cutime+cstime, one read of /proc/PID/stat), so
-the CPU of short-lived children that exit between two ticks is still counted
-(minus what was already counted while they lived). A process that appears
-during an interval is counted from its start.
-
 Use from async code::
 
     sampler = RunSampler(store, record, pid=proc.pid, gpu_indices=[0], allocated_cpus=4,
@@ -51,16 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
-import psutil
 
-from prefect_launch.compat.psutil import ppid_map
 from prefect_launch.blocks.metrics_records import MetricSample, RunRecord, RunSummary
 from prefect_launch.blocks.metrics_store import RunMetricsStore
 from prefect_launch.workers.agent.limits import MemoryGroup, run_memory
@@ -68,65 +58,15 @@ from prefect_launch.workers.cluster.usage import MemberTracker
 from prefect_launch.workers.metrics.nvml import Nvml, get_nvml
 from prefect_launch.workers.metrics.sample_writer import StoreWriter
 from prefect_launch.workers.metrics.energy import EnergyMeter
+from prefect_launch.workers.metrics.process_tree import ProcessTree
 from prefect_launch.workers.metrics.summary import SummaryAccumulator, WasteThresholds
 
-# one scan of /proc for all parent links (what Process.children uses internally); None on other psutil builds
-_ppid_map = ppid_map
-
 _DEFAULT_LOG = logging.getLogger("prefect_launch.sampler")
-
-# One scan of the process table serves every sampler that ticks within
-# _SCAN_MAX_AGE_S of it (ticks are aligned to a common grid, so N runs cost one scan).
-_SCAN_MAX_AGE_S = 0.1
-_scan_lock = threading.Lock()
-_scan_cache: tuple[float, dict[int, list[int]]] = (-1e9, {})
-
-
-def _children_map() -> dict[int, list[int]]:
-    """parent pid -> child pids, from a scan at most _SCAN_MAX_AGE_S old."""
-    global _scan_cache
-    with _scan_lock:
-        t, m = _scan_cache
-        now = time.monotonic()
-        if now - t <= _SCAN_MAX_AGE_S:
-            return m
-        children: dict[int, list[int]] = {}
-        for child, parent in _ppid_map().items():
-            children.setdefault(parent, []).append(child)
-        _scan_cache = (time.monotonic(), children)
-        return children
-
 
 def _next_grid(now: float, interval: float) -> float:
     """The next multiple of ``interval`` at least interval/2 after ``now``."""
     k = int((now + interval / 2) // interval) + 1
     return k * interval
-
-
-def _net_ns(pid: int | str) -> Optional[str]:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-def _net_dev_bytes(pid: int) -> Optional[tuple[int, int]]:
-    """(rx, tx) bytes over the non-loopback interfaces of pid's network namespace."""
-    try:
-        with open(f"/proc/{pid}/net/dev") as f:
-            lines = f.readlines()[2:]
-    except OSError:
-        return None
-    rx = tx = 0
-    for line in lines:
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            continue
-        parts = rest.split()
-        if len(parts) >= 9:
-            rx += int(parts[0])
-            tx += int(parts[8])
-    return rx, tx
 
 
 class RunSampler(StoreWriter):
@@ -230,14 +170,7 @@ class RunSampler(StoreWriter):
         # sampling-thread state
         self._acc = SummaryAccumulator()
         self._members = MemberTracker()  # a cluster run's figures per member
-        self._procs: dict[int, psutil.Process] = {}
-        self._prev_tot: dict[int, float] = {}
-        self._prev_parent: dict[int, Optional[int]] = {}
-        self._prev_io: dict[int, tuple[int, int]] = {}
-        self._prev_net: Optional[tuple[int, int]] = None
-        self._own_netns = False
-        self._prev_m: Optional[float] = None
-        self._primed = False
+        self._tree = ProcessTree(self.pid)
         self._sampler_thread: Optional[threading.Thread] = None
         self._writer_thread: Optional[threading.Thread] = None
         self._started = False
@@ -337,12 +270,7 @@ class RunSampler(StoreWriter):
         (the run record's ``extra["members"]``, see workers/cluster/usage.py)."""
         if member is not None:
             self._members.add_root(int(pid), member, gpu_indices)
-        if int(pid) == self.pid:
-            return
-        try:
-            self._procs.setdefault(int(pid), psutil.Process(int(pid)))
-        except psutil.Error:
-            pass
+        self._tree.add(pid)
 
     def note_peak_memory(self, peak_bytes: Optional[int]) -> None:
         """A peak seen elsewhere before :meth:`stop` (e.g. ``RunLimits.peak_rss``, read from the kernel
@@ -368,9 +296,7 @@ class RunSampler(StoreWriter):
                     self.log.warning("NVML unavailable for run %s: %s", self.record.flow_run_id, exc)
             self._energy = EnergyMeter(self._nvml, self.gpu_indices)
             self.record = self.record.model_copy(update={"extra": {**self.record.extra, **self._energy.notes()}})
-            own = _net_ns("self")
-            theirs = _net_ns(self.pid)
-            self._own_netns = bool(own and theirs and own != theirs)
+            self._tree.watch_network()
             self._tick()  # prime the baselines
             next_t = _next_grid(time.monotonic(), self.interval_s)
             while not self._stop_sampling.wait(max(0.0, next_t - time.monotonic())):
@@ -383,99 +309,33 @@ class RunSampler(StoreWriter):
         finally:
             self.self_cpu_s += time.thread_time() - t0
 
-    def _discover(self) -> None:
-        """Add every descendant of the tracked processes (one /proc scan)."""
-        # before priming the root is the only known process; afterwards only the processes
-        # we track (never a bare pid again: it may have been reused by another process)
-        roots = set(self._procs) if self._primed else {self.pid}
-        if not roots:
-            return
-        try:
-            if _ppid_map is not None:
-                children = _children_map()
-                todo = list(roots)
-                seen = set(todo)
-                while todo:
-                    p = todo.pop()
-                    for c in children.get(p, ()):
-                        if c not in seen:
-                            seen.add(c)
-                            todo.append(c)
-                found = seen
-            else:  # pragma: no cover
-                found = set(roots)
-                for r in list(roots):
-                    try:
-                        found.update(c.pid for c in psutil.Process(r).children(recursive=True))
-                    except psutil.Error:
-                        pass
-        except Exception:
-            found = set(roots)
-        for pid in found:
-            if pid not in self._procs:
-                try:
-                    self._procs[pid] = psutil.Process(pid)
-                except psutil.Error:
-                    pass
-
     def _tick(self) -> None:
         now_m = time.monotonic()
         ts = datetime.now(timezone.utc)
         energy_prev, energy_now = self._energy_prev, self._energy.read()
         self._energy_prev = energy_now
-        self._discover()
-        tot_now: dict[int, float] = {}
-        parent_now: dict[int, Optional[int]] = {}
-        io_now: dict[int, tuple[int, int]] = {}
-        io_ok = False
-        for pid, p in list(self._procs.items()):
-            try:
-                with p.oneshot():
-                    ct = p.cpu_times()
-                    tot_now[pid] = ct.user + ct.system + ct.children_user + ct.children_system
-                    parent_now[pid] = p.ppid()
-                    try:
-                        io = p.io_counters()
-                        io_now[pid] = (io.read_bytes, io.write_bytes)
-                        io_ok = True
-                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
-                        pass
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                del self._procs[pid]
-            except psutil.AccessDenied:
-                del self._procs[pid]
-        mem = self._read_memory(tot_now)
-        if not self._primed:
-            self._primed = True
-            self._remember(now_m, tot_now, parent_now, io_now)
-            self._read_net()
+        tree = self._tree
+        now = tree.read()
+        mem = self._read_memory(now.cpu_s)
+        if not tree.primed:
+            tree.primed = True
+            tree.remember(now_m, now)
+            tree.net_since()
             return
-        wall = now_m - (self._prev_m or now_m)
-        if not tot_now or wall <= 0:
+        wall = now_m - (tree.prev_m or now_m)
+        if not now.cpu_s or wall <= 0:
             # nothing alive to measure (the run ended): no sample
-            self._remember(now_m, tot_now, parent_now, io_now)
+            tree.remember(now_m, now)
             return
-        cpu = 0.0
-        for pid, tot in tot_now.items():
-            cpu += tot - self._prev_tot.get(pid, 0.0)
-        for pid, prev in self._prev_tot.items():
-            if pid not in tot_now and self._prev_parent.get(pid) in tot_now:
-                # reaped by a tracked parent: its full CPU is now in the parent's
-                # children times; what we counted while it lived must not count twice
-                cpu -= prev
-        cpu = max(0.0, cpu)
-        rd = wr = 0
-        for pid, (r, w) in io_now.items():
-            pr, pw = self._prev_io.get(pid, (0, 0))
-            rd += max(0, r - pr)
-            wr += max(0, w - pw)
-        net = self._read_net()
+        cpu = tree.cpu_since(now)
+        rd, wr = tree.io_since(now)
+        net = tree.net_since()
         cpu_pct = 100.0 * cpu / wall
         share = cpu_pct / self.allocated_cpus if self.allocated_cpus else None
         gpu_util = gpu_mem = None
         if self._nvml is not None and self._nvml.available and self.gpu_indices:
             try:
-                usage = self._nvml.usage(self.gpu_indices, tot_now.keys())
+                usage = self._nvml.usage(self.gpu_indices, now.cpu_s.keys())
                 if usage is not None:
                     gpu_util, gpu_mem, self.gpu_source = usage.util_pct, usage.mem_bytes, usage.source
             except Exception as exc:  # pragma: no cover - defensive
@@ -483,7 +343,7 @@ class RunSampler(StoreWriter):
         gpu_j, cpu_j = self._energy.since(energy_prev, energy_now, wall, cpu)
         if self._members.active:
             try:
-                self._members.tick(tot_now, self._prev_tot, parent_now, self._prev_parent, self._procs, wall,
+                self._members.tick(now.cpu_s, tree.prev.cpu_s, now.parent, tree.prev.parent, tree.procs, wall,
                                    self._nvml)
             except Exception as exc:  # pragma: no cover - defensive: the run's own figures come first
                 self.log.debug("per-member figures failed for run %s: %s", self.record.flow_run_id, exc)
@@ -494,17 +354,17 @@ class RunSampler(StoreWriter):
             cpu_pct=round(cpu_pct, 2),
             cpu_share_pct=round(share, 2) if share is not None else None,
             rss_bytes=mem.used if mem else None,
-            read_bytes=rd if io_ok else None,
-            write_bytes=wr if io_ok else None,
+            read_bytes=rd if now.io_ok else None,
+            write_bytes=wr if now.io_ok else None,
             net_rx_bytes=net[0] if net else None,
             net_tx_bytes=net[1] if net else None,
             gpu_util_pct=gpu_util,
             gpu_mem_bytes=gpu_mem,
-            num_procs=len(tot_now),
+            num_procs=len(now.cpu_s),
             gpu_energy_j=gpu_j,
             cpu_energy_j=cpu_j,
         )
-        self._remember(now_m, tot_now, parent_now, io_now)
+        tree.remember(now_m, now)
         self._emit(sample)
 
     def _read_memory(self, alive: dict[int, float]):
@@ -513,7 +373,7 @@ class RunSampler(StoreWriter):
             return None
         try:
             mem = run_memory(self.pid, MemoryGroup.open(self.record.flow_run_id),
-                             [self._procs[pid] for pid in alive if pid in self._procs])
+                             [self._tree.procs[pid] for pid in alive if pid in self._tree.procs])
         except Exception as exc:  # pragma: no cover - defensive
             self.log.debug("memory reading failed for run %s: %s", self.record.flow_run_id, exc)
             return None
@@ -524,21 +384,6 @@ class RunSampler(StoreWriter):
             extra = {**self.record.extra, "memory_measure": mem.source}
             self.record = self.record.model_copy(update={"extra": extra})
         return mem
-
-    def _remember(self, now_m, tot_now, parent_now, io_now) -> None:
-        self._prev_m = now_m
-        self._prev_tot = tot_now
-        self._prev_parent = parent_now
-        self._prev_io = io_now
-
-    def _read_net(self) -> Optional[tuple[int, int]]:
-        if not self._own_netns:
-            return None
-        cur = _net_dev_bytes(self.pid)
-        prev, self._prev_net = self._prev_net, cur
-        if cur is None or prev is None:
-            return None
-        return max(0, cur[0] - prev[0]), max(0, cur[1] - prev[1])
 
     def _emit(self, sample: MetricSample) -> None:
         self.samples_taken += 1
