@@ -19,11 +19,12 @@ import pytest
 from env_wheels import wheel_folder
 from launch_helpers import apply_queue, cli, cli_json, records, wait_final
 from prefect_launch.workers.environments.image import (HASH_LABEL, ImageBuildError, ensure_image, image_identity,
-                                                       image_tag, push)
+                                                       image_tag)
 from prefect_launch.workers.environments.spec import inline, parse_environment
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 from test_docker_backend import JOBS, PRESETS, agent
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
+from test_kubernetes_worker import kube  # noqa: F401  # the fake Kubernetes API
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(1500)]
 PREFECT = "test"  # the Prefect version in the identity (the agent's, in real runs)
@@ -154,30 +155,6 @@ def registry(tmp_path: Path):
         proc.wait(timeout=20)
 
 
-def test_kubernetes_images_are_pushed_to_a_real_registry_and_named_by_digest(
-        tmp_path: Path, docker_client, image: str, registry: str):
-    import json
-    import urllib.request
-
-    wheels = wheel_folder(tmp_path / "wheels")
-    spec = _spec({"requirements": ["launchgamma"], "find_links": str(wheels)})
-    ident = image_identity(spec, docker_client, image, PREFECT)
-    built = ensure_image(docker_client, spec, ident, image_tag("kjob", ident.hash), tmp_path / "locks")
-    try:
-        ref = push(docker_client, built.id, registry, built.tag)
-        repo, digest = ref.split("@")
-        assert repo == f"{registry}/launch-env/kjob" and digest.startswith("sha256:")
-        # the registry itself has it, under the tag and by that digest
-        req = urllib.request.Request(f"http://{registry}/v2/launch-env/kjob/manifests/{ident.hash}", headers={
-            "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert resp.headers["Docker-Content-Digest"] == digest
-            assert json.loads(resp.read())["config"]["digest"] == built.id
-    finally:
-        for t in (built.tag, f"{registry}/{built.tag}"):
-            docker_client.images.remove(t, force=True)
-
-
 def _deploy_env_job(queue: str, name: str, image: str, out: Path, environment: dict) -> str:
     import sys
 
@@ -241,3 +218,82 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
         for i in docker_client.images.list(name="launch-env/*"):
             for t in set(i.tags) - tags_before:
                 docker_client.images.remove(t, force=True)
+
+
+def test_a_kubernetes_queue_builds_pushes_and_names_the_image_by_digest(tmp_path: Path, docker_client, image: str,
+                                                                        registry: str, kube):
+    """The launch-kubernetes worker against the fake API (tests/kube_fake.py): the run's environment is built on
+    the agent's daemon, pushed to the queue's registry (a real one), and the Job's container names its digest."""
+    import asyncio
+    import json
+    import urllib.request
+    import uuid
+
+    import anyio
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Completed
+
+    from prefect_launch.workers.agent.tags import RUN_ID_LABEL
+    from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker
+
+    wheels = wheel_folder(tmp_path / "wheels")
+    pool = f"k8s-env-{uuid.uuid4().hex[:8]}"
+    template = LaunchKubernetesWorker.get_default_base_job_template()
+    template["job_configuration"]["launch"] = {"name": pool, "target": "kubernetes", "default_preset": "small",
+                                               "presets": {"small": {"cpu": 0.5, "memory": "512Mi"}},
+                                               "registry": registry}
+    environment = {"requirements": ["launchgamma"], "find_links": str(wheels)}
+
+    async def until(what, timeout: float = 240.0):
+        deadline = time.monotonic() + timeout
+        while not (value := await what()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what.__name__}"
+            await asyncio.sleep(0.2)
+        return value
+
+    async def main() -> tuple[dict, str]:
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name=pool, type="launch-kubernetes",
+                                                         base_job_template=template))
+            flow_id = await client.create_flow_from_name("k8s-env-probe")
+            dep = await client.create_deployment(flow_id=flow_id, name=pool, work_pool_name=pool,
+                                                 job_variables={"image": image, "environment": environment})
+            worker = LaunchKubernetesWorker(work_pool_name=pool, name="k8s-env-agent", create_pool_if_not_found=False)
+            worker.watch_seconds = 0.1
+            worker.poll_seconds = 3600
+            with anyio.fail_after(400):
+                async with worker:
+                    fr = await client.create_flow_run_from_deployment(dep)
+                    await worker.get_and_submit_flow_runs()
+
+                    async def created():
+                        return next((j for j in list(kube.jobs.values())
+                                     if j["metadata"]["labels"].get(RUN_ID_LABEL) == str(fr.id)), None)
+
+                    job = await until(created)
+                    pod = kube.add_pod(job, conditions=[{"type": "PodScheduled", "status": "True"}])
+                    await client.set_flow_run_state(fr.id, Completed())
+                    kube.set_pod(pod, "Succeeded", containerStatuses=[{"name": "prefect-job", "state": {
+                        "terminated": {"exitCode": 0, "reason": "Completed"}}}])
+
+                    async def done():
+                        return fr.id not in worker._watching and (await client.read_flow_run(fr.id)).state.is_final()
+
+                    await until(done, 60)
+                    return job, str(fr.id)
+
+    job, run_id = asyncio.run(main())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    repo, _, digest = container["image"].partition("@")
+    assert repo == f"{registry}/launch-env/{pool}" and digest.startswith("sha256:")
+    local = [i for i in docker_client.images.list(name=f"launch-env/{pool}")]
+    try:
+        assert len(local) == 1 and local[0].labels[HASH_LABEL]
+        req = urllib.request.Request(f"http://{registry}/v2/launch-env/{pool}/manifests/{digest}", headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:  # the registry serves exactly that image
+            assert json.loads(resp.read())["config"]["digest"] == local[0].id
+    finally:
+        for i in local:
+            docker_client.images.remove(i.id, force=True)

@@ -24,7 +24,7 @@ import anyio.to_thread
 from prefect_launch.workers.environments.builder import default_cache_dir
 from prefect_launch.workers.environments.image import (BuiltImage, ImageBuildError, ensure_image, find_image,
                                                        image_identity, image_tag)
-from prefect_launch.workers.environments.run_env import LABEL_EVERY_S, _fail
+from prefect_launch.workers.environments.run_env import LABEL_EVERY_S
 from prefect_launch.workers.environments.spec import inline, parse_environment
 
 if TYPE_CHECKING:
@@ -47,15 +47,19 @@ async def _deployment(worker: Any, flow_run: "FlowRun") -> Any:
         return None
 
 
-async def prepare_job_image(worker: Any, flow_run: "FlowRun", configuration: Any, client: Any,
-                            lock_dir: Optional[Path] = None,
-                            after_build: Optional[Callable[[BuiltImage], str]] = None) -> Optional[JobImage]:
-    """Build or find the run's image and set ``configuration.image`` to it; None without an environment.
+async def prepare_job_image(worker: Any, flow_run: "FlowRun", declared: Any, base: Optional[str],
+                            docker_client: Callable[[], Any], lock_dir: Optional[Path] = None,
+                            after_build: Optional[Callable[[Any, BuiltImage], str]] = None) -> Optional[JobImage]:
+    """Build or find the run's image (``FROM base`` unless the environment names its own); None without an
+    environment. The caller points the run at ``reference``.
 
-    ``after_build`` (kubernetes: push to the queue's registry) turns the built image into the reference the run
-    names, in the same thread and under the same waiting label."""
-    declared = getattr(configuration, "environment", None) or (getattr(flow_run, "job_variables", None) or {}).get(
-        "environment")
+    ``declared``: the configuration's ``environment``; else the run's job variables', else its deployment's
+    (a pool whose template has no slot for it). ``docker_client`` is called only when there is one.
+    ``after_build`` (kubernetes: push to the queue's registry)
+    turns the built image into the reference the run names, in the same thread and under the same waiting label."""
+    declared = declared or (getattr(flow_run, "job_variables", None) or {}).get("environment")
+    dep = await _deployment(worker, flow_run) if flow_run.deployment_id else None
+    declared = declared or (getattr(dep, "job_variables", None) or {}).get("environment")
     if not declared:
         return None
     import prefect
@@ -64,11 +68,12 @@ async def prepare_job_image(worker: Any, flow_run: "FlowRun", configuration: Any
     logger = worker.get_flow_run_logger(flow_run)
     t0 = time.monotonic()
     env_hash = ""
+    tag = "?"
     try:
         spec = parse_environment(declared, "of the run")
-        dep = await _deployment(worker, flow_run)
+        client = await anyio.to_thread.run_sync(docker_client)
         spec = inline(spec, [getattr(dep, "path", None), os.getcwd()])
-        ident = await anyio.to_thread.run_sync(image_identity, spec, client, configuration.image, prefect.__version__)
+        ident = await anyio.to_thread.run_sync(image_identity, spec, client, base, prefect.__version__)
         env_hash = ident.hash
         tag = image_tag(getattr(dep, "name", None) or flow_run.name, env_hash)
     except Exception as exc:  # a file the agent cannot see, a Dockerfile that is no Dockerfile
@@ -95,7 +100,7 @@ async def prepare_job_image(worker: Any, flow_run: "FlowRun", configuration: Any
 
     def work() -> tuple[BuiltImage, str]:
         built = ensure_image(client, spec, ident, tag, lock_dir or default_cache_dir(), log=logger.info)
-        return built, (after_build(built) if after_build is not None else built.tag)
+        return built, (after_build(client, built) if after_build is not None else built.tag)
 
     async with anyio.create_task_group() as tg:
         if not hit:
@@ -115,10 +120,28 @@ async def prepare_job_image(worker: Any, flow_run: "FlowRun", configuration: Any
     assert built is not None
     seconds = time.monotonic() - t0
     how = f"built in {built.seconds:.1f} s (cache miss)" if built.built else "cache hit"
-    worker._note(flow_run.id, "build", "SUCCESS", error_code="env-cache-miss" if built.built else "env-cache-hit",
+    _note(worker, flow_run.id, "build", "SUCCESS", error_code="env-cache-miss" if built.built else "env-cache-hit",
                  from_state="PENDING", to_state="PENDING",
                  message=f"image {built.tag} ({built.id[7:19]}): {how}; agent {worker.name} held the run's "
                          f"capacity for {seconds:.3f} s before its start")
     logger.info(f"job environment image {job.reference} ({how})")
-    configuration.image = job.reference
     return job
+
+
+def _note(worker: Any, *args: Any, **kw: Any) -> None:
+    """A scheduling-history record, where the worker keeps one (the kubernetes worker keeps none)."""
+    note = getattr(worker, "_note", None)
+    if note is not None:
+        note(*args, **kw)
+
+
+async def _fail(worker: Any, flow_run: "FlowRun", message: str, seconds: float, env_hash: str = "") -> None:
+    from prefect.states import Failed
+
+    _note(worker, flow_run.id, "build", "FAILURE", error_code="env-build-failed", from_state="PENDING",
+          to_state="FAILED", message=f"image {env_hash or '?'} after {seconds:.1f} s: {message}")
+    worker.get_flow_run_logger(flow_run).error(message)
+    try:
+        await worker.client.set_flow_run_state(flow_run.id, Failed(message=message[-2000:]), force=True)
+    except Exception as exc:
+        worker._logger.warning("could not mark run %s Failed after its image build: %s", flow_run.id, exc)

@@ -127,6 +127,7 @@ class QueueSpec(BaseModel):
     concurrency_limit: Optional[int] = Field(None, ge=1)
     backfill: bool = False
     image: Optional[str] = None  # default image for docker/kubernetes queues
+    registry: Optional[str] = None  # kubernetes queues: job environment images are pushed here (environments/image.py)
     timeout: Optional[str] = None  # default run timeout, e.g. "2h"; a run's --timeout overrides it
     idle: Optional[IdlePolicy] = None  # idle checks that reclaim held hardware (workers/metrics/idle_checks.py)
     # issue 12: preemptible fill, fair share and quotas between owners

@@ -66,7 +66,7 @@ from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.agent.intake import DEFAULT_SPEC, QueueIntake
 from prefect_launch.times import format_duration
 from prefect_launch.workers.cluster.kubernetes_events import observe_cluster
-from prefect_launch.workers.cluster.kubernetes_run import KubernetesClusterMixin
+from prefect_launch.workers.cluster.kubernetes_run import KubernetesClusterRuns
 from prefect_launch.workers.backends.kubernetes.events import Observation, observe
 from prefect_launch.workers.backends.kubernetes.manifest import apply_run
 from prefect_launch.workers.scheduling.ledger import Allocation
@@ -309,7 +309,7 @@ class LaunchKubernetesVariables(KubernetesWorkerVariables):
         "(members spread over nodes, preferred pod anti-affinity).")
 
 
-class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWorker):
+class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
     type = "launch-kubernetes"
     job_configuration = LaunchKubernetesJobConfiguration
     job_configuration_variables = LaunchKubernetesVariables
@@ -328,6 +328,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
         self.agent = agent  # the agent's shared context: only its draining flag matters here (no ledger)
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
         self.watch_seconds = env_seconds("LAUNCH_KUBERNETES_POLL_SECONDS", 3)
+        self.clusters = KubernetesClusterRuns(self)  # indexed Job + headless Service of a cluster run
         self._watching: dict[UUID, tuple[str, str]] = {}  # run -> (namespace, job)
         self._stop: dict[UUID, State] = {}  # runs the worker is ending (cancel, timeout), with their end state
         self._background_started = False
@@ -435,6 +436,11 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
                                       await self._deployment_vars(flow_run.deployment_id), flow_run.job_variables)
         queue = self._work_pool_name
         namespace = configuration.namespace
+        job_image = await self._job_image(flow_run, configuration)  # None: no environment declared
+        if job_image is not None and job_image.error:  # recorded Failed with the builder's words; no job created
+            if task_status is not None:
+                task_status.started(None)
+            return KubernetesWorkerResult(identifier="environment-build-failed", status_code=0)
         async with self._get_configured_kubernetes_client(configuration) as client:
             api = KubeApi(client)
             env = kubernetes_run_environment(request, queue, self.name)
@@ -442,14 +448,14 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
             pulls = [await self._pull_secret(api, namespace, b) for b in configuration.image_pull_secrets]
             configuration.apply_request(request, run_id=str(flow_run.id), queue=queue, agent=self.name, env=env,
                                         env_secret=env_secret, pull_secrets=pulls)
-            cluster = self._render_cluster(flow_run, configuration, request)  # None for a single run
+            cluster = self.clusters.render(flow_run, configuration, request)  # None for a single run
             logger.info(f"Agent '{self.name}' creating a Kubernetes job with {request.resources.describe()} "
                         f"(preset {request.preset})" + (f" per member, cluster of {request.cluster.describe()}"
                                                         if cluster else ""))
             try:
                 job = await self._create_job(configuration, client)
                 if cluster is not None:
-                    await self._create_cluster_service(api, flow_run, job, cluster)
+                    await self.clusters.create_service(api, flow_run, job, cluster)
             except BaseException:
                 if env_secret:
                     await self._forget_secret(api, namespace, env_secret[0])
@@ -464,13 +470,47 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
                 end = await self._watch(api, flow_run, namespace, name, request.timeout_s, size=request.cluster.size)
             finally:
                 if cluster is not None and end is not None:  # not when the worker stops: it re-attaches later
-                    await self._end_cluster(api, flow_run, namespace, name, end)
+                    await self.clusters.end(api, flow_run, namespace, name, end)
                 if env_secret:
                     await self._forget_secret(api, namespace, env_secret[0])
         status = await self._record_end(flow_run, end)
         if status == 0:
             self._active.take(flow_run.id, "ended")  # no crash proposal follows a zero status
         return KubernetesWorkerResult(identifier=pid, status_code=status)
+
+    async def _job_image(self, flow_run: "FlowRun", configuration: LaunchKubernetesJobConfiguration) -> Any:
+        """The run's job environment as an image built on the agent's Docker daemon and pushed to the queue's
+        ``registry``; the Job's container names it by digest (workers/environments/run_image.py)."""
+        from prefect_launch.workers.environments.image import push
+        from prefect_launch.workers.environments.run_image import prepare_job_image
+
+        containers = configuration.job_manifest["spec"]["template"]["spec"]["containers"]
+        spec = configuration._spec or self.queue_spec()
+        registry = getattr(spec, "registry", None)
+        logger = self.get_flow_run_logger(flow_run)
+        opened: list[Any] = []
+
+        def docker_client() -> Any:
+            import docker
+
+            if not registry:
+                raise ValueError(f"queue {self._work_pool_name} has no registry: a kubernetes queue pushes job "
+                                 "environment images to its registry (set registry: in the queue's definition)")
+            opened.append(docker.from_env(timeout=600))
+            return opened[-1]
+
+        def pushed(client: Any, built: Any) -> str:
+            return push(client, built.id, str(registry), built.tag, log=logger.info)
+
+        try:
+            job = await prepare_job_image(self, flow_run, None, containers[0].get("image"), docker_client,
+                                          after_build=pushed)
+        finally:
+            for c in opened:
+                c.close()
+        if job is not None and not job.error:
+            containers[0]["image"] = job.reference
+        return job
 
     async def _env_secret(self, api: KubeApi, namespace: str, flow_run: "FlowRun",
                           refs: Optional[dict[str, str]]) -> Optional[tuple[str, list[str]]]:
@@ -702,7 +742,7 @@ class LaunchKubernetesWorker(KubernetesClusterMixin, QueueIntake, KubernetesWork
                                             running_since=started, size=size)
                 finally:
                     if size > 1 and end is not None:
-                        await self._end_cluster(api, flow_run, namespace, job, end)
+                        await self.clusters.end(api, flow_run, namespace, job, end)
             await self._record_end(flow_run, end)
         except Exception:
             self._logger.exception("watching re-attached run %s failed", flow_run.id)
