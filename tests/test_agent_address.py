@@ -84,7 +84,7 @@ def test_multi_node_members_get_each_members_host_address():
 
 
 def test_the_leader_puts_its_own_and_the_other_agents_published_addresses_in_the_plan():
-    from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin
+    from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
     now = datetime.now(timezone.utc)
     states = [AgentState(name=n, queues=["q"], capacity=Resources(cpu=1), free=Resources(cpu=1), heartbeat=now,
@@ -95,15 +95,12 @@ def test_the_leader_puts_its_own_and_the_other_agents_published_addresses_in_the
         async def read_variables(self):
             return [SimpleNamespace(tags=[TAG], value=v) for v in states]
 
-    class Leader(ClusterRunMixin):
-        name = "a"
-        client = Client()
-        agent = SimpleNamespace(address="10.77.0.2")
+    leader = ClusterRuns(SimpleNamespace(name="a", client=Client(), agent=SimpleNamespace(address="10.77.0.2")))
 
     ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
     alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
     alloc.remote_members = {"sub1": "b", "sub2": "c"}
-    assert asyncio.run(Leader()._cluster_addrs(alloc)) == {"a": "10.77.0.2", "b": "10.77.0.3"}
+    assert asyncio.run(leader.addresses(alloc)) == {"a": "10.77.0.2", "b": "10.77.0.3"}
 
 
 def test_the_leader_counts_an_agent_lost_only_when_its_beat_stops_while_the_leader_itself_is_heard():

@@ -215,21 +215,17 @@ class _Labels:
 
 
 def _leader(answer):
-    from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin
+    """The leader's part over a worker of just what it reads: its name, a client, and its notes."""
+    from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
-    class Leader(ClusterRunMixin):
-        name = "a"
-
-        def __init__(self):
-            self.client, self.notes = _Labels(answer), []
-
-        def _note(self, *args, **kwargs):
-            self.notes.append(kwargs.get("message") or args)
+    notes: list = []
+    worker = SimpleNamespace(name="a", client=_Labels(answer), notes=notes,
+                             _note=lambda *args, **kwargs: notes.append(kwargs.get("message") or args))
 
     ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
     alloc = ledger.try_allocate_cluster("r", Resources(cpu=1, memory=GIB, gpu=1), 3, ranks=[0])
     alloc.remote_members = {"sub1": "b", "sub2": "c"}
-    return Leader(), alloc
+    return ClusterRuns(worker), alloc
 
 
 def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(monkeypatch):
@@ -241,22 +237,22 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
             labels.update({ack_key("b"): "ok", ack_key("c"): "ok"})
 
     leader, alloc = _leader(all_ok)
-    asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
-    plan = plan_of(leader.client.labels)
+    asyncio.run(leader.gather(SimpleNamespace(id="r"), alloc, 4242))
+    plan = plan_of(leader.w.client.labels)
     assert plan.members == {"main1": "a", "sub1": "b", "sub2": "c"} and plan.port == 4242
-    assert any("started their members" in str(n) for n in leader.notes)
+    assert any("started their members" in str(n) for n in leader.w.notes)
 
     def c_refuses(labels, reads):
         labels.update({ack_key("b"): "ok", ack_key("c"): "no: agent c has gpu=0 free"})
 
     leader, alloc = _leader(c_refuses)
     with pytest.raises(ClusterAborted, match="agent c said agent c has gpu=0 free"):
-        asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
+        asyncio.run(leader.gather(SimpleNamespace(id="r"), alloc, 4242))
 
     monkeypatch.setenv("LAUNCH_CLUSTER_ACK_SECONDS", "0.5")
     leader, alloc = _leader(lambda labels, reads: labels.update({ack_key("b"): "ok"}))
     with pytest.raises(ClusterAborted, match=r"no answer from agent\(s\) c in 0.5 s"):
-        asyncio.run(leader._gather_cluster(SimpleNamespace(id="r"), alloc, 4242))
+        asyncio.run(leader.gather(SimpleNamespace(id="r"), alloc, 4242))
 
 
 def test_a_restarted_follower_adopts_only_live_runs_it_had_answered():

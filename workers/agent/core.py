@@ -72,6 +72,8 @@ from prefect_launch.workers.agent.run_labels import RunLabels
 from prefect_launch.workers.agent.publishing import AgentPublisher
 from prefect_launch.workers.agent.peers import PeerView
 from prefect_launch.workers.agent.stops import RunStops, preempt_deadline_file
+from prefect_launch.workers.cluster.follow import ClusterFollower
+from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -89,7 +91,10 @@ WAKE_EVENTS = tuple(f"prefect.flow-run.{name}" for name in (QUEUED, "Scheduled",
 
 
 class LaunchWorkerCore(QueueIntake):
-    """Mixin: put it before the Prefect worker class, e.g. ``class W(LaunchWorkerCore, ProcessWorker)``."""
+    """Mixin: put it before the Prefect worker class, e.g. ``class W(LaunchWorkerCore, ProcessWorker)``.
+
+    Each role is a part it holds (``self.stops``, ``self.clusters``, ...); the back end supplies the hooks
+    marked as such below (how a run's process or container is found, adopted and stopped)."""
 
     def __init__(self, *args: Any, agent: Optional[AgentContext] = None, capacity: Optional[str] = None,
                  use_cgroups: bool = True, **kwargs: Any):
@@ -118,6 +123,8 @@ class LaunchWorkerCore(QueueIntake):
         self.labels = RunLabels(self)
         self.publisher = AgentPublisher(self)
         self.peers = PeerView(self)
+        self.clusters = ClusterRuns(self)  # cluster runs this agent leads
+        self.follower = ClusterFollower(self)  # members of other agents' multi-node runs hosted here
 
     @property
     def history(self) -> Optional[HistoryWriter]:
@@ -168,6 +175,7 @@ class LaunchWorkerCore(QueueIntake):
             except Exception:
                 self.agent.recovery_started = False  # the next sync tries again; nothing is placed meanwhile
                 self._logger.exception("rebuilding the ledger failed; placing nothing until it succeeds")
+        self.follower.start()
         await self.publisher.publish_state()
 
     def _refill_warm_pool(self) -> None:
@@ -259,8 +267,6 @@ class LaunchWorkerCore(QueueIntake):
             if self.agent.draining:
                 return []
             return await super().get_and_submit_flow_runs()
-
-
 
 
     # ---------------------------------------------------------------- dispatch
@@ -368,10 +374,6 @@ class LaunchWorkerCore(QueueIntake):
         self.stops.arm_deadline(flow_run, handle, request.timeout_s if request else None, time.time())
 
 
-
-
-
-
     def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int,
                      started_at: Optional[datetime] = None) -> None:
         """Start sampling the run's process tree from outside (no change to the job)."""
@@ -386,11 +388,8 @@ class LaunchWorkerCore(QueueIntake):
             worker_labels = self._active.get(flow_run.id).unlabelled
             self._active.take(flow_run.id, "unlabelled")
             self._runs_task_group.start_soon(self.labels.label_placement, flow_run, alloc, worker_labels)
-
-
-
-
-
+        if alloc.members and not self._active.get(flow_run.id).ever_started:  # a cluster run re-adopted after a
+            self.clusters.watch_adopted(flow_run, alloc)  # restart: its sub members are measured and watched again
 
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
@@ -459,17 +458,19 @@ class LaunchWorkerCore(QueueIntake):
         return RunHandle(pid=rec.pid, pid_started=rec.pid_started), limits
 
     async def _adopted_end(self, run_id: str, handle: RunHandle, limits: Any) -> Optional[str]:
+        await self.clusters.adopted_end(run_id)  # a cluster run's sub members end with its main1
         return limits.finish() if limits is not None else None
+
+    def _adopt_cluster_members(self, run_id: str, subs: list, log_of: Any) -> Any:
+        """A re-adopted cluster run's sub members on this host (processes: found by command line)."""
+        from prefect_launch.workers.cluster.process import adopt_members
+
+        return adopt_members(run_id, subs, log_of)
 
     # --------------------------------------------------------------- timeouts
 
 
-
-
-
-
     # ------------------------------------------------------------ idle checks
-
 
 
     async def live(self) -> int:
@@ -486,14 +487,10 @@ class LaunchWorkerCore(QueueIntake):
         return [str(r) for r in self._active.having("handle")]
 
 
-
     # --------------------------------------------------------------- recovery
     def _owner_of(self, queue: Optional[str]) -> "LaunchWorkerCore":
         """The worker of this agent that serves ``queue`` (its back end knows how to find the run)."""
         return self.agent.workers.get(queue or "", self)
-
-
-
 
 
     # ------------------------------------------------------------- publishing
@@ -513,8 +510,6 @@ class LaunchWorkerCore(QueueIntake):
         """Ask for a publish; the publisher coalesces bursts so starts are not slowed by extra writes."""
         if self._publish_wanted is not None:
             self._publish_wanted.set()
-
-
 
 
     # --------------------------------------- entry points the back ends and the agent call
@@ -537,7 +532,9 @@ class LaunchWorkerCore(QueueIntake):
         self.stops.cut_ending()
 
     async def _recover(self) -> None:
-        """Rebuild the ledger and adopt the runs a previous life left (the cluster follower adds its own)."""
+        """Before anything is placed: the members this agent followed in its previous life, then the ledger
+        rebuilt and the runs a previous life left adopted."""
+        await self.follower.recover()
         await self.adoption.recover()
 
 

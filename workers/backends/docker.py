@@ -26,7 +26,6 @@ from pydantic import Field, PrivateAttr
 from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration, DockerWorkerResult
 
 from prefect_launch.workers.cluster.docker import MEMBER_LABEL, ClusterContainers, adopt_member_containers
-from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, cluster_stop_grace_s
 from prefect_launch.workers.backends.container_engine import COMMAND as ENGINE_COMMAND
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
@@ -128,9 +127,8 @@ class LaunchDockerJobConfiguration(DockerWorkerJobConfiguration):
             self.network_mode = "host"  # the API and the metrics store are on this host's loopback
 
 
-class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
+class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
     type = "launch-docker"
-    follows_clusters = True  # hosts its members of other agents' multi-node runs, as containers
     job_configuration = LaunchDockerJobConfiguration
     _description = (
         "Resource-aware Docker worker of prefect-launch: claims runs only when they fit, runs each in a "
@@ -186,7 +184,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         configuration.auto_remove = False  # its end state is read first; removed below unless kept
         cluster: Optional[ClusterContainers] = None
         if alloc.members:  # sub members' containers first: the run is Running once main1 (this container) is
-            cluster = await self._start_cluster(flow_run, alloc, configuration)  # type: ignore[assignment]
+            cluster = await self.clusters.start(flow_run, alloc, configuration)  # type: ignore[assignment]
 
         def on_started(infrastructure_pid: Any) -> None:
             container_id = str(infrastructure_pid).rsplit(":", 1)[-1]
@@ -194,7 +192,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
             self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid) if pid else None,
                                                         container=container_id))
             if cluster is not None and pid:
-                self._on_cluster_main(flow_run, alloc, cluster, pid, None)
+                self.clusters.on_main(flow_run, alloc, cluster, pid, None)
 
         status_code: Optional[int] = None
         reason: Optional[str] = None
@@ -208,7 +206,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         finally:
             if cluster is not None:  # main1 is gone: the other members end with it
                 with anyio.CancelScope(shield=True):
-                    await self._end_cluster(flow_run, cluster, status_code)
+                    await self.clusters.end(flow_run, cluster, status_code)
                     await anyio.to_thread.run_sync(cluster.remove)
             handle = self._active.get(flow_run.id).handle
             if handle is not None and handle.container:
@@ -341,19 +339,9 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         procs = await anyio.to_thread.run_sync(self._new_cluster, fr, configuration)
         return procs, self._member_base_env(configuration)
 
-    def _watch_adopted_members(self, flow_run: "FlowRun", alloc: Allocation) -> None:
-        """After a restart: the run's member containers, found by their labels, are watched again."""
-        run_id = str(flow_run.id)
-        subs = [m for m in alloc.members if m.name != "main1"]
-        if not subs or self._runs_task_group is None:
-            return
-        procs = adopt_member_containers(self.docker(), run_id, subs, lambda name: self._member_log(run_id, name))
-        self._adopted_members()[run_id] = procs
-
-        async def on_failure(name: str, code: int) -> None:
-            await self._cluster_member_failed(flow_run, procs, name, code)
-
-        self._runs_task_group.start_soon(procs.watch, on_failure)
+    def _adopt_cluster_members(self, run_id: str, subs: list, log_of: Any) -> ClusterContainers:
+        """After a restart: the run's member containers, found by their labels."""
+        return adopt_member_containers(self.docker(), run_id, subs, log_of)
 
     def apply_allocation(self, configuration: LaunchDockerJobConfiguration, alloc: Allocation, run_id: str) -> None:
         """Write the run's limits into the configuration prefect-docker turns into a container.
@@ -466,10 +454,7 @@ class LaunchDockerWorker(ClusterRunMixin, LaunchWorkerCore, DockerWorker):
         return await anyio.to_thread.run_sync(find), None
 
     async def _adopted_end(self, run_id: str, handle: RunHandle, limits: Any) -> Optional[str]:
-        procs = self._adopted_members().pop(run_id, None)  # a re-adopted cluster run: its members end with main1
-        if procs is not None:
-            await procs.stop(cluster_stop_grace_s())
-            await anyio.to_thread.run_sync(procs.remove)
+        await self.clusters.adopted_end(run_id, strays=False)  # a re-adopted cluster run: its members end with main1
         alloc = self.ledger.get(run_id)
         if alloc is None or not handle.container:
             return None

@@ -30,7 +30,8 @@ from prefect.workers.process import (
     ProcessWorkerResult,
 )
 
-from prefect_launch.workers.cluster.lifecycle import ClusterRunMixin, ClusterAborted
+from prefect_launch.workers.cluster.lifecycle import ClusterAborted
+from prefect_launch.workers.cluster.process import ClusterProcesses, adopt_members
 from prefect_launch.workers.agent.core import LaunchWorkerCore, PidHook, RunHandle
 from prefect_launch.workers.cluster.spec import MAX_CLUSTER_SIZE
 from prefect_launch.workers.agent.limits import RunLimits, kill_tree
@@ -108,7 +109,7 @@ class LaunchVariables(ProcessVariables):
 LaunchProcessVariables = LaunchVariables
 
 
-class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
+class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
     type = "launch-process"
     job_configuration = LaunchProcessJobConfiguration
     job_configuration_variables = LaunchProcessVariables
@@ -134,9 +135,9 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
         cluster = None
         if alloc.members:
             try:
-                cluster = await self._start_cluster(flow_run, alloc, configuration)
+                cluster = await self.clusters.start(flow_run, alloc, configuration)
             except ClusterAborted as exc:  # multi-node: another agent refused; back to the queue, nothing held
-                await self._requeue_cluster(flow_run, str(exc))
+                await self.clusters.requeue(flow_run, str(exc))
                 return ProcessWorkerResult(status_code=0, identifier="cluster-incomplete")
         limits = RunLimits(str(flow_run.id), alloc, use_cgroup=self.use_cgroups)
 
@@ -144,7 +145,7 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
             if isinstance(pid, int):
                 self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid)), limits)
                 if cluster is not None:
-                    self._on_cluster_main(flow_run, alloc, cluster, pid, limits)
+                    self.clusters.on_main(flow_run, alloc, cluster, pid, limits)
 
         hooked = PidHook(task_status or anyio.TASK_STATUS_IGNORED, on_pid, announce=process_id)
         status_code: Optional[int] = None
@@ -160,7 +161,7 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
                 job_env.release()
             if cluster is not None:  # main1 is gone: the other members end with it
                 with anyio.CancelScope(shield=True):
-                    await self._end_cluster(flow_run, cluster, status_code)
+                    await self.clusters.end(flow_run, cluster, status_code)
             await self._on_finished(flow_run, status_code, limits)
 
     async def _run_warm(self, flow_run: "FlowRun", configuration: LaunchProcessJobConfiguration,
@@ -248,6 +249,29 @@ class LaunchProcessWorker(ClusterRunMixin, LaunchWorkerCore, ProcessWorker):
             # in its group: the grace is over, they go too, or they would hold GPUs no ledger counts
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
+
+    # ------------------------------------------------ cluster members as processes (`ClusterRuns`, `ClusterFollower`)
+    def _member_base_env(self, configuration: Any) -> dict[str, str]:
+        """What every sub member's environment starts from: the agent's own plus the run's."""
+        return {**os.environ, **{k: v for k, v in configuration.env.items() if v is not None}}
+
+    def _new_cluster(self, flow_run: "FlowRun", configuration: Any) -> ClusterProcesses:
+        """The holder of a run's sub members (the docker worker's starts containers instead)."""
+        return ClusterProcesses(run_id=str(flow_run.id))
+
+    def _adopt_followed_members(self, run_id: str, members: list, log_of: Any) -> ClusterProcesses:
+        """A restarted follower's hold on its live members (found by command line)."""
+        return adopt_members(run_id, members, log_of)
+
+    async def _follower_members(self, fr: "FlowRun", alloc: Any,
+                                dvars: dict[str, Any]) -> tuple[ClusterProcesses, dict[str, str]]:
+        """The holder of this agent's members of another agent's multi-node run ``fr`` and the environment they
+        start from: an engine's (the agent's Prefect settings, even from a profile, and the job's env)."""
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+               **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {})}
+        return ClusterProcesses(run_id=str(fr.id)), {k: str(v) for k, v in env.items() if v is not None}
 
     def _refill_warm_pool(self) -> None:
         if self.warm_pool is not None and self._runs_task_group is not None:

@@ -129,7 +129,7 @@ class ClusterContainers(ClusterProcesses):
 
     def remove(self) -> None:
         """Remove the members' containers once their ends are read (unless the queue keeps them): the docker
-        worker calls it once on every end, after `_end_cluster` (which only drops the member logs)."""
+        worker calls it once on every end, after `ClusterRuns.end` (which only drops the member logs)."""
         if self.keep:
             return
         for s in self.subs:

@@ -1,7 +1,8 @@
 """The other agents of a multi-node cluster run: book, start and watch the members the leader asked for.
 
-Mixed into the process and docker workers (after `ClusterRunMixin`); the docker worker starts its
-members as containers (`_follower_members`, `_adopt_followed_members`). Every ``LAUNCH_CLUSTER_POLL_SECONDS`` the
+`ClusterFollower`, a part of the agent core (``worker.follower``) for the process and docker back ends; the
+worker's back-end hooks start the members as processes or containers (`_follower_members`,
+`_adopt_followed_members`). Every ``LAUNCH_CLUSTER_POLL_SECONDS`` the
 agent reads its queue's Pending runs; one whose ``launch.cluster.plan`` plan names it gets its answer
 (`cluster/protocol.py`): its members booked in this agent's ledger and started (``ok``), or why not
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import anyio
 from typing import TYPE_CHECKING, Any
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster.env import member_env
-from prefect_launch.workers.cluster.process import ClusterProcesses, adopt_members, describe_exit
+from prefect_launch.workers.cluster.lifecycle import cluster_drain_s, cluster_stop_grace_s, member_log
+from prefect_launch.workers.cluster.process import ClusterProcesses, describe_exit
 from prefect_launch.workers.cluster.protocol import (ClusterPlan, ack_key, beat_key, booking_key, decide_followed,
                                                      plan_of, run_of_booking)
 from prefect_launch.workers.scheduling.resolve import resolve_request
@@ -45,167 +48,146 @@ def cluster_beat_s() -> float:
     return env_seconds("LAUNCH_CLUSTER_BEAT_SECONDS", 5)
 
 
-class ClusterFollowerMixin:
-    follows_clusters = True  # hosts members of other agents' multi-node runs (back ends with multi-node support)
+class ClusterFollower:
+    """The follower's side of multi-node runs, for the worker ``w`` (a `LaunchWorkerCore`): answer plans
+    that name this agent, run and watch its members, and re-adopt them after a restart."""
 
-    async def sync_with_backend(self) -> None:
-        await super().sync_with_backend()
-        if self.follows_clusters and self._work_pool is not None and self._runs_task_group is not None \
-                and not getattr(self, "_cluster_follow_started", False):
-            self._cluster_follow_started = True
-            if not hasattr(self, "_followed"):  # recovery (inside the call above) may have filled it
-                self._followed: dict[Any, ClusterProcesses] = {}
-            scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
-            self._scheduled_task_scopes.add(scope)
-            self._runs_task_group.start_soon(self._in_scope, scope, self._cluster_follow_loop)
+    def __init__(self, worker: Any):
+        self.w = worker
+        self.followed: dict[Any, ClusterProcesses] = {}  # run id -> this agent's members of it
+        self._started = False
 
-    async def _recover(self) -> None:
-        """Before anything is placed: the members this agent followed in its previous life, then its own runs."""
-        await self._recover_followed()
-        await super()._recover()
+    def start(self) -> None:
+        """Once the pool is known (after recovery): the loop that reads Pending runs for plans naming this agent."""
+        if self._started or self.w._work_pool is None or self.w._runs_task_group is None:
+            return
+        self._started = True
+        scope = anyio.CancelScope()  # cancelled with the worker's other loops (teardown, --run-once)
+        self.w._scheduled_task_scopes.add(scope)
+        self.w._runs_task_group.start_soon(self.w._in_scope, scope, self.follow_loop)
 
-    async def _recover_followed(self) -> None:
+    async def recover(self) -> None:
         from uuid import UUID
 
         from prefect.exceptions import ObjectNotFound
 
-        if not hasattr(self, "_followed"):
-            self._followed = {}
-        for entry in self.journal.entries():
+        for entry in self.w.journal.entries():
             run_id = run_of_booking(entry.run_id)
-            if run_id is None or self.ledger.get(entry.run_id) is not None:
+            if run_id is None or self.w.ledger.get(entry.run_id) is not None:
                 continue
             try:
-                fr = await self.client.read_flow_run(UUID(run_id))
+                fr = await self.w.client.read_flow_run(UUID(run_id))
             except ObjectNotFound:
                 fr = None
             members = entry.allocation.members
-            procs = await asyncio.to_thread(self._adopt_followed_members, run_id, members,
-                                            lambda m: self._member_log(run_id, m))
+            procs = await asyncio.to_thread(self.w._adopt_followed_members, run_id, members,
+                                            lambda m: self.member_log(run_id, m))
             plan = plan_of(fr.labels) if fr is not None else None
-            action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.name,
-                                          (fr.labels or {}).get(ack_key(self.name)) if fr is not None else None,
+            action, why = decide_followed(fr.state.type.value if fr is not None and fr.state else None, plan, self.w.name,
+                                          (fr.labels or {}).get(ack_key(self.w.name)) if fr is not None else None,
                                           [s.name for s in procs.alive()])
-            self._logger.warning("recovery: cluster members of run %s -> %s (%s)", run_id, action, why)
+            self.w._logger.warning("recovery: cluster members of run %s -> %s (%s)", run_id, action, why)
             if action == "adopt":
                 try:
-                    self.ledger.adopt(entry.allocation)
+                    self.w.ledger.adopt(entry.allocation)
                 except ValueError as exc:
-                    self._logger.error("recovery: %s", exc)
+                    self.w._logger.error("recovery: %s", exc)
                     action, why = "stop", str(exc)
             if action == "stop":
                 await procs.stop(1.0)
                 procs.forget_files()
-                self.journal.remove(entry.run_id)
+                self.w.journal.remove(entry.run_id)
                 continue
-            self._followed[fr.id] = procs
-            print(f"agent {self.name!r}: re-adopted cluster member(s) {', '.join(m.name for m in members)} of run "
+            self.followed[fr.id] = procs
+            print(f"agent {self.w.name!r}: re-adopted cluster member(s) {', '.join(m.name for m in members)} of run "
                   f"{run_id} ({why})", flush=True)
-            self._note(fr.id, "start", "SUCCESS", message=f"agent {self.name} re-adopted its cluster members "
+            self.w._note(fr.id, "start", "SUCCESS", message=f"agent {self.w.name} re-adopted its cluster members "
                                                            f"{', '.join(m.name for m in members)} after a restart "
                                                            f"(their capacity is held again): {why}")
-            self._runs_task_group.start_soon(self._follow_cluster, fr, plan, procs)
+            self.w._runs_task_group.start_soon(self.follow, fr, plan, procs)
 
-    # ------------------------------------------------ what differs per back end (processes here)
-    def _adopt_followed_members(self, run_id: str, members: list, log_of) -> ClusterProcesses:
-        """A restarted follower's hold on its live members (processes: found by command line)."""
-        return adopt_members(run_id, members, log_of)
+    def member_log(self, run_id: Any, member: str) -> Path:
+        return member_log(self.w.journal.dir, run_id, member)
 
-    async def _follower_members(self, fr: "FlowRun", alloc: Any, dvars: dict[str, Any]) -> tuple[ClusterProcesses, dict[str, str]]:
-        """The holder of this agent's members of ``fr`` and the environment they start from (processes: an
-        engine's: the agent's Prefect settings, even from a profile, and the job's env)."""
-        from prefect.settings import get_current_settings
-
-        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-               **(dvars.get("env") or {}), **((fr.job_variables or {}).get("env") or {})}
-        return ClusterProcesses(run_id=str(fr.id)), {k: str(v) for k, v in env.items() if v is not None}
-
-    def _member_log(self, run_id: Any, member: str):
-        """``<journal dir>/<run id>.<member>.log``: a sub member's output (and, beside it, its exit file),
-        on the leader's host and on followers' alike."""
-        return self.journal.dir / f"{run_id}.{member}.log"
-
-    async def _cluster_follow_loop(self) -> None:
-        await self.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
+    async def follow_loop(self) -> None:
+        await self.w.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
         while True:
             await asyncio.sleep(env_seconds("LAUNCH_CLUSTER_POLL_SECONDS", 2))  # like the dispatch poll
-            if self.agent.draining:
+            if self.w.agent.draining:
                 continue
             try:
-                await self._cluster_follow_once()
+                await self.follow_once()
             except Exception as exc:
-                self._logger.debug("multi-node follow: %s", exc)
+                self.w._logger.debug("multi-node follow: %s", exc)
 
-    async def _cluster_follow_once(self) -> None:
+    async def follow_once(self) -> None:
         from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
                                                     WorkPoolFilter, WorkPoolFilterName)
 
-        runs = await self.client.read_flow_runs(
+        runs = await self.w.client.read_flow_runs(
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING]))),
-            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])), limit=50)
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self.w._work_pool_name])), limit=50)
         for fr in runs:
             plan = plan_of(fr.labels)
-            if plan is None or self.name not in plan.followers() or fr.id in self._followed \
-                    or (fr.labels or {}).get(ack_key(self.name)):
+            if plan is None or self.w.name not in plan.followers() or fr.id in self.followed \
+                    or (fr.labels or {}).get(ack_key(self.w.name)):
                 continue
-            await self._join_cluster(fr, plan)
+            await self.join(fr, plan)
 
-    async def _join_cluster(self, fr: "FlowRun", plan: ClusterPlan) -> None:
+    async def join(self, fr: "FlowRun", plan: ClusterPlan) -> None:
         """Book this agent's members of ``fr`` and start them, or say why not."""
         run_id = str(fr.id)
-        ranks = plan.ranks_on(self.name)
+        ranks = plan.ranks_on(self.w.name)
         try:
-            dvars = await self._deployment_vars(fr.deployment_id)
-            req = resolve_request(self.queue_spec(), dvars, fr.job_variables or {})
+            dvars = await self.w._deployment_vars(fr.deployment_id)
+            req = resolve_request(self.w.queue_spec(), dvars, fr.job_variables or {})
         except Exception as exc:
-            await self._answer(fr, f"no: {exc}")
+            await self.answer(fr, f"no: {exc}")
             return
-        async with self.agent.plan_lock:
-            alloc = self.ledger.try_allocate_cluster(booking_key(run_id), req.resources, plan.size,
-                                                  queue=self._work_pool_name,
+        async with self.w.agent.plan_lock:
+            alloc = self.w.ledger.try_allocate_cluster(booking_key(run_id), req.resources, plan.size,
+                                                  queue=self.w._work_pool_name,
                                                   preset=req.preset, owner=tag_value(fr.tags, OWNER), ranks=ranks)
         if alloc is None:
-            await self._answer(fr, f"no: agent {self.name} has {self.ledger.free().describe()} free, needs "
+            await self.answer(fr, f"no: agent {self.w.name} has {self.w.ledger.free().describe()} free, needs "
                                    f"{len(ranks)} x {req.resources.describe()}")
             return
-        alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.name}
-        self.journal.record(alloc)  # before any member starts: a restart finds what this agent may hold
+        alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.w.name}
+        self.w.journal.record(alloc)  # before any member starts: a restart finds what this agent may hold
         procs = ClusterProcesses(run_id=run_id)
-        self._followed[fr.id] = procs
+        self.followed[fr.id] = procs
         try:
-            procs, base = await self._follower_members(fr, alloc, dvars)
-            self._followed[fr.id] = procs
+            procs, base = await self.w._follower_members(fr, alloc, dvars)
+            self.followed[fr.id] = procs
             for m in alloc.members:
                 procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,
-                                **member_env(alloc, m, self.name, "multi-node", plan.port,
+                                **member_env(alloc, m, self.w.name, "multi-node", plan.port,
                                              main_addr=plan.addr_of("main1"), addrs=plan.member_addrs())},
-                            self._member_log(run_id, m.name))
+                            self.member_log(run_id, m.name))
         except Exception as exc:
             await procs.stop(1.0)
             procs.remove()
-            self._followed.pop(fr.id, None)
-            self.ledger.release(booking_key(run_id))
-            self.journal.remove(booking_key(run_id))
-            await self._answer(fr, f"no: agent {self.name} could not start its members: {exc}")
+            self.followed.pop(fr.id, None)
+            self.w.ledger.release(booking_key(run_id))
+            self.w.journal.remove(booking_key(run_id))
+            await self.answer(fr, f"no: agent {self.w.name} could not start its members: {exc}")
             return
-        self._publish_soon()
-        self._note(fr.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
-                   message=f"agent {self.name} started cluster members "
+        self.w._publish_soon()
+        self.w._note(fr.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
+                   message=f"agent {self.w.name} started cluster members "
                            + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs)
                            + f" of the run led by agent {plan.leader}")
-        await self._answer(fr, "ok")
-        self._runs_task_group.start_soon(self._follow_cluster, fr, plan, procs)
+        await self.answer(fr, "ok")
+        self.w._runs_task_group.start_soon(self.follow, fr, plan, procs)
 
-    async def _answer(self, fr: "FlowRun", value: str) -> None:
+    async def answer(self, fr: "FlowRun", value: str) -> None:
         try:
-            await self.client.update_flow_run_labels(fr.id, {ack_key(self.name): value})
+            await self.w.client.update_flow_run_labels(fr.id, {ack_key(self.w.name): value})
         except Exception as exc:
-            self._logger.warning("could not answer the cluster of run %s: %s", fr.id, exc)
+            self.w._logger.warning("could not answer the cluster of run %s: %s", fr.id, exc)
 
-    async def _follow_cluster(self, fr: "FlowRun", plan: ClusterPlan, procs: ClusterProcesses) -> None:
+    async def follow(self, fr: "FlowRun", plan: ClusterPlan, procs: ClusterProcesses) -> None:
         """Until the run ends (or goes back to its queue): fail it when a member here fails; stop them then."""
-        from prefect_launch.workers.cluster.lifecycle import cluster_drain_s, cluster_stop_grace_s
-
         run_id = str(fr.id)
         failed_here = False
         beats, next_beat = 0, 0.0
@@ -215,20 +197,20 @@ class ClusterFollowerMixin:
                 if time.monotonic() >= next_beat:  # the leader counts this agent lost when its beat stops
                     beats += 1
                     try:
-                        await self.client.update_flow_run_labels(fr.id, {beat_key(self.name): f"{os.getpid()}-{beats}"})
+                        await self.w.client.update_flow_run_labels(fr.id, {beat_key(self.w.name): f"{os.getpid()}-{beats}"})
                         next_beat = time.monotonic() + cluster_beat_s()
                     except Exception as exc:
-                        self._logger.debug("run %s: cluster beat not written: %s", run_id, exc)
+                        self.w._logger.debug("run %s: cluster beat not written: %s", run_id, exc)
                 try:
-                    now = await self.client.read_flow_run(fr.id)
+                    now = await self.w.client.read_flow_run(fr.id)
                 except Exception:
                     continue
                 state = now.state
                 bad = procs.first_failure()
                 if bad is not None and not (state and state.is_final()):
                     reason = (f"cluster-member-failed: member {bad[0]} exited with {describe_exit(bad[1])} on agent "
-                              f"{self.name}; the run's agents stopped the other members")
-                    await self._fail_cluster(fr, reason)
+                              f"{self.w.name}; the run's agents stopped the other members")
+                    await self.fail(fr, reason)
                     failed_here = True
                     break
                 if state is None:
@@ -240,35 +222,35 @@ class ClusterFollowerMixin:
                         late = None
                         if not await procs.wait(cluster_drain_s()):
                             late = (f"cluster-member-failed: member(s) {', '.join(s.name for s in procs.alive())} on "
-                                    f"agent {self.name} still ran {cluster_drain_s():g} s after main1 ended; stopped")
+                                    f"agent {self.w.name} still ran {cluster_drain_s():g} s after main1 ended; stopped")
                         elif procs.first_failure() is not None:
                             name, code = procs.first_failure()
-                            late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.name}"
+                            late = f"cluster-member-failed: member {name} exited with {describe_exit(code)} on agent {self.w.name}"
                         if late:
-                            await self._fail_cluster(fr, late)
+                            await self.fail(fr, late)
                             failed_here = True
                     break
             await procs.stop(cluster_stop_grace_s())
         finally:
             for s in procs.alive():  # cancelled mid-stop (agent shutting down): no member is left behind
                 s.proc.kill()
-            self._followed.pop(fr.id, None)
+            self.followed.pop(fr.id, None)
             if not failed_here:  # a failed member's log stays for the reader
                 procs.forget_files()
             procs.remove()  # containers: gone once their ends are read (processes: nothing to do)
-            if self.ledger.release(booking_key(run_id)) is not None:
-                self.agent.released()
-                self._publish_soon()
-            self.journal.remove(booking_key(run_id))
-            self._logger.info("run %s: stopped this agent's cluster members and released their capacity", run_id)
-            self._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.name} stopped its cluster members and "
+            if self.w.ledger.release(booking_key(run_id)) is not None:
+                self.w.agent.released()
+                self.w._publish_soon()
+            self.w.journal.remove(booking_key(run_id))
+            self.w._logger.info("run %s: stopped this agent's cluster members and released their capacity", run_id)
+            self.w._note(fr.id, "terminate", "SUCCESS", message=f"agent {self.w.name} stopped its cluster members and "
                                                               "released their capacity")
 
-    async def _fail_cluster(self, fr: "FlowRun", reason: str) -> None:
-        self._note(fr.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
+    async def fail(self, fr: "FlowRun", reason: str) -> None:
+        self.w._note(fr.id, "terminate", "FAILURE", error_code="cluster-member-failed", from_state="RUNNING",
                    to_state="FAILED", message=reason)
         try:
-            self.get_flow_run_logger(fr).error(reason)
-            await self.client.set_flow_run_state(fr.id, Failed(message=reason), force=True)
+            self.w.get_flow_run_logger(fr).error(reason)
+            await self.w.client.set_flow_run_state(fr.id, Failed(message=reason), force=True)
         except Exception as exc:
-            self._logger.warning("could not fail cluster run %s: %s", fr.id, exc)
+            self.w._logger.warning("could not fail cluster run %s: %s", fr.id, exc)

@@ -1,6 +1,7 @@
 """Cluster runs on the `launch-kubernetes` worker: make, follow and clean up the indexed Job and its Service.
 
-Mixed into `LaunchKubernetesWorker` (needs its ``_stop``, ``watch_seconds`` and ``get_flow_run_logger``). The
+`KubernetesClusterRuns` is a part of `LaunchKubernetesWorker` (``worker.clusters``; it reads the worker's
+``_stop``, ``watch_seconds`` and ``get_flow_run_logger``). The
 run's Job manifest, already written for one member, becomes the indexed Job (`kubernetes_cluster`); the Job
 is created through prefect-kubernetes's ``_create_job`` like a single run's, then the headless Service, owned
 by the Job so the cluster deletes it with the Job even if this worker dies first. When the run ends the
@@ -42,10 +43,13 @@ def failed_sub_member(end: Observation) -> Optional[str]:
     return name if name != "main1" else None
 
 
-class KubernetesClusterMixin:
-    """The cluster half of the Kubernetes worker: every method is a no-op for a single run."""
+class KubernetesClusterRuns:
+    """The cluster half of the Kubernetes worker ``w``: nothing happens for a single run (`render` gives None)."""
 
-    def _render_cluster(self, flow_run: "FlowRun", configuration: Any,
+    def __init__(self, worker: Any):
+        self.w = worker
+
+    def render(self, flow_run: "FlowRun", configuration: Any,
                         request: "ResolvedRequest") -> Optional[ClusterManifests]:
         """Turn the configuration's Job manifest into the cluster's indexed Job (in place); the Service to make."""
         if not request.cluster.is_cluster:
@@ -59,7 +63,7 @@ class KubernetesClusterMixin:
         configuration.job_manifest = rendered.job
         return rendered
 
-    async def _create_cluster_service(self, api: "KubeApi", flow_run: "FlowRun", job: Any,
+    async def create_service(self, api: "KubeApi", flow_run: "FlowRun", job: Any,
                                       rendered: ClusterManifests) -> None:
         """The headless Service, owned by the created Job; the Job is deleted when the Service cannot be made."""
         body = api._json(job)
@@ -72,12 +76,12 @@ class KubernetesClusterMixin:
             raise
         spec = rendered.job["spec"]
         env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
-        self.get_flow_run_logger(flow_run).info(
+        self.w.get_flow_run_logger(flow_run).info(
             f"cluster of {spec['completions']} ({env['LAUNCH_CLUSTER_MODE']}): indexed job {meta['name']} with "
             f"headless service {rendered.service['metadata']['name']}; members {env['LAUNCH_CLUSTER_HOSTS']} "
             f"at {env['LAUNCH_CLUSTER_ADDRS']}; rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']}")
 
-    async def _end_cluster(self, api: "KubeApi", flow_run: "FlowRun", namespace: str, job: str,
+    async def end(self, api: "KubeApi", flow_run: "FlowRun", namespace: str, job: str,
                            end: Observation) -> None:
         """Delete the Service, and the Job unless every member completed; a failed sub member's reason is the
         run's end state (recorded after the Job, main1's engine included, is gone). Not called when the watch
@@ -86,15 +90,15 @@ class KubernetesClusterMixin:
             try:
                 if end.end != "completed":
                     if await api.delete_job(namespace, job):
-                        self.get_flow_run_logger(flow_run).info(f"Deleted the cluster's job {namespace}/{job}")
+                        self.w.get_flow_run_logger(flow_run).info(f"Deleted the cluster's job {namespace}/{job}")
                     deadline = time.monotonic() + GONE_WAIT_S
                     while time.monotonic() < deadline and await api.read_job(namespace, job) is not None:
-                        await anyio.sleep(min(1.0, self.watch_seconds))
+                        await anyio.sleep(min(1.0, self.w.watch_seconds))
             except Exception as exc:
-                self._logger.warning("could not delete the cluster's job %s/%s: %s", namespace, job, exc)
+                self.w._logger.warning("could not delete the cluster's job %s/%s: %s", namespace, job, exc)
             try:
                 await api.delete_service(namespace, job)
             except Exception as exc:  # owned by the Job: the garbage collector deletes it with the Job
-                self._logger.warning("could not delete the cluster's service %s/%s: %s", namespace, job, exc)
+                self.w._logger.warning("could not delete the cluster's service %s/%s: %s", namespace, job, exc)
         if failed_sub_member(end):
-            self._stop.setdefault(flow_run.id, (Failed if end.end == "failed" else Crashed)(message=end.message))
+            self.w._stop.setdefault(flow_run.id, (Failed if end.end == "failed" else Crashed)(message=end.message))
