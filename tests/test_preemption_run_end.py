@@ -6,11 +6,15 @@
 - A warm engine does not wait for Prefect's heartbeat thread (a daemon sleeping in 1-s steps) after its run's
   final state: its process, and so the run's capacity, is gone up to a second sooner (Prefect's own
   ``join_on_exit=False``, the async engine's choice; prefect_launch/compat/prefect.py).
+- A warm engine ends once its threads, exit handlers and open files are done, without the interpreter's
+  finalization (seconds on a loaded box, the run's capacity held meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -20,6 +24,7 @@ from prefect import flow_engine
 
 from prefect_launch.compat.prefect import ENGINE_HEARTBEATS, engine_heartbeats_unjoined
 from prefect_launch.workers.agent.context import AgentContext
+from prefect_launch.workers.backends.warm_engine import exit_code
 from prefect_launch.workers.backends.process import LaunchProcessWorker
 from prefect_launch.workers.scheduling.resources import Resources
 
@@ -119,3 +124,43 @@ def test_the_wrapper_passes_prefects_own_parameter(monkeypatch):
     with getattr(flow_engine, ENGINE_HEARTBEATS)("e"):
         pass
     assert seen == [{"engine": "e", "join_on_exit": False}]
+
+
+ENDING = """
+import atexit, sys, threading
+from prefect_launch.workers.backends.warm_engine import finish_fast
+out = sys.argv[1]
+
+class Finalized:
+    def __del__(self):
+        open(out + "/finalized", "w").close()
+
+keep = Finalized()  # the interpreter's finalization would write its file
+unclosed = open(out + "/unclosed", "w")
+unclosed.write("kept")  # buffered, never closed: only a flush at the end writes it
+started = threading.Event()
+
+def work():
+    started.wait()
+    open(out + "/thread", "w").close()
+
+threading.Thread(target=work).start()  # not a daemon: the end waits for it
+atexit.register(lambda: open(out + "/atexit", "w").close())
+print("to stdout", end="")
+started.set()
+finish_fast(3)
+"""
+
+
+def test_a_warm_engine_ends_after_its_threads_exit_handlers_and_files_without_finalization(tmp_path):
+    done = subprocess.run([sys.executable, "-c", ENDING, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "to stdout"
+    assert (tmp_path / "thread").exists() and (tmp_path / "atexit").exists()
+    assert (tmp_path / "unclosed").read_text() == "kept"
+    assert not (tmp_path / "finalized").exists(), "the interpreter's finalization ran"
+
+
+def test_the_engines_exit_status_is_the_interpreters():
+    assert [exit_code(SystemExit(c)) for c in (None, 0, 1, 2, 256 + 7)] == [0, 0, 1, 2, 7]
+    assert exit_code(SystemExit("a message")) == 1

@@ -91,7 +91,69 @@ def main() -> None:
     # runpy's notice that prefect.engine is already imported: that is the point of a warm engine
     warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
     sys.argv = ["prefect.engine"]
-    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    from prefect_launch.settings import env_text
+
+    if env_text("LAUNCH_ENGINE_FAST_EXIT", "1").lower() in ("0", "false", "no"):
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+        return
+    try:
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:  # the engine's own exit(0/1); any other exception: Python's exit, as before
+        code = exit_code(exc)
+    finish_fast(code)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The status the interpreter would exit with for ``exc`` (printing a message code, as it does)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def finish_fast(code: int) -> None:
+    """End the engine as the interpreter would, less its finalization, which frees every object of an
+    interpreter that imported Prefect: measured 3-5 s between the last exit handler and the process's end on a
+    loaded box (load ~18 on 2 cores), all of it with the run done and its capacity still held.
+
+    In the interpreter's order: the non-daemon threads are waited for (and what they registered to run
+    first, e.g. thread pools' shutdown), the exit handlers run (Prefect's log and event workers flush there),
+    open files are flushed (finalization would have done it for files the job never closed), then the process
+    ends with ``code``. ``LAUNCH_ENGINE_FAST_EXIT=0``: the interpreter's own exit.
+    """
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or run_exit_handlers is None:  # not CPython: its own exit
+        sys.exit(code)
+    shutdown()
+    run_exit_handlers()
+    flush_open_files()
+    os._exit(code)
+
+
+def flush_open_files() -> None:
+    """Flush every open writable file object (text layers first), as their finalization would."""
+    import gc
+    import io
+
+    text, binary = [], []
+    for obj in gc.get_objects():
+        if isinstance(obj, io.TextIOBase):
+            text.append(obj)
+        elif isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)):
+            binary.append(obj)
+    for stream in [sys.stdout, sys.stderr, *text, *binary]:
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            pass
 
 
 def _wait_for_order(path: str, done_path: Optional[str] = None, poll_s: float = 0.02) -> dict:
