@@ -132,4 +132,35 @@ def app_urls(client: Any, fr: Any) -> list[str]:
         token = Secret.load(f"session-token-{fr.id}").get()
     except Exception:
         return []
-    return [f"http://127.0.0.1:{p}/lab?token={token}" for p in row.ports[:1]]
+    host = _agent_address(client, row.agent) if _exposed(fr) else None
+    return [f"http://{host or '127.0.0.1'}:{p}/lab?token={token}" for p in row.ports[:1]]
+
+
+def _exposed(fr: Any) -> bool:
+    """Whether the session's apps listen beyond the loopback (`session start --expose`)."""
+    return (fr.parameters or {}).get("bind_host") not in (None, "", "127.0.0.1", "localhost")
+
+
+def _agent_address(client: Any, agent: Optional[str]) -> Optional[str]:
+    """The address ``agent`` publishes (issue 41 §2: its host's, as other hosts reach it); None when unknown."""
+    if not agent:
+        return None
+    from prefect_launch.workers.agent.registry import read_agents_sync
+
+    try:
+        return next((a.address for a in read_agents_sync(client) if a.name == agent), None)
+    except Exception:
+        return None
+
+
+def app_tunnel(client: Any, fr: Any) -> Optional[str]:
+    """How to reach a loopback-bound session on another host: an SSH tunnel line to its agent's published address
+    (the app URL then works as printed on this machine); None when the apps are exposed or on this machine."""
+    if _exposed(fr):
+        return None
+    row = row_of(fr, datetime.now(timezone.utc))
+    host = _agent_address(client, row.agent)
+    if not host or not row.ports or host.startswith("127.") or host in ("::1", "localhost"):
+        return None
+    p = row.ports[0]
+    return f"ssh -N -L {p}:127.0.0.1:{p} {host}"

@@ -58,6 +58,9 @@ class SessionValidationError(LaunchValidationError):
         self.problems = problems
 
 
+EXPOSE_BIND = "0.0.0.0"  # an exposed session's apps: every address of its host (its agent's published one too)
+
+
 class SessionRequest(BaseModel):
     """What `prefect-launch session start` and the Python API take."""
 
@@ -84,6 +87,7 @@ class SessionRequest(BaseModel):
     preemptible: bool = False  # may fill idle hardware and be preempted (then waits again for room)
     cluster_size: Optional[int] = None  # members main1, sub1, ... each with the preset, placed all or none
     cluster_mode: Optional[str] = None  # single-node | multi-node
+    expose: bool = False  # interactive: apps listen on every address of the agent's host (token still required)
 
 
 class SessionStarted(BaseModel):
@@ -232,7 +236,8 @@ def start_session(client: Any, req: SessionRequest, dry_run: bool = False, recor
         agent=req.agent, owner=owner, timeout=req.timeout if req.type == "batch" else None,
         preemptible=req.preemptible, cluster_size=req.cluster_size, cluster_mode=req.cluster_mode,
         params={"session_type": req.type, "startup_command": req.startup_command or "", "ports": ports,
-                "mounts": container_mounts(req.mounts) if docker else list(req.mounts)},
+                "mounts": container_mounts(req.mounts) if docker else list(req.mounts),
+                **({"bind_host": EXPOSE_BIND} if req.expose and req.type == "interactive" else {})},
         extra_job_variables=docker_job_variables(req) if docker else {},
         scheduled_time=starts_at, extra_tags=[SESSION_TAG, tag("session-type", req.type)],
         extra_labels={"launch.session.ports": ",".join(map(str, ports))}, dry_run=True,

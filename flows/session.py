@@ -124,7 +124,8 @@ JUPYTER_EXTENSIONS = {"jupyterlab": True, "jupyter_server_terminals": True, "jup
 def _jupyter_argv(scratch: Path, port: int, host: str) -> list[str]:
     exts = ",".join(f"{json.dumps(k)}:{'True' if v else 'False'}" for k, v in JUPYTER_EXTENSIONS.items())
     return ["--no-browser", f"--ip={host}", f"--port={port}", "--port-retries=0", f"--ServerApp.root_dir={scratch}",
-            "--ServerApp.allow_remote_access=False", "--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True",
+            f"--ServerApp.allow_remote_access={host not in ('127.0.0.1', 'localhost', '::1')}",  # --expose: True
+            "--ServerApp.base_url=/", "--ServerApp.terminals_enabled=True",
             f"--ServerApp.jpserver_extensions={{{exts}}}", "--LabApp.extension_manager=readonly",
             "--LabApp.news_url=None", *(["--allow-root"] if os.geteuid() == 0 else [])]
 

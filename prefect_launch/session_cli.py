@@ -59,6 +59,9 @@ def session_start(
                                      "batch: every member runs the command with its RANK; interactive: main1 "
                                      "serves the apps"),
     cluster_mode: Optional[str] = typer.Option(None, "--cluster-mode", help="single-node (default) or multi-node"),
+    expose: bool = typer.Option(False, "--expose", help="Interactive: apps listen on the agent host's addresses "
+                                "(the URL then names the host; the token is still required); default: loopback "
+                                "only, reached through an SSH tunnel from another machine"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved session and every error; start nothing"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -72,7 +75,8 @@ def session_start(
                          shm_size=shm_size, image=image, env=list(env or []), mounts=list(mount or []),
                          ports=_ports(port), count=count, owner=owner, startup_command=startup_command,
                          starts_at=starts_at, timeout=timeout, omp_threads=omp_threads, priority=priority,
-                         agent=agent, preemptible=preemptible, cluster_size=cluster_size, cluster_mode=cluster_mode)
+                         agent=agent, preemptible=preemptible, cluster_size=cluster_size, cluster_mode=cluster_mode,
+                         expose=expose)
     try:
         with prefect_client() as client:
             out = start_session(client, req, dry_run=dry_run)
@@ -124,7 +128,7 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
     """One session: owner, status, type, env, mounts, allocation, times, agent, usage, app URLs, idle checks."""
     from datetime import datetime, timezone
 
-    from prefect_launch.deployments.session_view import app_urls, find_session, idle_checks_of, row_of
+    from prefect_launch.deployments.session_view import app_tunnel, app_urls, find_session, idle_checks_of, row_of
 
     with prefect_client() as client:
         try:
@@ -132,12 +136,13 @@ def session_show(session: str = typer.Argument(..., help="Name or id"),
         except LookupError as exc:
             fail(str(exc))
         urls = app_urls(client, fr)
+        tunnel = app_tunnel(client, fr) if urls else None
     now = datetime.now(timezone.utc)
     row = row_of(fr, now)
     jv = fr.job_variables or {}
     data = {**row.model_dump(mode="json"), "env": jv.get("env") or {}, "mounts": (fr.parameters or {}).get("mounts", []),
             "startup_command": (fr.parameters or {}).get("startup_command") or None,
-            "allocation": (fr.labels or {}).get("launch.placement"), "app_urls": urls,
+            "allocation": (fr.labels or {}).get("launch.placement"), "app_urls": urls, "app_tunnel": tunnel,
             "state_message": fr.state.message if fr.state else None, "idle_checks": idle_checks_of(fr, now)}
     try:
         from prefect_launch.blocks.metrics_store import RunMetricsStore
