@@ -24,8 +24,9 @@ import base64
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Generic, Optional, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import anyio
@@ -46,6 +47,7 @@ from prefect_launch.settings import env_int, env_seconds
 __all__ = ["GatewayConfig", "create_app"]
 
 log = logging.getLogger("prefect_launch.gateway")
+V = TypeVar("V")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
@@ -80,6 +82,25 @@ class GatewayConfig:
         return f"{u.scheme}://{u.netloc}"
 
 
+class _TTL(Generic[V]):
+    """Values kept ``ttl_s`` seconds (at most ``max_entries``; full: emptied)."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 4096) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._data: dict[str, tuple[float, V]] = {}
+
+    def get(self, key: str) -> Optional[V]:
+        hit = self._data.get(key)
+        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+    def put(self, key: str, value: V) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._data) >= self.max_entries:
+            self._data.clear()
+        self._data[key] = (time.monotonic() + self.ttl_s, value)
+
+
 class BodyTooLarge(Exception):
     """A streamed request body passed the gateway's limit."""
 
@@ -94,6 +115,10 @@ class Gateway:
         self.repo = IdentityRepository(config.store_url)
         self.limiter = FailureLimiter(config.failure_limit, config.failure_window_s)
         self.keys: KeyCache[User] = KeyCache(config.key_cache_s)
+        # a deployment's queue and a queue's access rows, kept as long as a key (a run creation then costs no
+        # extra round trip to the server; an access change takes effect within that time)
+        self.pools: _TTL[Optional[str]] = _TTL(config.key_cache_s)
+        self.access: _TTL[Any] = _TTL(config.key_cache_s)
         self.client: Optional[httpx.AsyncClient] = None
 
     def upstream_headers(self) -> dict[str, str]:
@@ -151,11 +176,20 @@ class Gateway:
                              pool: Optional[str] = None) -> Optional[R.Refusal]:
         """Why the run's queue (the body's ``work_pool_name``, else its deployment's) is closed to ``user``."""
         if not pool and deployment_id:
-            dep = await self._get_json(f"/api/deployments/{deployment_id}")
-            pool = (dep or {}).get("work_pool_name")
+            hit = self.pools.get(deployment_id)
+            if hit is None:
+                dep = await self._get_json(f"/api/deployments/{deployment_id}")
+                pool = (dep or {}).get("work_pool_name")
+                if dep is not None:
+                    self.pools.put(deployment_id, pool or "")
+            else:
+                pool = hit
         if not pool or not isinstance(pool, str):
             return None  # no such deployment (the server answers that) or not on a queue
-        access = await anyio.to_thread.run_sync(self.repo.queue_access, pool)
+        access = self.access.get(pool)
+        if access is None:
+            access = await anyio.to_thread.run_sync(self.repo.queue_access, pool)
+            self.access.put(pool, access)
         return R.queue_refusal(user, access)
 
     async def apply_rules(self, user: User, route: R.Route, request: Request,

@@ -331,10 +331,15 @@ ATTACKS = {
                                          "over 1048576 bytes", nothing_made),
     "a body over the gateway's limit": ("root", "POST", "/logs/", {"content": b"[" + b" " * MAX_BODY + b"]"}, 413,
                                         "LAUNCH_GATEWAY_MAX_BODY_BYTES", None),
+    "a streamed body over the gateway's limit": ("root", "POST", "/logs/",
+                                                 {"content": (b" " * (1 << 20) for _ in range(3))}, 413,
+                                                 "LAUNCH_GATEWAY_MAX_BODY_BYTES", None),
 }
 
 
 def _fill(value, scene):
+    if isinstance(value, bytes):
+        return value
     if isinstance(value, str):
         return value.format(**scene) if "{" in value else value
     if isinstance(value, list):
