@@ -220,10 +220,13 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
                 docker_client.images.remove(t, force=True)
 
 
-def test_a_kubernetes_queue_builds_pushes_and_names_the_image_by_digest(tmp_path: Path, docker_client, image: str,
+def test_a_kubernetes_queue_builds_pushes_and_names_the_image_by_digest(tmp_path: Path, docker_client,
                                                                         registry: str, kube):
     """The launch-kubernetes worker against the fake API (tests/kube_fake.py): the run's environment is built on
-    the agent's daemon, pushed to the queue's registry (a real one), and the Job's container names its digest."""
+    the agent's daemon, pushed to the queue's registry (a real one), and the Job's container names its digest.
+
+    The image is a Dockerfile ``FROM scratch`` with one file (the fake runs no pod, and pushing the Prefect base
+    image's layers costs minutes of gzip on a loaded box); installing pins is the docker tests' part."""
     import asyncio
     import json
     import urllib.request
@@ -237,13 +240,15 @@ def test_a_kubernetes_queue_builds_pushes_and_names_the_image_by_digest(tmp_path
     from prefect_launch.workers.agent.tags import RUN_ID_LABEL
     from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker
 
-    wheels = wheel_folder(tmp_path / "wheels")
     pool = f"k8s-env-{uuid.uuid4().hex[:8]}"
     template = LaunchKubernetesWorker.get_default_base_job_template()
     template["job_configuration"]["launch"] = {"name": pool, "target": "kubernetes", "default_preset": "small",
                                                "presets": {"small": {"cpu": 0.5, "memory": "512Mi"}},
                                                "registry": registry}
-    environment = {"requirements": ["launchgamma"], "find_links": str(wheels)}
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "Dockerfile").write_text("FROM scratch\nCOPY marker.txt /marker.txt\n")
+    (tmp_path / "img" / "marker.txt").write_text(f"{pool}\n")
+    environment = {"dockerfile": str(tmp_path / "img" / "Dockerfile")}
 
     async def until(what, timeout: float = 240.0):
         deadline = time.monotonic() + timeout
@@ -258,7 +263,7 @@ def test_a_kubernetes_queue_builds_pushes_and_names_the_image_by_digest(tmp_path
                                                          base_job_template=template))
             flow_id = await client.create_flow_from_name("k8s-env-probe")
             dep = await client.create_deployment(flow_id=flow_id, name=pool, work_pool_name=pool,
-                                                 job_variables={"image": image, "environment": environment})
+                                                 job_variables={"image": "unused:1", "environment": environment})
             worker = LaunchKubernetesWorker(work_pool_name=pool, name="k8s-env-agent", create_pool_if_not_found=False)
             worker.watch_seconds = 0.1
             worker.poll_seconds = 3600
