@@ -86,7 +86,7 @@ class RunAdoption:
                 self.w._active.of(run_id).limits = limits
             if flow_run is not None:
                 if handle.pid:
-                    self.w._after_start(flow_run, alloc, handle.pid, started_at=rec.started_at)
+                    self.w.starts.after_start(flow_run, alloc, handle.pid, started_at=rec.started_at)
                 timeout = await self.timeout_of(flow_run)
                 started = (rec.started_at or flow_run.start_time)
                 self.w.stops.arm_deadline(flow_run, handle, timeout, started.timestamp() if started else time.time(),

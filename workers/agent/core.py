@@ -58,20 +58,19 @@ from prefect_launch.workers.agent.intake import QueueIntake
 from prefect_launch.workers.agent.context import AgentContext
 from prefect_launch.workers.scheduling.dispatch import DispatchHooks, dispatch_cycle
 from prefect_launch.workers.scheduling.ledger import Allocation
-from prefect_launch.workers.agent.limits import run_environment
 from prefect_launch.workers.agent.queued_state import QUEUED
 from prefect_launch.workers.agent.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest
 from prefect_launch.workers.agent.scheduled_runs import read_due_runs
 from prefect_launch.api_retry import install as install_quick_503_retries
-from prefect_launch.workers.agent.secrets import resolve_secret_env
 from prefect_launch.workers.agent.adoption import RunAdoption
 from prefect_launch.workers.agent.idle_reclaim import IdleReclaim
 from prefect_launch.workers.agent.run_end import RunEnds
 from prefect_launch.workers.agent.run_labels import RunLabels
+from prefect_launch.workers.agent.run_start import RunStarts
 from prefect_launch.workers.agent.publishing import AgentPublisher
 from prefect_launch.workers.agent.peers import PeerView
-from prefect_launch.workers.agent.stops import RunStops, preempt_deadline_file
+from prefect_launch.workers.agent.stops import RunStops
 from prefect_launch.workers.cluster.follow import ClusterFollower
 from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
@@ -122,6 +121,7 @@ class LaunchWorkerCore(QueueIntake):
         self.ends = RunEnds(self)
         self.labels = RunLabels(self)
         self.publisher = AgentPublisher(self)
+        self.starts = RunStarts(self)
         self.peers = PeerView(self)
         self.clusters = ClusterRuns(self)  # cluster runs this agent leads
         self.follower = ClusterFollower(self)  # members of other agents' multi-node runs hosted here
@@ -342,55 +342,6 @@ class LaunchWorkerCore(QueueIntake):
         if alloc is None:  # e.g. an ad-hoc submission that bypassed placement
             raise RuntimeError(f"flow run {flow_run.id} has no allocation on agent {self.name}")
         return alloc
-
-    async def _run_env(self, alloc: Allocation, secret_env: Optional[dict[str, str]]) -> dict[str, str]:
-        """Pinning (GPUs, threads, the allocation), secrets read now, and heartbeats for the zombie automation."""
-        env = run_environment(alloc, self.name)
-        if alloc.preemptible:  # the job may checkpoint between SIGTERM and the kill
-            env.update(LAUNCH_PREEMPTIBLE="1", LAUNCH_PREEMPT_GRACE_SECONDS=f"{self.queue_spec().preempt_grace_s:g}",
-                       LAUNCH_PREEMPT_DEADLINE_FILE=str(preempt_deadline_file(alloc.run_id)))
-        env.update(await resolve_secret_env({"secret_env": secret_env}))
-        # Prefect's minimum; the zombie automation waits 3x
-        env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30"))
-        return env
-
-    def _on_started(self, flow_run: "FlowRun", alloc: Allocation, handle: RunHandle, limits: Any = None) -> None:
-        """The run exists: journal its handle, apply limits, start the sampler and the deadline."""
-        run_id = flow_run.id
-        self._active.of(run_id).handle = handle
-        self._active.of(run_id).ever_started = True
-        where = f"container {handle.container[:12]}" if handle.container else f"process {handle.pid}"
-        self._note(run_id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
-                   message=f"agent {self.name} started the run ({where})")
-        if handle.pid:
-            self.journal.set_pid(str(run_id), handle.pid, handle.pid_started, container=handle.container)
-        if limits is not None:
-            self._active.of(run_id).limits = limits
-            if handle.pid:
-                limits.apply(handle.pid)
-        if handle.pid:
-            self._after_start(flow_run, alloc, handle.pid)
-        request = self._active.take(run_id, "request")
-        self.stops.arm_deadline(flow_run, handle, request.timeout_s if request else None, time.time())
-
-
-    def _after_start(self, flow_run: "FlowRun", alloc: Allocation, pid: int,
-                     started_at: Optional[datetime] = None) -> None:
-        """Start sampling the run's process tree from outside (no change to the job)."""
-        from prefect_launch.workers.metrics.run_sampling import start_sampler
-
-        sampler = start_sampler(self._metrics_store, flow_run, alloc, self.name, alloc.queue or self._work_pool_name,
-                                pid, self._logger, started_at=started_at)
-        if sampler is not None:
-            self._active.of(flow_run.id).sampler = sampler
-            self.idle.arm_idle_checks(flow_run, alloc, sampler, started_at)
-        if self._runs_task_group is not None:  # off the start path: the run is already running
-            worker_labels = self._active.get(flow_run.id).unlabelled
-            self._active.take(flow_run.id, "unlabelled")
-            self._runs_task_group.start_soon(self.labels.label_placement, flow_run, alloc, worker_labels)
-        if alloc.members and not self._active.get(flow_run.id).ever_started:  # a cluster run re-adopted after a
-            self.clusters.watch_adopted(flow_run, alloc)  # restart: its sub members are measured and watched again
-
 
     async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
         """Prefect's worker labels are not written here, on the run's start path, but with the placement

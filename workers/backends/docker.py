@@ -179,7 +179,7 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
             return DockerWorkerResult(status_code=0, identifier="environment-build-failed")
         if job_image is not None:
             configuration.image = job_image.reference
-        configuration.env.update(await self._run_env(alloc, configuration._secret_env))
+        configuration.env.update(await self.starts.env(alloc, configuration._secret_env))
         self.apply_allocation(configuration, alloc, str(flow_run.id))
         configuration.auto_remove = False  # its end state is read first; removed below unless kept
         cluster: Optional[ClusterContainers] = None
@@ -189,7 +189,7 @@ class LaunchDockerWorker(LaunchWorkerCore, DockerWorker):
         def on_started(infrastructure_pid: Any) -> None:
             container_id = str(infrastructure_pid).rsplit(":", 1)[-1]
             pid = self._container_pid(container_id)
-            self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid) if pid else None,
+            self.starts.on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid) if pid else None,
                                                         container=container_id))
             if cluster is not None and pid:
                 self.clusters.on_main(flow_run, alloc, cluster, pid, None)

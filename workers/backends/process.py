@@ -127,7 +127,7 @@ class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
         task_status: Optional[anyio.abc.TaskStatus[int]] = None,
     ) -> ProcessWorkerResult:
         alloc = self._allocation_of(flow_run)
-        configuration.env.update(await self._run_env(alloc, configuration.secret_env))
+        configuration.env.update(await self.starts.env(alloc, configuration.secret_env))
         job_env = await prepare_job_environment(self, flow_run, configuration)  # None: no environment declared
         if job_env is not None and job_env.error:  # recorded Failed with the installer's words; capacity goes back
             (task_status or anyio.TASK_STATUS_IGNORED).started()
@@ -143,7 +143,7 @@ class LaunchProcessWorker(LaunchWorkerCore, ProcessWorker):
 
         def on_pid(pid: Any) -> None:
             if isinstance(pid, int):
-                self._on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid)), limits)
+                self.starts.on_started(flow_run, alloc, RunHandle(pid=pid, pid_started=pid_start_time(pid)), limits)
                 if cluster is not None:
                     self.clusters.on_main(flow_run, alloc, cluster, pid, limits)
 
