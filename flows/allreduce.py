@@ -79,8 +79,11 @@ def _write_record(path: Path, record: dict) -> None:
 
 
 @flow(name="allreduce")
-def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float = 0.0) -> dict:
+def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float = 0.0, release_file: str = "") -> dict:
     """Rank r contributes [r+1, 2(r+1), ...]; the sum is checked against world*(world+1)/2 * [1, 2, ...].
+
+    ``hold_s``: wait that long before the collective (``release_file``: until that file exists, ``hold_s`` at
+    most, so a test holds the run through a fault without guessing a length).
 
     ``burn_s``: rank r first spins the CPU for (r+1) x burn_s seconds of its own CPU time, so each
     member's measured CPU differs by a known amount (per-member metrics tests)."""
@@ -95,7 +98,9 @@ def allreduce(out_dir: str, length: int = 4, hold_s: float = 0.0, burn_s: float 
                                           "LAUNCH_CLUSTER_MAIN_ADDR", "LAUNCH_CLUSTER_MODE", "LAUNCH_AGENT",
                                           "OMP_NUM_THREADS", "LAUNCH_CPU_CORES")}
     _write_record(out / f"{run_id}-{member}.started.json", {"pid": os.getpid(), "env": env})
-    time.sleep(hold_s)  # e.g. to be killed by a test before the collective
+    deadline = time.monotonic() + hold_s  # e.g. to be killed by a test before the collective; with release_file,
+    while time.monotonic() < deadline and not (release_file and os.path.exists(release_file)):  # until it exists
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     spin_until = time.process_time() + burn_s * (rank + 1)
     while time.process_time() < spin_until:
         pass

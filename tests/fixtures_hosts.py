@@ -11,7 +11,10 @@ Import them into a test module: ``from fixtures_hosts import netns_hosts, prefec
   private PostgreSQL of the module's that listens on the loopback and the bridge address (the hosts'
   subnet trusted as the loopback is), the store block pointing at the bridge address; else SQLite (the
   metrics store the default file under PREFECT_HOME, which the hosts share only because they share this
-  machine's file system). Yields ``{"api_url", "hosts", "metrics_url"}``.
+  machine's file system). Yields ``{"api_url", "hosts", "metrics_url", "restart_server", "restart_postgres"}``:
+  ``restart_server()`` stops the Prefect server and starts it again on the same address, port and database
+  (waits until it is healthy); ``restart_postgres()`` restarts PostgreSQL (``pg_ctl stop -m fast``: every
+  connection cut; same port and data), None on SQLite.
 - ``host_agent(host, ...)``: ``prefect-launch agent`` inside a host (a context manager, as
   ``launch_helpers.agent``).
 """
@@ -29,8 +32,8 @@ import pytest
 
 import netns_hosts as N
 from launch_helpers import CLI, wait_agent_online
-from prefect_launch.local_server import (background_process, create_database, find_pg_bin, local_postgres,
-                                         local_prefect_server, pg_url)
+from prefect_launch.local_server import (background_process, create_database, find_pg_bin, free_port, local_postgres,
+                                         pg_url, start_postgres, start_prefect_server, stop_postgres, wait_healthy)
 
 _EXPORTED = ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "LAUNCH_METRICS_BLOCK")
 
@@ -44,8 +47,51 @@ def netns_hosts(request) -> Iterator[N.Hosts]:
         yield hosts
 
 
+@contextlib.contextmanager
+def _restartable_server(home: Path, host: str, db_url: Optional[str]) -> Iterator[tuple[str, callable]]:
+    """``prefect server start`` on ``host`` (exported as local_server.local_prefect_server does); yields the API URL
+    and a ``restart()`` that stops it and starts it again on the same port."""
+    import prefect.context
+
+    port = free_port(host)
+    api = f"http://{host}:{port}/api"
+    log_path = home / "server.log"
+    cur: dict = {}
+
+    def start() -> None:
+        log = open(log_path, "a")
+        cur.update(proc=start_prefect_server(home, port, log, db_url=db_url, host=host), log=log)
+        wait_healthy(api, cur["proc"], log=log_path, timeout=180 if db_url else 120)
+
+    def stop() -> None:
+        proc, log = cur.pop("proc", None), cur.pop("log", None)
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if log is not None:
+            log.close()
+
+    def restart() -> None:
+        stop()
+        start()
+
+    try:
+        start()
+        os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        prefect.context.refresh_global_settings_context()
+        yield api, restart
+    finally:
+        stop()
+
+
 @pytest.fixture(scope="module")
 def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dict]:
+    import tempfile
+
     import prefect.context
 
     saved = {k: os.environ.get(k) for k in _EXPORTED}
@@ -54,20 +100,30 @@ def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dic
     try:
         os.environ.pop("LAUNCH_METRICS_BLOCK", None)
         with contextlib.ExitStack() as stack:
-            db_url = metrics_url = None
+            db_url = metrics_url = restart_postgres = None
             if getattr(request.module, "HOSTS_DB", "sqlite") == "postgresql":
                 if not find_pg_bin("initdb") or not find_pg_bin("pg_ctl"):
                     pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; run scripts/system-deps.sh")
-                port = stack.enter_context(local_postgres(hosts=f"127.0.0.1,{gw}", trust_nets=(netns_hosts.subnet,)))
+                pg_base = Path(tempfile.mkdtemp(prefix="launch-pg-"))  # reachable by PostgreSQL's own user
+                pg_opts = {"hosts": f"127.0.0.1,{gw}", "trust_nets": (netns_hosts.subnet,)}
+                port = stack.enter_context(local_postgres(base=pg_base, **pg_opts))
                 for db in ("prefect", "metrics"):
                     create_database(port, db)
                 db_url = pg_url(port, "prefect", driver="asyncpg")
                 metrics_url = pg_url(port, "metrics", host=gw)  # agents inside the hosts reach it there
-            api = stack.enter_context(local_prefect_server(home, host=gw, db_url=db_url))
+
+                def _restart_postgres() -> None:
+                    stop_postgres(pg_base, mode="fast")
+                    start_postgres(pg_base, port=port, **pg_opts)
+
+                restart_postgres = _restart_postgres
+
+            api, restart_server = stack.enter_context(_restartable_server(home, gw, db_url))
             if metrics_url:
                 subprocess.run([sys.executable, "-m", "prefect_launch.cli", "setup", "--metrics-url", metrics_url],
                                check=True, capture_output=True, env=os.environ.copy(), timeout=120)
-            yield {"api_url": api, "hosts": netns_hosts, "metrics_url": metrics_url}
+            yield {"api_url": api, "hosts": netns_hosts, "metrics_url": metrics_url,
+                   "restart_server": restart_server, "restart_postgres": restart_postgres}
     finally:
         for k, v in saved.items():
             if v is None:
