@@ -21,10 +21,12 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # DB=postgres: the Prefect server and the metrics store on a private PostgreSQL (installed when missing).
+# AUTH=1: the gateway in front of the server, an admin and two users (keys printed once); see docs/security.md.
 DB ?= sqlite
+AUTH ?= 0
 demo: venv
 	@if [ "$(DB)" = postgres ]; then bash scripts/system-deps.sh; fi
-	@DB=$(DB) bash scripts/demo.sh
+	@DB=$(DB) AUTH=$(AUTH) bash scripts/demo.sh
 
 # One test file per worker at a time, heaviest first (tests/file_order.py). The suite is CPU-bound (its Prefect servers, agents and flow runs):
 # a worker per CPU, at least 2 (the e2e tests also wait on agents and servers) and at most 4 (each worker
