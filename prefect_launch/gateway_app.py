@@ -202,7 +202,8 @@ class Gateway:
         if not isinstance(data, dict):
             return None, None
         if route.kind == R.OWN_VARIABLE:
-            refusal = R.own_variable_refusal(user, route.id if route.id is not None else data.get("name"))
+            refusal = R.own_variable_refusal(user, route.id if route.id is not None else data.get("name"),
+                                             creating=request.method == "POST")
             return None, (_deny(refusal.status, refusal.message) if refusal is not None else None)
         labels = data if request.url.path.rstrip("/").endswith("/labels") else data.get("labels")
         refusal = R.label_refusal(user, labels)

@@ -196,14 +196,19 @@ def label_refusal(user: User, labels: object) -> Optional[Refusal]:
     return None
 
 
-def own_variable_refusal(user: User, name: object) -> Optional[Refusal]:
-    """A plain user may write one variable: their recent-sessions list (``launch_recent_<user>``)."""
+MONITOR_SERVER_ID = "prefect_launch_server_id"  # dashboard.api.SERVER_ID_VARIABLE: made by the first monitor
+
+
+def own_variable_refusal(user: User, name: object, creating: bool = False) -> Optional[Refusal]:
+    """A plain user may write one variable: their recent-sessions list (``launch_recent_<user>``); and may
+    create (not change) the monitor's server id, which the first monitor to ask makes (the server answers
+    409 if it exists)."""
     if user.is_admin or user.is_agent:
         return None
     from prefect_launch.deployments.session_recent import variable_name
 
     mine = variable_name(user.name)
-    if name == mine:
+    if name == mine or (creating and name == MONITOR_SERVER_ID):
         return None
     return Refusal(403, f"user {user.name!r} may not create, change or delete variable {name!r}: a user may "
                         f"write only their own recent-sessions list ({mine!r}); other variables are for admins")

@@ -496,3 +496,27 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
     assert q in listed
     text = agent_log.read_text()
     assert not any(k in text for k in gw["keys"].values())
+
+
+def test_the_monitor_reads_through_the_gateway_as_a_user(gw, scene):
+    """The monitor's API layer (dashboard/api.py: Basic user:key from PREFECT_API_AUTH_STRING) through the
+    gateway as alice: queues, runs, the server id (made by the first monitor, a plain user may create it)."""
+    import datetime as dt
+
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    from prefect_launch.dashboard.api import SERVER_ID_VARIABLE, Api, fetch_pools, fetch_runs
+    from prefect_launch.dashboard.spec import ViewSpec
+
+    now = dt.datetime.now(dt.timezone.utc)
+    with temporary_settings(updates={PREFECT_API_URL: gw["api"],
+                                     PREFECT_API_AUTH_STRING: f"alice:{gw['keys']['alice']}"}):
+        api = Api(gw["api"])
+        pools = {p["name"] for p in fetch_pools(api)}
+        runs = {r["id"] for r in fetch_runs(api, ViewSpec(since=now - dt.timedelta(days=1),
+                                                          until=now + dt.timedelta(days=1)), limit=500)}
+        server_id = api.server_id()
+    assert scene["pool"] in pools and scene["run"] in runs
+    assert len(server_id) == 32
+    r = call(gw, "bob", "PATCH", f"/variables/name/{SERVER_ID_VARIABLE}", json={"value": "0" * 32})
+    assert r.status_code == 403 and "may not create, change or delete variable" in r.json()["detail"]

@@ -212,3 +212,11 @@ def test_agent_labels_and_variables():
 def test_which_block_reads_hide_secret_values(user, path, include, expected):
     method = "POST" if path.endswith("/filter") else "GET"
     assert R.secret_read(user, method, path, include) == expected
+
+
+def test_the_monitor_server_id_matches_the_dashboards_and_a_user_may_only_create_it():
+    from prefect_launch.dashboard.api import SERVER_ID_VARIABLE
+
+    assert R.MONITOR_SERVER_ID == SERVER_ID_VARIABLE
+    assert R.own_variable_refusal(BOB, SERVER_ID_VARIABLE, creating=True) is None
+    assert R.own_variable_refusal(BOB, SERVER_ID_VARIABLE).status == 403
