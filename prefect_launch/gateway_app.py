@@ -389,7 +389,7 @@ class Gateway:
             target += "?" + ws.url.query
         try:
             async with connect(target, subprotocols=["prefect"], additional_headers=self.upstream_headers(),
-                               open_timeout=10) as up:
+                               compression=None, open_timeout=10) as up:
                 await up.send(json.dumps({"type": "auth", "token": self.config.upstream_auth}))
 
                 async def client_to_server() -> None:

@@ -48,8 +48,8 @@ _ROUTES = [
 
 # Labels the agents write (placement, allocations that owner quotas count, idle marks, cluster plans) and
 # Prefect's worker label: a user may not set them on a run, at creation or later.
-AGENT_LABELS = ("launch.alloc", "launch.placement", "launch.waiting", "launch.idle", "launch.cluster",
-                "prefect.worker.")
+AGENT_LABELS = ("launch.alloc", "launch.placement", "launch.waiting", "launch.idle", "launch.cluster.",
+                "prefect.worker.")  # not "launch.cluster" itself: submit writes it on a cluster run
 
 # POSTs that only read (filters, counts, pages, histories) and the UI's read-only helpers.
 _READ_POST_LAST = {"filter", "count", "paginate", "history", "lateness"}

@@ -226,4 +226,6 @@ def gateway(host: str = typer.Option("127.0.0.1", "--host", help="Address to ser
         fail("no Prefect server to forward to: give --upstream http://127.0.0.1:4200/api or set PREFECT_API_URL")
     app = create_app(GatewayConfig.from_env(upstream=target, store_url=store_url()))
     console.print(f"gateway on http://{host}:{port}/api -> {target}", highlight=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ws="websockets")
+    # loopback relays: no per-message deflate (it would cost the gateway a decompress and a compress per event)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, ws="websockets",
+                ws_per_message_deflate=False)

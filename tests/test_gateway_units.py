@@ -189,7 +189,9 @@ def test_writes_outside_the_run_rules_are_for_admins_and_agents(user, method, pa
 def test_agent_labels_and_variables():
     assert R.label_refusal(ALICE, {"launch.alloc": "x"}).status == 403
     assert R.label_refusal(ALICE, {"prefect.worker.name": "w"}).status == 403
-    assert R.label_refusal(ALICE, {"launch.resources": "cpu=1", "launch.session.ports": "8888"}) is None
+    assert R.label_refusal(ALICE, {"launch.cluster.plan": "{}"}).status == 403
+    assert R.label_refusal(ALICE, {"launch.resources": "cpu=1", "launch.session.ports": "8888",
+                                   "launch.cluster": "2 x cpu=1"}) is None  # what submit and session start write
     assert R.label_refusal(AGENT, {"launch.alloc": "x"}) is None
     assert R.own_variable_refusal(ALICE, "launch_recent_alice") is None
     assert R.own_variable_refusal(ALICE, "launch_recent_bob").status == 403
