@@ -20,7 +20,8 @@ from typing import Any, Optional
 import anyio
 import pytest
 
-from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker, pull_secret_name
+from prefect_launch.workers.backends.kubernetes.secrets import pull_secret_name
+from prefect_launch.workers.backends.kubernetes.worker import LaunchKubernetesWorker
 from prefect_launch.workers.agent.tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL
 
 from kube_fake import fake_kube

@@ -28,7 +28,7 @@ from prefect_launch.workers.backends.kubernetes.events import Observation
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-    from prefect_launch.workers.backends.kubernetes.worker import KubeApi
+    from prefect_launch.workers.backends.kubernetes.api import KubeApi
     from prefect_launch.workers.scheduling.resolve import ResolvedRequest
 
 GONE_WAIT_S = 45.0  # how long the worker waits for a deleted cluster Job (its pods' grace period) to go

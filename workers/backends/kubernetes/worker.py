@@ -1,8 +1,8 @@
 """The `launch-kubernetes` worker: prefect-kubernetes's KubernetesWorker that carries the queue's presets.
 
-(About 700 lines with its job configuration, variables and the thin Kubernetes API client it reads Jobs,
-pods and events through; the manifest is manifest.py, the events' meaning events.py, cluster runs
-cluster/kubernetes_run.py.)
+(About 550 lines with its job configuration and variables; the thin Kubernetes API client is api.py, the
+manifest manifest.py, the events' meaning events.py, the run's Secrets secrets.py, re-attaching after a
+restart reattach.py, cluster runs cluster/kubernetes_run.py.)
 
 Start it with ``prefect worker start --pool Q --type launch-kubernetes`` or
 ``prefect-launch agent --queue Q`` (one agent may serve process, docker and
@@ -39,8 +39,6 @@ A restarted worker re-attaches to the Jobs of its Pending/Running runs (the
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import os
 import socket
 import time
@@ -54,7 +52,7 @@ from pydantic import Field, PrivateAttr
 from prefect.states import Cancelled, Crashed, Failed, State
 from prefect.workers.base import BaseWorker
 from prefect_launch.settings import env_seconds
-from prefect_launch.compat.prefect_kubernetes import slugify_label_value, slugify_name
+from prefect_launch.compat.prefect_kubernetes import slugify_label_value
 from prefect_kubernetes.worker import (
     KubernetesWorker,
     KubernetesWorkerJobConfiguration,
@@ -68,52 +66,24 @@ from prefect_launch.times import format_duration
 from prefect_launch.workers.cluster.kubernetes_events import observe_cluster
 from prefect_launch.workers.cluster.kubernetes_run import KubernetesClusterRuns
 from prefect_launch.workers.backends.kubernetes.events import Observation, observe
+from prefect_launch.workers.backends.kubernetes.api import KubeApi
 from prefect_launch.workers.backends.kubernetes.manifest import apply_run
+from prefect_launch.workers.backends.kubernetes.reattach import Reattach
+from prefect_launch.workers.backends.kubernetes.secrets import RunSecrets
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.limits import run_environment
 from prefect_launch.workers.scheduling.queue_spec import QueueSpec, queue_spec_of
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
-from prefect_launch.workers.agent.tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL, WORKER_LABEL
+from prefect_launch.workers.agent.tags import PLACED_LABEL, RUN_ID_LABEL, WAIT_LABEL
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
     from prefect.client.schemas.responses import WorkerFlowRunResponse
 
-DELETE_GRACE_S = 30
-PULL_SECRET_PREFIX = "prefect-launch-pull-"
-ENV_SECRET_PREFIX = "prefect-launch-env-"
-LIVE_STATES = ("PENDING", "RUNNING", "CANCELLING")
 
 # The pool's variables that the preset replaces (prefect-kubernetes >= 0.8 has them; the preset owns resources).
 PRESET_OWNED = ("cpu_request", "cpu_limit", "memory_request", "memory_limit")
-
-
-def docker_config_json(value: Any, block: str = "") -> str:
-    """A Secret block's value as a ``.dockerconfigjson``.
-
-    Accepted values: a docker config (``{"auths": {...}}``, as ``docker login``
-    writes it), or ``{"registry", "username", "password"}``; either may be JSON text.
-    """
-    where = f"Secret block {block!r}" if block else "the pull secret"
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError(f"{where} is not JSON: store a docker config ({{\"auths\": ...}}) or "
-                             "{\"registry\", \"username\", \"password\"}") from None
-    if isinstance(value, dict) and isinstance(value.get("auths"), dict):
-        return json.dumps(value)
-    if isinstance(value, dict) and {"registry", "username", "password"} <= set(value):
-        auth = base64.b64encode(f"{value['username']}:{value['password']}".encode()).decode()
-        entry = {"username": value["username"], "password": value["password"], "auth": auth}
-        return json.dumps({"auths": {value["registry"]: entry}})
-    raise ValueError(f"{where} must hold a docker config ({{\"auths\": ...}}) or "
-                     "{\"registry\", \"username\", \"password\"}")
-
-
-def pull_secret_name(block: str) -> str:
-    return PULL_SECRET_PREFIX + (slugify_name(block, max_length=40) or "block").lower()
 
 
 def kubernetes_run_environment(request: ResolvedRequest, queue: str, agent: str) -> dict[str, str]:
@@ -123,104 +93,6 @@ def kubernetes_run_environment(request: ResolvedRequest, queue: str, agent: str)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # the NVIDIA device plugin sets it for the GPUs it grants
     env.pop("LAUNCH_CPU_CORES", None)
     return env
-
-
-class KubeApi:
-    """The few Kubernetes calls the worker makes, on a kubernetes_asyncio ApiClient; objects come back as the
-    API's JSON dicts. Each call is one RBAC verb: jobs create/get/list/delete, pods list, events list,
-    secrets get/create/update/delete, services create/delete (cluster runs)."""
-
-    def __init__(self, api_client: Any):
-        from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
-
-        self._client = api_client
-        self.batch = BatchV1Api(api_client)
-        self.core = CoreV1Api(api_client)
-
-    def _json(self, obj: Any) -> Any:
-        return self._client.sanitize_for_serialization(obj)
-
-    async def read_job(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            return self._json(await self.batch.read_namespaced_job(name=name, namespace=namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        pods = await self.core.list_namespaced_pod(namespace=namespace, label_selector=label_selector)
-        return [self._json(p) for p in pods.items or []]
-
-    async def list_events(self, namespace: str, names: list[str]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for name in names:
-            events = await self.core.list_namespaced_event(namespace=namespace,
-                                                           field_selector=f"involvedObject.name={name}")
-            out += [self._json(e) for e in events.items or []]
-        return out
-
-    async def list_job_pod_events(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        """Events of every pod the Job made (named ``<job>-<suffix>``), also of pods deleted before this
-        worker ever listed them (a preempted pod can come and go between two polls)."""
-        events = await self.core.list_namespaced_event(namespace=namespace, field_selector="involvedObject.kind=Pod")
-        return [e for e in (self._json(e) for e in events.items or [])
-                if str((e.get("involvedObject") or {}).get("name") or "").startswith(f"{job}-")]
-
-    async def delete_job(self, namespace: str, name: str, grace_seconds: int = DELETE_GRACE_S) -> bool:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await self.batch.delete_namespaced_job(name=name, namespace=namespace, grace_period_seconds=grace_seconds,
-                                                   propagation_policy="Foreground")
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-
-    async def create_service(self, namespace: str, body: dict[str, Any]) -> None:
-        await self.core.create_namespaced_service(namespace=namespace, body=body)
-
-    async def delete_service(self, namespace: str, name: str) -> bool:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await self.core.delete_namespaced_service(name=name, namespace=namespace)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-
-    async def upsert_secret(self, namespace: str, name: str, string_data: dict[str, str],
-                            secret_type: str = "Opaque", labels: Optional[dict[str, str]] = None) -> None:
-        from kubernetes_asyncio.client import V1ObjectMeta, V1Secret
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        body = V1Secret(api_version="v1", kind="Secret", type=secret_type, string_data=string_data,
-                        metadata=V1ObjectMeta(name=name, namespace=namespace,
-                                              labels={"app.kubernetes.io/managed-by": "prefect-launch",
-                                                      **(labels or {})}))
-        try:
-            await self.core.read_namespaced_secret(name=name, namespace=namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            await self.core.create_namespaced_secret(namespace=namespace, body=body)
-            return
-        await self.core.replace_namespaced_secret(name=name, namespace=namespace, body=body)
-
-    async def delete_secret(self, namespace: str, name: str) -> None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await self.core.delete_namespaced_secret(name=name, namespace=namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
 
 class LaunchKubernetesJobConfiguration(KubernetesWorkerJobConfiguration):
@@ -329,6 +201,8 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
         self.poll_seconds = float(os.environ.get("LAUNCH_POLL_SECONDS", "2"))
         self.watch_seconds = env_seconds("LAUNCH_KUBERNETES_POLL_SECONDS", 3)
         self.clusters = KubernetesClusterRuns(self)  # indexed Job + headless Service of a cluster run
+        self.secrets = RunSecrets(self)  # a run's secret_env and image pull Secrets
+        self.reattach = Reattach(self)  # after a restart: the Jobs of this worker's live runs
         self._watching: dict[UUID, tuple[str, str]] = {}  # run -> (namespace, job)
         self._stop: dict[UUID, State] = {}  # runs the worker is ending (cancel, timeout), with their end state
         self._background_started = False
@@ -364,7 +238,7 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
             self._runs_task_group.start_soon(self._in_scope, scope, self._poll_loop)
         if not self._reattached:
             self._reattached = True
-            self._runs_task_group.start_soon(self._reattach)
+            self._runs_task_group.start_soon(self.reattach.start)
 
     async def _poll_loop(self) -> None:
         """Claim runs every few seconds (Prefect's own 10 s poll keeps running underneath)."""
@@ -444,8 +318,8 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
         async with self._get_configured_kubernetes_client(configuration) as client:
             api = KubeApi(client)
             env = kubernetes_run_environment(request, queue, self.name)
-            env_secret = await self._env_secret(api, namespace, flow_run, configuration._secret_env)
-            pulls = [await self._pull_secret(api, namespace, b) for b in configuration.image_pull_secrets]
+            env_secret = await self.secrets.env_secret(api, namespace, flow_run, configuration._secret_env)
+            pulls = [await self.secrets.pull_secret(api, namespace, b) for b in configuration.image_pull_secrets]
             configuration.apply_request(request, run_id=str(flow_run.id), queue=queue, agent=self.name, env=env,
                                         env_secret=env_secret, pull_secrets=pulls)
             cluster = self.clusters.render(flow_run, configuration, request)  # None for a single run
@@ -458,7 +332,7 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
                     await self.clusters.create_service(api, flow_run, job, cluster)
             except BaseException:
                 if env_secret:
-                    await self._forget_secret(api, namespace, env_secret[0])
+                    await self.secrets.forget(api, namespace, env_secret[0])
                 raise
             name, namespace = job.metadata.name, job.metadata.namespace
             pid = f"{namespace}:{name}"
@@ -472,7 +346,7 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
                 if cluster is not None and end is not None:  # not when the worker stops: it re-attaches later
                     await self.clusters.end(api, flow_run, namespace, name, end)
                 if env_secret:
-                    await self._forget_secret(api, namespace, env_secret[0])
+                    await self.secrets.forget(api, namespace, env_secret[0])
         status = await self._record_end(flow_run, end)
         if status == 0:
             self._active.take(flow_run.id, "ended")  # no crash proposal follows a zero status
@@ -511,35 +385,6 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
         if job is not None and not job.error:
             containers[0]["image"] = job.reference
         return job
-
-    async def _env_secret(self, api: KubeApi, namespace: str, flow_run: "FlowRun",
-                          refs: Optional[dict[str, str]]) -> Optional[tuple[str, list[str]]]:
-        """``secret_env`` values in a per-run Secret (deleted when the run ends); the manifest only names it."""
-        from prefect_launch.workers.agent.secrets import resolve_secret_env
-
-        values = await resolve_secret_env({"secret_env": refs}) if refs else {}
-        if not values:
-            return None
-        name = ENV_SECRET_PREFIX + str(flow_run.id)
-        await api.upsert_secret(namespace, name, values, labels={RUN_ID_LABEL: str(flow_run.id)})
-        return name, sorted(values)
-
-    async def _forget_secret(self, api: KubeApi, namespace: str, name: str) -> None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await api.delete_secret(namespace, name)
-            except Exception as exc:
-                self._logger.warning("could not delete the run's env Secret %s/%s: %s", namespace, name, exc)
-
-    async def _pull_secret(self, api: KubeApi, namespace: str, block: str) -> str:
-        """The Secret block's registry credentials as a dockerconfigjson Secret in the job's namespace."""
-        from prefect.blocks.system import Secret
-
-        value = (await Secret.aload(block, client=self.client)).get()
-        name = pull_secret_name(block)
-        await api.upsert_secret(namespace, name, {".dockerconfigjson": docker_config_json(value, block)},
-                                secret_type="kubernetes.io/dockerconfigjson")
-        return name
 
     # ---------------------------------------------------------------- watch
     async def _watch(self, api: KubeApi, flow_run: "FlowRun", namespace: str, job: str,
@@ -705,48 +550,6 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
                 self._stop.setdefault(run_id, Cancelled(message="cancelled; the Kubernetes job was deleted"))
         await super().kill_infrastructure(infrastructure_pid, configuration, grace_seconds)
 
-    # ------------------------------------------------------------- re-attach
-    async def _reattach(self) -> None:
-        """After a restart: watch again the Jobs of this worker's Pending/Running runs (the cluster kept them)."""
-        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
-                                                    WorkPoolFilter, WorkPoolFilterName)
-        from prefect.client.schemas.objects import StateType
-
-        try:
-            runs = await self.client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType(s) for s in LIVE_STATES]))),
-                work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name])))
-        except Exception as exc:
-            self._logger.warning("could not list this worker's live runs to re-attach to them: %s", exc)
-            return
-        for fr in runs:
-            pid = fr.infrastructure_pid or ""
-            if (fr.labels or {}).get(WORKER_LABEL) != self.name or pid.count(":") != 1 or fr.id in self._watching:
-                continue
-            self._runs_task_group.start_soon(self._watch_reattached, fr, *pid.split(":"))
-
-    async def _watch_reattached(self, flow_run: "FlowRun", namespace: str, job: str) -> None:
-        try:
-            configuration = await self.job_configuration.resolve_for_flow_run(
-                flow_run, client=self.client, work_pool=self.work_pool, worker_name=self.name)
-            request = configuration._request
-            started = flow_run.start_time.timestamp() if flow_run.start_time else None
-            self._logger.info("re-attached to run %s (Kubernetes job %s/%s)", flow_run.id, namespace, job)
-            size = request.cluster.size if request else 1
-            async with self._get_configured_kubernetes_client(configuration) as client:
-                api = KubeApi(client)
-                end: Optional[Observation] = None
-                try:
-                    end = await self._watch(api, flow_run, namespace, job, request.timeout_s if request else None,
-                                            running_since=started, size=size)
-                finally:
-                    if size > 1 and end is not None:
-                        await self.clusters.end(api, flow_run, namespace, job, end)
-            await self._record_end(flow_run, end)
-        except Exception:
-            self._logger.exception("watching re-attached run %s failed", flow_run.id)
-
 
 __all__ = ["KubeApi", "LaunchKubernetesJobConfiguration", "LaunchKubernetesVariables", "LaunchKubernetesWorker",
-           "docker_config_json", "kubernetes_run_environment"]
+           "kubernetes_run_environment"]
