@@ -107,8 +107,9 @@ def deployment(client, name: str, entry: str, pool: str, job_dir: Path, pip: boo
     if pip:
         steps.append({"prefect.deployments.steps.pip_install_requirements": {
             "directory": str(job_dir), "requirements_file": "requirements.txt", "stream_output": False}})
+    launch = pool in (LAUNCH_QUEUE, DOCKER_QUEUE)  # launch queues have priority work queues
     return str(client.create_deployment(flow_id=flow_id, name=name, entrypoint=f"job.py:{entry}",
-                                        work_pool_name=pool, work_queue_name="medium" if pool in (LAUNCH_QUEUE, DOCKER_QUEUE)
+                                        work_pool_name=pool, work_queue_name="medium" if launch
                                         else None, pull_steps=steps, job_variables=job_variables, path=str(job_dir)))
 
 

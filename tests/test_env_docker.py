@@ -115,6 +115,10 @@ def test_bad_dockerfiles_and_failed_builds_leave_nothing_tagged(tmp_path: Path, 
         assert built.built
         assert _in_image(docker_client, built.tag, "import launchbeta; print(open('/data.txt').read().strip())") \
             == "context file"
+        (ctx / ".dockerignore").write_text("# not sent\nscratch/\n")  # an ignored file is not part of it
+        (ctx / "scratch").mkdir()
+        (ctx / "scratch" / "big.bin").write_bytes(b"x" * 1000)
+        assert image_identity(spec, docker_client, image, PREFECT).hash == ident.hash
         (ctx / "data.txt").write_text("changed\n")  # a context file is part of the identity
         assert image_identity(spec, docker_client, image, PREFECT).hash != ident.hash
     finally:
@@ -170,6 +174,21 @@ def _deploy_env_job(queue: str, name: str, image: str, out: Path, environment: d
     return f"env-job/{name}"
 
 
+def _run_logs(run_id: str) -> list[str]:
+    """The run's Prefect logs (the agent sends them in batches: read until the build's last line is there)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.time() + 30
+    with get_client(sync_client=True) as client:
+        while True:
+            logs = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200)]
+            if any("built in" in m for m in logs) or time.time() > deadline:
+                return logs
+            time.sleep(1)
+
+
 def _history(run_id: str, phase: str) -> list[dict]:
     return [r for r in cli_json("history", run_id) if r["phase"] == phase]
 
@@ -207,6 +226,7 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
         assert got[first]["launchtiny"] == got[again]["launchtiny"] == "1.0"
         assert got[first]["launchtiny_file"].startswith("/opt/venv/")  # installed in the image, not mounted
         assert [r["error_code"] for r in _history(first, "build")] == ["env-cache-miss"]
+        assert any("Successfully installed launchtiny-1.0" in line for line in _run_logs(first))  # Docker's output
         assert [r["error_code"] for r in _history(again, "build")] == ["env-cache-hit"]
         failed = runs[broken]
         assert failed.state.is_failed() and failed.state.message.startswith("environment build failed: image ")

@@ -3,13 +3,13 @@
 A docker (or kubernetes) run whose job declares ``environment`` gets an image ``launch-env/<job>:<hash>``:
 
 - **What it is**: ``FROM`` the job's ``base_image`` (else the queue's / run's image), or the job's own
-  ``dockerfile`` (its folder, or ``context``, is the build context), with the job's pins installed by the
-  image's own ``python -m pip`` and a last ``LABEL io.prefect-launch.env-hash=<hash>``. Wheel folders named in
-  ``find_links`` are copied into the build context, so an offline host builds with ``--no-index`` (the tests and
-  the benchmark do: no registry or index is reachable from them).
+  ``dockerfile`` (its folder, or ``context``, is the build context, its ``.dockerignore`` applied), with the
+  job's pins installed by the image's own ``python -m pip`` and a last ``LABEL io.prefect-launch.env-hash=<hash>``.
+  Wheel folders named in ``find_links`` are copied into the build context, so an offline host builds with
+  ``--no-index`` (the tests and the benchmark do: no registry or index is reachable from them).
 - **Identity** (`ImageIdentity.hash`): the pins, wheel folders and index, the base image's *id* as this daemon
   has it (a re-pulled ``python:3.11`` is another environment), the Dockerfile's bytes and every file of its
-  context (a ``.dockerignore`` is not applied to the hash: an ignored file's change rebuilds), the Prefect
+  context that Docker would send (its ``.dockerignore`` applied: an ignored file never rebuilds), the Prefect
   version the agent runs and `spec.FORMAT`.
 - **Built once**: a flock per hash (``image-<hash>.lock`` in the environments' folder, shared by the host's
   agents) makes concurrent runs of one hash wait for one build; the others find the tag. An image with the hash
@@ -110,13 +110,26 @@ def _image_id(client: Any, ref: str) -> Optional[str]:
         return None
 
 
+def context_files(root: Path) -> list[str]:
+    """The context's files (relative paths) that Docker would send: its ``.dockerignore`` applied by docker-py's
+    own ``exclude_paths``; the ``.dockerignore`` itself is left out (applied here already)."""
+    from docker.utils.build import exclude_paths
+
+    ignore = root / ".dockerignore"
+    patterns = [line.strip() for line in ignore.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")] if ignore.is_file() else []
+    return sorted(rel for rel in exclude_paths(str(root), patterns)
+                  if rel != ".dockerignore" and ((root / rel).is_symlink() or not (root / rel).is_dir()))
+
+
 def _tree_sha(folder: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-        elif path.is_symlink():
-            digest.update(str(path.relative_to(folder)).encode() + b"\0->" + str(path.readlink()).encode() + b"\0")
+    for rel in context_files(folder):
+        path = folder / rel
+        if path.is_symlink():
+            digest.update(rel.encode() + b"\0->" + str(path.readlink()).encode() + b"\0")
+        else:
+            digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
@@ -147,7 +160,7 @@ def image_identity(spec: EnvironmentSpec, client: Any, default_base: Optional[st
 def dockerfile_text(spec: EnvironmentSpec, ident: ImageIdentity, local_links: Sequence[str]) -> str:
     """The Dockerfile that is built: the job's (or ``FROM <base>``), then the pins installed, then the label."""
     head = Path(spec.dockerfile).read_text() if spec.dockerfile else f"FROM {ident.base}\n"
-    lines = [head.rstrip("\n"), "", "# prefect-launch: the job environment's requirements (workers/environments/image.py)"]
+    lines = [head.rstrip("\n"), "", "# prefect-launch: the job environment's requirements (environments/image.py)"]
     if ident.pins:
         lines.append(f"COPY {CTX_DIR}/requirements.txt /tmp/launch-env/requirements.txt")
         if local_links:
@@ -212,10 +225,12 @@ def build(client: Any, spec: EnvironmentSpec, ident: ImageIdentity, tag: str, lo
     tail: deque[str] = deque(maxlen=LAST_LINES)
     with tempfile.TemporaryDirectory(prefix=f"launch-image-{ident.hash}-") as tmp:
         ctx = Path(tmp) / "ctx"
-        if spec.dockerfile:
-            shutil.copytree(spec.context or Path(spec.dockerfile).parent, ctx, symlinks=True)
-        else:
-            ctx.mkdir()
+        ctx.mkdir()
+        if spec.dockerfile:  # what Docker would send of the job's context (its .dockerignore applied)
+            root = Path(spec.context or Path(spec.dockerfile).parent)
+            for rel in context_files(root):
+                (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / rel, ctx / rel, follow_symlinks=False)
         ours = ctx / CTX_DIR
         ours.mkdir(exist_ok=True)
         local = [link for link in ident.find_links if "://" not in link or link.startswith("file://")]
