@@ -174,23 +174,27 @@ class Gateway:
 
     async def _queue_refusal(self, user: User, deployment_id: Optional[str],
                              pool: Optional[str] = None) -> Optional[R.Refusal]:
-        """Why the run's queue (the body's ``work_pool_name``, else its deployment's) is closed to ``user``."""
-        if not pool and deployment_id:
-            hit = self.pools.get(deployment_id)
-            if hit is None:
+        """Why the run's queue is closed to ``user``: the body's ``work_pool_name`` and its deployment's queue,
+        each must be open (a body naming an open pool cannot carry a closed queue's deployment)."""
+        pools = [pool] if isinstance(pool, str) and pool else []
+        if deployment_id:
+            dep_pool = self.pools.get(deployment_id)
+            if dep_pool is None:
                 dep = await self._get_json(f"/api/deployments/{deployment_id}")
-                pool = (dep or {}).get("work_pool_name")
+                dep_pool = (dep or {}).get("work_pool_name") or ""
                 if dep is not None:
-                    self.pools.put(deployment_id, pool or "")
-            else:
-                pool = hit
-        if not pool or not isinstance(pool, str):
-            return None  # no such deployment (the server answers that) or not on a queue
-        access = self.access.get(pool)
-        if access is None:
-            access = await anyio.to_thread.run_sync(self.repo.queue_access, pool)
-            self.access.put(pool, access)
-        return R.queue_refusal(user, access)
+                    self.pools.put(deployment_id, dep_pool)
+            if isinstance(dep_pool, str) and dep_pool:
+                pools.append(dep_pool)
+        for name in dict.fromkeys(pools):  # none: no such deployment (the server answers that) or no queue
+            access = self.access.get(name)
+            if access is None:
+                access = await anyio.to_thread.run_sync(self.repo.queue_access, name)
+                self.access.put(name, access)
+            refusal = R.queue_refusal(user, access)
+            if refusal is not None:
+                return refusal
+        return None
 
     async def apply_rules(self, user: User, route: R.Route, request: Request,
                           body: bytes) -> tuple[Optional[bytes], Optional[Response]]:

@@ -118,7 +118,10 @@ def test_a_queue_not_open_to_the_user_is_refused_and_an_admin_launches_on_behalf
     assert "is not open to user 'alice'" in exc.value.response.json()["detail"]
     # a run made directly (POST /flow_runs/) on the closed queue, by its name or its deployment
     flow_id = str(gw["flow_id"])
-    for extra in ({"work_pool_name": gw["closed_pool"]}, {"deployment_id": str(dep)}):
+    with direct() as client:
+        open_pool = client.read_deployment(gw["deployments"]["open"]).work_pool_name
+    for extra in ({"work_pool_name": gw["closed_pool"]}, {"deployment_id": str(dep)},
+                  {"deployment_id": str(dep), "work_pool_name": open_pool}):  # an open pool, a closed deployment
         r = httpx.post(f"{gw['api']}/flow_runs/", json={"flow_id": flow_id, "name": "sneaky", **extra},
                        headers={"Authorization": f"Bearer {gw['keys']['alice']}"})
         assert r.status_code == 403 and "is not open to user 'alice'" in r.json()["detail"], r.text
