@@ -68,7 +68,8 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
     pin2 = json.dumps({"requirements": ["launchtiny==2.0", "iniconfig==0.0.1"], "find_links": str(wheels)})
     nope = json.dumps({"requirements": ["launchnope==9"], "find_links": str(wheels)})
     with agent([q], f"env-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
-        first, other = submit("one", seconds=5), submit("two", "--environment", pin2, seconds=5)
+        first = submit("one", "--param", "meet=two", seconds=1)  # each waits for the other's start
+        other = submit("two", "--environment", pin2, "--param", "meet=one", seconds=1)
         broken = submit("bad", "--environment", nope)
         runs = {str(r.id): r for r in wait_final([first, other, broken], timeout=120)}
         again = submit("again")
