@@ -20,6 +20,7 @@ class RunRow(BaseModel):
     preset: Optional[str] = None
     resources: Optional[str] = None
     owner: Optional[str] = None
+    launched_by: Optional[str] = None  # an admin or agent who launched it for its owner (the gateway's tag)
     created: Optional[str] = None
     start_time: Optional[str] = None
     end_time: Optional[str] = None
@@ -71,7 +72,8 @@ def list_runs(client: Any, queue: Optional[str] = None, states: Optional[list[st
         rows.append(RunRow(
             run_id=str(r.id), name=r.name, job=labels.get("prefect.deployment.name"), queue=r.work_pool_name, priority=r.work_queue_name,
             state=r.state_name or "?", preset=tag_value(r.tags, "preset") or jv.get("preset"), resources=res or None,
-            owner=tag_value(r.tags, "owner"), created=str(r.created) if r.created else None,
+            owner=tag_value(r.tags, "owner"), launched_by=tag_value(r.tags, "launched_by"),
+            created=str(r.created) if r.created else None,
             start_time=str(r.start_time) if r.start_time else None,
             end_time=str(r.end_time) if r.end_time else None, note=note,
             position=w.position if w else None, eta=str(w.eta) if w and w.eta else None,

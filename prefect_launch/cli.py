@@ -305,6 +305,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
     """A run's measured resources: summary, allocated vs used, waste flag, sparklines."""
     from prefect_launch.blocks.metrics_store import RunMetricsStore
     from prefect_launch.deployments.runs import resolve_run_id
+    from prefect_launch.workers.agent.tags import tag_value
     from prefect_launch.workers.metrics.report import render_run_report, report_dict
 
     with prefect_client() as client:
@@ -318,6 +319,7 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
         except Exception:
             fr = state = None
         cluster = _cluster_of_run(fr)
+        launched_by = tag_value(fr.tags, "launched_by") if fr is not None else None  # the gateway's tag
         ended_why = (state.message if state is not None and state.type.value in ("FAILED", "CRASHED", "CANCELLED")
                      else None)
         try:
@@ -335,9 +337,11 @@ def runs_show(run: str = typer.Argument(..., help="Flow run id (or a unique pref
         cluster["members"] = list(members.values())  # per member; the run's figures above are their sum
     if as_json:
         print_json({**report_dict(record, summary, series), "state": state.name if state else None,
-                     "reason": ended_why, "cluster": cluster})
+                     "reason": ended_why, "cluster": cluster, "launched_by": launched_by})
     else:
         console.print(render_run_report(record, summary, series), highlight=False, markup=False)
+        if launched_by:
+            console.print(f"launched by: {launched_by}", highlight=False, markup=False)
         if cluster:
             console.print(f"cluster: {cluster['size']} members ({cluster['mode']})"
                           + (f"; {cluster['placement']}" if cluster.get("placement") else ""),

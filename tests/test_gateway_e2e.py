@@ -492,11 +492,20 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
             out = cli_json("submit", job, "--queue", q, "--owner", "bob", "--count", "2",
                            "--param", f"record_dir={rec}", "--param", "seconds=0.2")
             listed = {x["name"]: x for x in cli_json("queue", "ls")}
-        runs = wait_final(out["run_ids"], timeout=180)
-    assert [r.state.type.value for r in runs] == ["COMPLETED", "COMPLETED"], [r.state for r in runs]
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["root"]):  # an admin launches on behalf of alice
+            for_alice = cli_json("submit", job, "--queue", q, "--owner", "alice",
+                                 "--param", f"record_dir={rec}", "--param", "seconds=0.2")["run_ids"]
+        runs = wait_final(out["run_ids"] + for_alice, timeout=180)
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["bob"]):  # runs ls and runs show as another user
+            rows = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
+            shown = cli_json("runs", "show", for_alice[0])
+    assert [r.state.type.value for r in runs] == ["COMPLETED"] * 3, [r.state for r in runs]
     assert all("owner:alice" in r.tags and "owner:bob" not in r.tags for r in runs)
-    assert sorted(records(rec)) == sorted(out["run_ids"])
+    assert sorted(records(rec)) == sorted(out["run_ids"] + for_alice)
     assert q in listed
+    assert rows[for_alice[0]]["owner"] == "alice" and rows[for_alice[0]]["launched_by"] == "root"
+    assert rows[out["run_ids"][0]]["owner"] == "alice" and rows[out["run_ids"][0]]["launched_by"] is None
+    assert shown["launched_by"] == "root"
     text = agent_log.read_text()
     assert not any(k in text for k in gw["keys"].values())
 
