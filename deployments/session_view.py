@@ -17,6 +17,7 @@ class SessionRow(BaseModel):
     id: str
     name: str
     owner: Optional[str] = None
+    launched_by: Optional[str] = None  # an admin who launched it for its owner (the gateway's tag)
     status: str
     type: Optional[str] = None
     queue: Optional[str] = None
@@ -48,7 +49,8 @@ def row_of(fr: Any, now: datetime, position: Optional[int] = None) -> SessionRow
         reason = fr.state.message
     ports = [int(p) for p in str(labels.get("launch.session.ports") or "").split(",") if p.strip().isdigit()]
     return SessionRow(
-        id=str(fr.id), name=fr.name, owner=tag_value(fr.tags, "owner"), status=fr.state_name or state,
+        id=str(fr.id), name=fr.name, owner=tag_value(fr.tags, "owner"), launched_by=tag_value(fr.tags, "launched_by"),
+        status=fr.state_name or state,
         type=tag_value(fr.tags, "session-type"), queue=fr.work_pool_name, resources=labels.get("launch.resources"),
         agent=agent, created=fr.created, started=fr.start_time, ended=fr.end_time,
         elapsed_s=(end - fr.start_time).total_seconds() if fr.start_time and end else None,

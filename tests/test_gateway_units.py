@@ -222,3 +222,18 @@ def test_the_monitor_server_id_matches_the_dashboards_and_a_user_may_only_create
     assert R.MONITOR_SERVER_ID == SERVER_ID_VARIABLE
     assert R.own_variable_refusal(BOB, SERVER_ID_VARIABLE, creating=True) is None
     assert R.own_variable_refusal(BOB, SERVER_ID_VARIABLE).status == 403
+
+
+def test_a_session_row_shows_who_launched_it_for_its_owner():
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from prefect_launch.deployments.session_view import row_of
+
+    now = dt.datetime.now(dt.timezone.utc)
+    fr = SimpleNamespace(id="r1", name="nb", tags=["owner:alice", "launched_by:root", "session-type:interactive"],
+                         labels={}, state=None, state_name="Scheduled", end_time=None, start_time=None,
+                         created=now, expected_start_time=now, work_pool_name="gpu-box")
+    row = row_of(fr, now)
+    assert (row.owner, row.launched_by) == ("alice", "root")
+    assert row_of(SimpleNamespace(**{**vars(fr), "tags": ["owner:alice"]}), now).launched_by is None
