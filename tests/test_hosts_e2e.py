@@ -16,11 +16,14 @@
 - Sessions on another host: `--expose` gives a URL on that host's address, reached from another host with
   the token; the default (loopback) gives the loopback URL and an SSH tunnel line to the host's address.
 - The Prefect server, then PostgreSQL, restarted while the three agents hold runs: nothing lost or run twice.
+- A host that never comes back (opt-in, HOSTS_HOST_LOSS=1; see its skip reason): its run Crashed by Prefect's
+  zombie automation, its agent offline, its capacity no longer counted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -323,6 +326,58 @@ def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(t
     assert not psutil.pid_exists(started["sub1"]["pid"])
     [run] = read_runs([run_id])
     assert run.state_name == "Failed" and "member(s) sub1 lost" in run.state.message  # not overwritten later
+
+
+@pytest.mark.skipif(os.environ.get("HOSTS_HOST_LOSS") != "1", reason=(
+    "opt-in (HOSTS_HOST_LOSS=1): ~100 s, and not yet reliable in this module - passed alone, after the restart "
+    "test alone and after the cut test alone, but in both runs with the restart and cut tests before it Prefect's "
+    "zombie automation did not mark the lost host's run Crashed within 180 s (not understood yet)"))
+@pytest.mark.timeout(300)
+def test_a_host_that_never_comes_back_has_its_run_crashed_and_its_capacity_dropped(three_hosts):
+    """Issue 41 §3 (last in the module: host c stays gone): c loses its link and every process on it dies while
+    it runs a job. Prefect's zombie automation (`setup` makes it; 40 s of silence here) marks the run Crashed
+    saying why; `agent ls` shows c offline, its last heartbeat before the loss; its capacity is no longer
+    counted: a 5-member multi-node run is refused at submission, the agents left (a, b) fitting 4 members
+    together (all three would fit 6).
+    (~100 s: the zombie automation's 40 s after a 30-s heartbeat, then the agent's 90-s online window.)"""
+    import datetime as dt
+    import signal
+
+    from prefect import get_client
+
+    from prefect_launch.deployments.zombies import ensure_zombie_automation
+
+    env, tmp = three_hosts, three_hosts["tmp"]
+    c, host = env["c"], env["host_of"][env["c"]]
+    with get_client(sync_client=True) as client:
+        assert ensure_zombie_automation(client, within_s=40).within_s == 40  # the product default waits 90 s
+    out = tmp / "gone"
+    job = cli_json("submit", env["job"], "--agent", c, "--param", f"out_dir={out}", "--param", "hold_s=600")["run_ids"][0]
+    _wait_started(out, job, ("main1",), tmp)
+    time.sleep(2)  # the engine's first heartbeat goes out as the flow starts
+    lost_at = dt.datetime.now(dt.timezone.utc)
+    host.cut()  # the host is gone: no link, and nothing on it runs any more
+    for pid in N.pids_in(host):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 180
+    [run] = read_runs([job])
+    while not run.state.is_final() and time.time() < deadline:
+        time.sleep(1)
+        [run] = read_runs([job])
+    assert run.state.is_crashed() and "no heartbeat for 40 s" in run.state.message, (run.state_name, run.state.message)
+    deadline, shown = time.time() + 150, {}  # offline once silent for registry.ONLINE_WINDOW_S (90 s)
+    while shown.get("online", True) and time.time() < deadline:
+        shown = {x["name"]: x for x in _agents()}[c]
+        time.sleep(1)
+    assert shown["online"] is False and dt.datetime.fromisoformat(shown["heartbeat"]) <= lost_at, shown
+    assert c in cli("agent", "ls").stdout
+    refused = cli("submit", env["job"], "--cluster-size", "5", "--cluster-mode", "multi-node",
+                  "--param", f"out_dir={out}", check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "fits 4 member(s)" in said and env["a"] in said and c not in said, said
 
 
 def _tail(tmp: Path) -> str:
