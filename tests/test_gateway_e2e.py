@@ -487,7 +487,7 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
     args = [*CLI, "agent", "--name", f"gw-agent-{sfx}", "--capacity", "cpu=2,memory=4Gi", "--queue", q]
     agent_log = tmp_path / "agent.log"
     with background_process(args, agent_log, env=agent_env):
-        wait_agent_online(f"gw-agent-{sfx}", [q])
+        wait_agent_online(f"gw-agent-{sfx}", [q], timeout=120)  # an agent starts slowly on a loaded box
         with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
             out = cli_json("submit", job, "--queue", q, "--owner", "bob", "--count", "2",
                            "--param", f"record_dir={rec}", "--param", "seconds=0.2")
