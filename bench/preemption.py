@@ -24,6 +24,14 @@ Pending. On 2026-12-05 (loaded box) the transition gaps were ~80 % of the idle t
 the whole-interval share stays the goal figure: it measures the scheduler's transitions, not the workload's end.
 The histories do not say which GPU a run had: lives are laid on slots by `assign_slots` (totals do not depend
 on it; the split between the two transition parts does, a little).
+
+Where a run change went on 2026-12-06 (timestamps written by the engine, the zygote and the agent, 6 x 4.5-s
+trials, load ~13-20 on the 2 cores): the engine outlived its Completed state by ~1 s waiting for Prefect's
+heartbeat thread (fixed: compat.engine_heartbeats_unjoined) and then 3.2-5.3 s in the interpreter's finalization
+(fixed: warm_engine.finish_fast; 0.3-0.5 s after); capacity back -> next placement 0.2-0.8 s (the release already
+wakes the intake: tests/test_preemption_run_end.py); placement -> Pending 0.2-0.9 s; Pending -> the engine's order
+1-2.7 s (Prefect's submit, then a FlowRunExecutorContext per run: client, control channel, an events websocket,
+0.26-0.62 s); order -> Running 2-4.6 s (load_flow ~1 s: deployment read, pull steps, flow import).
 """
 
 from __future__ import annotations
