@@ -330,7 +330,7 @@ def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(t
 
 @pytest.mark.skipif(os.environ.get("HOSTS_HOST_LOSS") != "1", reason=(
     "opt-in (HOSTS_HOST_LOSS=1): ~100 s, and not yet reliable in this module - passed alone, after the restart "
-    "test alone and after the cut test alone, but in both runs with the restart and cut tests before it Prefect's "
+    "test alone and after the cut test alone, but in all 3 runs with the restart and cut tests before it Prefect's "
     "zombie automation did not mark the lost host's run Crashed within 180 s (not understood yet)"))
 @pytest.mark.timeout(300)
 def test_a_host_that_never_comes_back_has_its_run_crashed_and_its_capacity_dropped(three_hosts):
