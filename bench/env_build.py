@@ -36,7 +36,7 @@ The same job, its folder and the wheel folder mounted into the container:
   container starts from the image, so *every* stock run really installs (nothing is "already satisfied").
 - ``docker_speedup_warm`` = docker_stock_per_run_install_s / max(docker_warm_overhead_s, the agent's own time
   on a built image per run, from its ``build`` record). The docker start latencies (4-12 s on the shared box)
-  vary far more than either side's install, so both differences are noise-bound: a run of the 2026-12-06 had
+  vary far more than either side's install, so both differences are noise-bound: a run on 2026-12-06 had
   ours at -2.1 s (the floor, 0.05 s, was used) and stock at 0.67 s.
 
 **Why the process ``speedup_warm`` goal (10x) is not reliably met** (bench/results/env_build.txt): the ratio's
