@@ -49,13 +49,17 @@ def test_late_writer_stores_the_end_of_a_run_once_the_store_returns(tmp_path):
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'm.db'}")
     rec = RunRecord(flow_run_id=str(uuid4()), queue="test")
     store.upsert_run(rec)
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     s = RunSampler(store, rec, p.pid, [], 1, None, interval_s=0.1, batch_size=2, max_buffer=5,
                    retry_backoff_s=(0.05, 0.2), stop_flush_timeout_s=0.3).start()
     time.sleep(0.5)
     t_gone = datetime.now(timezone.utc)
     with store.engine.begin() as conn:  # the samples table goes away under the writer
         conn.exec_driver_sql("ALTER TABLE launch_samples RENAME TO launch_samples_away")
+    taken, deadline = s.samples_taken, time.monotonic() + 60
+    while s.samples_taken < taken + 8 and time.monotonic() < deadline:  # more than the buffer holds, however
+        time.sleep(0.05)  # slowly a loaded box lets the sampler tick (a fixed sleep was too short under load)
+    p.kill()
     p.wait()
     t0 = time.monotonic()
     summary = s.stop("COMPLETED")
