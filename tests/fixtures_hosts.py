@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 import pytest
 
 import netns_hosts as N
-from launch_helpers import CLI, wait_agent_online
+from launch_helpers import CLI, restored_env, wait_agent_online
 from prefect_launch.local_server import (background_process, create_database, find_pg_bin, free_port, local_postgres,
                                          pg_url, start_postgres, start_prefect_server, stop_postgres, wait_healthy)
 
@@ -92,12 +92,9 @@ def _restartable_server(home: Path, host: str, db_url: Optional[str]) -> Iterato
 def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dict]:
     import tempfile
 
-    import prefect.context
-
-    saved = {k: os.environ.get(k) for k in _EXPORTED}
     home = tmp_path_factory.mktemp("prefect-home-hosts")
     gw = netns_hosts.gateway
-    try:
+    with restored_env(*_EXPORTED):
         os.environ.pop("LAUNCH_METRICS_BLOCK", None)
         with contextlib.ExitStack() as stack:
             db_url = metrics_url = restart_postgres = None
@@ -124,13 +121,6 @@ def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dic
                                check=True, capture_output=True, env=os.environ.copy(), timeout=120)
             yield {"api_url": api, "hosts": netns_hosts, "metrics_url": metrics_url,
                    "restart_server": restart_server, "restart_postgres": restart_postgres}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        prefect.context.refresh_global_settings_context()
 
 
 @contextlib.contextmanager
