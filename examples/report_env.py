@@ -1,11 +1,12 @@
-"""An example job that needs a package the agent's Python lacks (tabulate): its deployment in prefect.yaml
-declares ``environment: {requirements: examples/requirements-report.txt}``, and the agent builds that
-environment once (docs/jobs-and-queues.md, "Job environments")."""
+"""An example job that needs a package the agent's Python lacks (tabulate). prefect.yaml deploys it three ways,
+each declaring ``environment: {requirements: examples/requirements-report.txt}``: report-env (code job, process
+queue: a virtual environment per content hash), report-git-env (git job, process queue) and report-docker-env (code
+job on the docker queue: an image per content hash). See docs/jobs-and-queues.md, "Job environments"."""
 
 from prefect import flow, get_run_logger
 
 
-@flow(name="report")
+@flow(name="report", persist_result=True)  # the table is readable from the API
 def report(rows: int = 5) -> str:
     from tabulate import tabulate  # only the job's environment has it
 

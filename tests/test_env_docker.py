@@ -7,6 +7,7 @@ records; the kubernetes half pushes to a real registry (Debian's docker-registry
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from env_wheels import wheel_folder
-from launch_helpers import apply_queue, cli, cli_json, records, wait_final
+from env_wheels import wheel_folder, write_wheel
+from launch_helpers import ROOT, apply_queue, cli, cli_json, records, wait_final
+from prefect_launch.deployments.jobs import deploy_jobs
 from prefect_launch.workers.environments.image import (HASH_LABEL, ImageBuildError, ensure_image, image_identity,
                                                        image_tag)
 from prefect_launch.workers.environments.spec import inline, parse_environment
@@ -213,15 +215,29 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
         return cli_json("submit", job, "--queue", q, "--param", f"record_dir={out}", "--param", f"tag={tag}",
                         *extra)["run_ids"][0]
 
+    # prefect.yaml's report-docker-env on this queue: its code snapshot pulled into the container, tabulate (which
+    # neither the agent nor the base image has) from the image the agent builds from the job's requirements
+    write_wheel(wheels, "tabulate", "0.9.0", body="def tabulate(rows, headers=()):\n    return __file__\n")
+    storage = tmp_path / "storage"
+    assert deploy_jobs(ROOT / "prefect.yaml", names=["report-docker-env"], pool=q,
+                       env={"LAUNCH_CODE_STORAGE": str(storage)}) == ["report/report-docker-env"]
+    report_env = json.dumps({"requirements": str(ROOT / "examples" / "requirements-report.txt"),
+                             "find_links": str(wheels)})
+
     tags_before = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags}
     with agent([q], f"envdk-{unique_name}", "cpu=2,memory=2Gi", tmp_path):
         first, broken = submit("one"), submit("bad", "--environment", nope)
-        runs = {str(r.id): r for r in wait_final([first, broken], timeout=300)}
+        report = cli_json("submit", "report/report-docker-env", "--queue", q, "--environment", report_env)["run_ids"][0]
+        runs = {str(r.id): r for r in wait_final([first, broken, report], timeout=300)}
         again = submit("again")
         runs.update({str(r.id): r for r in wait_final([again], timeout=120)})
     try:
         assert runs[first].state.is_completed() and runs[again].state.is_completed(), {
             k: (r.state_name, r.state.message) for k, r in runs.items()}
+        assert runs[report].state.is_completed(), (runs[report].state_name, runs[report].state.message)
+        # the flow logs its table, here the fake tabulate's own file: installed in the built image
+        assert any("/opt/venv/" in m and "site-packages/tabulate/__init__.py" in m for m in _run_logs(report))
+        assert [r["error_code"] for r in _history(report, "build")] == ["env-cache-miss"]
         got = records(out)
         assert got[first]["launchtiny"] == got[again]["launchtiny"] == "1.0"
         assert got[first]["launchtiny_file"].startswith("/opt/venv/")  # installed in the image, not mounted
@@ -233,7 +249,8 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
         assert "launchnope" in failed.state.message
         assert [r["result"] for r in _history(broken, "build")] == ["FAILURE"]
         new = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags} - tags_before
-        assert len(new) == 1 and new.pop().startswith(f"launch-env/envdk-{unique_name.lower()}:")
+        assert sorted(t.split(":")[0] for t in new) == [f"launch-env/envdk-{unique_name.lower()}",
+                                                        "launch-env/report-docker-env"], new
     finally:
         for i in docker_client.images.list(name="launch-env/*"):
             for t in set(i.tags) - tags_before:

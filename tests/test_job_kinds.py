@@ -16,6 +16,7 @@ persisted results, i.e. from the code that actually executed:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -110,7 +111,8 @@ def launch_agent(queues, tmp_path_factory, uid):
 
 @pytest.fixture(scope="module")
 def git_repo(tmp_path_factory, uid) -> dict[str, str]:
-    """A real local repository: flows/versioned.py at tag v1, changed by a second commit on main."""
+    """A real local repository: flows/versioned.py and examples/ at tag v1, versioned.py changed by a second
+    commit on main."""
     repo = tmp_path_factory.mktemp("gitrepo") / "jobs-repo"
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@example.com", GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
@@ -125,7 +127,9 @@ def git_repo(tmp_path_factory, uid) -> dict[str, str]:
     git("init", "-q", "-b", "main")
     pinned, head = f"pinned-{uid}", f"head-{uid}"
     (repo / "flows" / "versioned.py").write_text(source.replace(VERSION_LINE, f'VERSION = "{pinned}"'))
-    git("add", "flows")
+    shutil.copytree(ROOT / "examples", repo / "examples",  # report-git-env's flow and requirements
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    git("add", "flows", "examples")
     git("commit", "-q", "-m", "v1")
     git("tag", "v1")
     first = git("rev-parse", "HEAD")
@@ -230,6 +234,35 @@ def test_git_based_job_runs_the_pinned_commit(queues, launch_agent, git_repo, re
     assert result["note"] == ref_kind
     assert _under(result["file"], Path(result["cwd"]))
     assert not _under(result["file"], ROOT) and not _under(result["file"], Path(git_repo["path"]))
+
+
+def test_git_based_example_job_with_its_own_environment(queues, launch_agent, git_repo, tmp_path):
+    """report-git-env: examples/report_env.py from the clone at v1 imports tabulate, which the agent's Python lacks;
+    the pins come from the repository's examples/requirements-report.txt (a local wheel folder for the index)."""
+    import json
+
+    from env_wheels import write_wheel
+
+    wheels = tmp_path / "wheels"
+    write_wheel(wheels, "tabulate", "0.9.0", body="def tabulate(rows, headers=()):\n    return __file__\n")
+    deployed = deploy_jobs(PREFECT_FILE, names=["report-git-env"], pool=queues["cpu-pool"],
+                           env={"LAUNCH_GIT_REPO": git_repo["path"], "LAUNCH_GIT_REF": "v1"})
+    assert deployed == ["report/report-git-env"]
+    dep = _deployment("report/report-git-env")
+    assert dep.pull_steps[0]["prefect.deployments.steps.git_clone"]["commit_sha"] == git_repo["first"]
+    assert dep.job_variables["environment"] == _declared()["report-git-env"]["work_pool"]["job_variables"][
+        "environment"]
+    requirements = Path(git_repo["path"]) / "examples" / "requirements-report.txt"
+    environment = json.dumps({"requirements": str(requirements), "find_links": str(wheels)})
+    run = _run_to_completion("report/report-git-env", queues["cpu-pool"], "--environment", environment)
+    assert run.job_variables["environment"] == {"requirements": ["tabulate==0.9.0"], "find_links": str(wheels)}
+    # the flow's table is the fake tabulate's own file: imported from the run's built environment, which is
+    # neither the agent's Python (.venv) nor the project tree
+    module = Path(_result(run))
+    assert module.name == "__init__.py" and module.parent.name == "tabulate" and "site-packages" in module.parts
+    assert not _under(str(module), ROOT) and not _under(str(module), Path(git_repo["path"]))
+    (build,) = [r for r in cli_json("history", str(run.id)) if r["phase"] == "build"]
+    assert build["result"] == "SUCCESS" and build["error_code"] == "env-cache-miss"  # a new wheel folder: a new hash
 
 
 def test_git_ref_that_does_not_exist_fails_the_deploy(queues, git_repo):
