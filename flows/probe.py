@@ -6,6 +6,7 @@ writes ``<record_dir>/<flow run id>.json``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
@@ -34,8 +35,13 @@ def _write_record(path: Path, record: dict) -> None:
 
 
 @flow(name="probe")
-def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "", release_file: str = "") -> dict:
+def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "", release_file: str = "",
+          linger: float = 0.0) -> dict:
+    """``linger``: the run's process stays that many seconds after the run reported its end (an exit handler
+    that sleeps, like a job's last upload or its workers' clean-up): a test of what happens meanwhile."""
     start = time.time()
+    if linger:
+        atexit.register(time.sleep, linger)
     hog = bytearray(alloc_mb * 1024 * 1024) if alloc_mb else b""
     for i in range(0, len(hog), 4096):  # touch every page so it is resident
         hog[i] = 1

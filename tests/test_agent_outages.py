@@ -94,11 +94,12 @@ def test_agent_stopped_during_an_outage_exits_and_says_why(tmp_path: Path, uniqu
                    on_exit="drain") as proc:
             wait_agent_online(name, [q])
             done = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
-                            "--param", "seconds=1")["run_ids"][0]
+                            "--param", "seconds=1", "--param", "linger=20")["run_ids"][0]
             assert wait_final([done], timeout=120)[0].state.is_completed()
             server.close()
-            # the server is gone the moment the run reported Completed: its process and the agent's record of its
-            # end are still talking to it
+            # the server is gone the moment the run reported Completed: its process (which lingers 20 s after its
+            # end, as a job's last upload would; warm engines otherwise exit within ~0.5 s now) and the agent's
+            # record of its end are still talking to it
             assert proc.poll() is None, "the agent survived the outage"
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: drain, which waits for the run's process (told why) ...
             deadline = time.monotonic() + 30
