@@ -146,7 +146,10 @@ def test_forked_workers_fit_a_limit_the_rss_sum_exceeds(use_cgroup: bool):
     assert 300 * MiB <= s.peak_rss_bytes < 450 * MiB
     assert r["sampler"].memory_source == ("cgroup" if use_cgroup else "pss")
     assert r["sampler"].record.extra["memory_measure"] == r["sampler"].memory_source
-    assert r["limits"].peak_rss == pytest.approx(s.peak_rss_bytes, rel=0.15)
+    # the watch and the sampler count the same way (once, not 3x), each at its own 0.2-s ticks: a transient
+    # peak while the workers fork (copy-on-write pages) can fall between one's ticks and not the other's
+    # (16.6 % apart in one clean-clone CI run), so the bound is loose next to the 3x it tells apart
+    assert r["limits"].peak_rss == pytest.approx(s.peak_rss_bytes, rel=0.25)
     assert max(x.rss_bytes for x in r["sampler"].recent) >= 300 * MiB
     if r["kernel_peak"] is not None:  # the kernel's own maximum charge for the job
         assert s.peak_rss_bytes == pytest.approx(r["kernel_peak"], rel=0.12)
