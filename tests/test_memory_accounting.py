@@ -169,7 +169,9 @@ def test_forked_workers_over_the_limit_are_stopped_with_the_reason(use_cgroup: b
     else:
         assert "stopped by the agent" in r["reason"]
         used = parse_size(r["reason"].split("the run used ")[1].split(" ")[0])
-        assert limit < used < 900 * MiB < r["rss_sum"]  # counted once: the RSS sum said ~1.4Gi
+        # counted once: well under the ~1.4Gi an RSS sum gives at the kill; the test's own 0.1-s poll of the RSS sum
+        # may stop before that (the run is killed between two polls), but it had passed the limit already
+        assert limit < used < 900 * MiB and r["rss_sum"] > limit
     _gone(L.cgroup_memory_root() / "prefect-launch" / r["run_id"])
 
 
