@@ -46,6 +46,21 @@ if TYPE_CHECKING:
 LABEL_EVERY_S = 5.0  # how often the waiting label's seconds move on during a build
 
 
+async def building_label(worker: Any, flow_run: "FlowRun", what: str, t0: float, stop: anyio.Event) -> None:
+    """Until ``stop``: the run's waiting label says what is being built and for how long ("building image
+    3f2a..., 12 s on agent a"), moved on every LABEL_EVERY_S; a label write that fails is only skipped."""
+    from prefect_launch.workers.agent.tags import WAIT_LABEL
+
+    while not stop.is_set():
+        text = f"building {what}, {time.monotonic() - t0:.0f} s on agent {worker.name}"
+        try:
+            await worker.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: text})
+        except Exception:
+            pass
+        with anyio.move_on_after(LABEL_EVERY_S):
+            await stop.wait()
+
+
 @dataclass
 class JobEnvironment:
     """The outcome for one run: the environment it uses, or why it could not be had."""
@@ -134,21 +149,9 @@ async def prepare_job_environment(worker: Any, flow_run: "FlowRun", configuratio
         logger.info(f"building environment {ident.hash} ({len(ident.pins)} requirement(s)) with uv")
     stop_label = anyio.Event()
 
-    async def label_loop() -> None:
-        from prefect_launch.workers.agent.tags import WAIT_LABEL
-
-        while not stop_label.is_set():
-            text = f"building environment {short}, {time.monotonic() - t0:.0f} s on agent {worker.name}"
-            try:
-                await worker.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: text})
-            except Exception:
-                pass
-            with anyio.move_on_after(LABEL_EVERY_S):
-                await stop_label.wait()
-
     async with anyio.create_task_group() as tg:
         if not hit:
-            tg.start_soon(label_loop)
+            tg.start_soon(building_label, worker, flow_run, f"environment {short}", t0, stop_label)
         try:
             job.built = await anyio.to_thread.run_sync(
                 lambda: job.cache.ensure(ident, log=logger.info, run_id=run_id), abandon_on_cancel=True)

@@ -24,7 +24,7 @@ import anyio.to_thread
 from prefect_launch.workers.environments.builder import default_cache_dir
 from prefect_launch.workers.environments.image import (BuiltImage, ImageBuildError, ensure_image, find_image,
                                                        image_identity, image_tag)
-from prefect_launch.workers.environments.run_env import LABEL_EVERY_S
+from prefect_launch.workers.environments.run_env import building_label
 from prefect_launch.workers.environments.spec import inline, parse_environment
 
 if TYPE_CHECKING:
@@ -86,25 +86,13 @@ async def prepare_job_image(worker: Any, flow_run: "FlowRun", declared: Any, bas
         logger.info(f"building image {tag} ({len(ident.pins)} requirement(s)) with docker")
     stop_label = anyio.Event()
 
-    async def label_loop() -> None:
-        from prefect_launch.workers.agent.tags import WAIT_LABEL
-
-        while not stop_label.is_set():
-            text = f"building image {short}, {time.monotonic() - t0:.0f} s on agent {worker.name}"
-            try:
-                await worker.client.update_flow_run_labels(flow_run.id, {WAIT_LABEL: text})
-            except Exception:
-                pass
-            with anyio.move_on_after(LABEL_EVERY_S):
-                await stop_label.wait()
-
     def work() -> tuple[BuiltImage, str]:
         built = ensure_image(client, spec, ident, tag, lock_dir or default_cache_dir(), log=logger.info)
         return built, (after_build(client, built) if after_build is not None else built.tag)
 
     async with anyio.create_task_group() as tg:
         if not hit:
-            tg.start_soon(label_loop)
+            tg.start_soon(building_label, worker, flow_run, f"image {short}", t0, stop_label)
         try:
             job.built, job.reference = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except ImageBuildError as exc:  # caught here: out of the task group it would be an ExceptionGroup
