@@ -123,6 +123,16 @@ def seed_sqlite_database(home: Path) -> bool:
     return True
 
 
+def stop_server(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM, up to ``grace_s`` for the server to finish its writes, then SIGKILL; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_prefect_server(home: Path, port: int, log: IO, ui: bool = False, db_url: Optional[str] = None,
                          auth_string: Optional[str] = None, host: str = "127.0.0.1") -> subprocess.Popen:
     """``prefect server start`` on ``host``:``port`` (loopback by default) in its own session (so a test can
@@ -171,12 +181,7 @@ def local_prefect_server(home: Optional[Path] = None, port: Optional[int] = None
             prefect.context.refresh_global_settings_context()
         yield api_url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         log.close()
 
 

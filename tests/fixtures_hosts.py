@@ -33,7 +33,8 @@ import pytest
 import netns_hosts as N
 from launch_helpers import CLI, restored_env, wait_agent_online
 from prefect_launch.local_server import (background_process, create_database, find_pg_bin, free_port, local_postgres,
-                                         pg_url, start_postgres, start_prefect_server, stop_postgres, wait_healthy)
+                                         pg_url, start_postgres, start_prefect_server, stop_postgres, stop_server,
+                                         wait_healthy)
 
 _EXPORTED = ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED", "LAUNCH_METRICS_BLOCK")
 
@@ -66,12 +67,7 @@ def _restartable_server(home: Path, host: str, db_url: Optional[str]) -> Iterato
     def stop() -> None:
         proc, log = cur.pop("proc", None), cur.pop("log", None)
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
         if log is not None:
             log.close()
 
