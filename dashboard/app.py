@@ -390,9 +390,17 @@ def panel_errors(v: V.View) -> None:
 
 
 def _links_unlocked() -> bool:
-    """The login gate before Manage Links writes (off unless configured, see dashboard/links_auth.py)."""
-    from prefect_launch.dashboard import links_auth
+    """The login gate before Manage Links writes: the gateway's users (dashboard/login_form.py: the links are
+    then saved as the signed-in user, whom the gateway lets change blocks only if an admin), else the
+    monitor's password (off unless configured, see dashboard/links_auth.py)."""
+    from prefect_launch.dashboard import links_auth, login_form
+    from prefect_launch.dashboard import monitor_login as L
 
+    mode = login_form.mode_or_error()
+    if mode is None:
+        return False
+    if mode is L.Mode.USERS:
+        return login_form.users_gate(st, "links_login", "link changes")
     if not links_auth.gate_enabled() or st.session_state.get("links_authed"):
         return True
     with st.form("links_login"):
@@ -430,39 +438,56 @@ def panel_links(p: P.PageData, opts: dict) -> None:
             return
         if not _links_unlocked():
             return
-        q = st.selectbox("Queue", opts["queues"], key="links_queue")
+        from prefect_launch.dashboard import login_form
+        from prefect_launch.dashboard.monitor_login import acting_as
+
+        with acting_as(login_form.signed_in()):  # the signed-in user's key reads and saves (none: the monitor's)
+            _links_form(QueueLinks, opts)
+
+
+def _links_form(QueueLinks: Any, opts: dict) -> None:
+    """Manage Links' form: pick a queue, add, change or remove one of its links."""
+    from prefect_launch.dashboard.monitor_login import refusal_text
+
+    q = st.selectbox("Queue", opts["queues"], key="links_queue")
+    try:
+        blk = QueueLinks.for_queue(q)
+    except Exception as exc:  # an empty form saved now would replace the links it could not read
+        why = html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        # a refused document says how to fix it (ValueError); anything else is the server not answering
+        then = "" if isinstance(exc, ValueError) else " Try again once the Prefect server answers."
+        st.error(f"Cannot read the links of {html.escape(q)}: {why}. Nothing can be changed until they can be read.{then}")
+        return
+    labels = [x.label for x in blk.links]
+    with st.form("link_form", clear_on_submit=False):
+        target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")
+        label = st.text_input("Label", key="link_label")
+        url = st.text_input("URL (http:// or https://)", key="link_url")
+        c1, c2 = st.columns(2)
+        save = c1.form_submit_button("Save link")
+        remove = c2.form_submit_button("Remove link")
+    if save:
         try:
-            blk = QueueLinks.for_queue(q)
-        except Exception as exc:  # an empty form saved now would replace the links it could not read
-            why = html.escape(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
-            # a refused document says how to fix it (ValueError); anything else is the server not answering
-            then = "" if isinstance(exc, ValueError) else " Try again once the Prefect server answers."
-            st.error(f"Cannot read the links of {html.escape(q)}: {why}. Nothing can be changed until they can be read.{then}")
-            return
-        labels = [x.label for x in blk.links]
-        with st.form("link_form", clear_on_submit=False):
-            target = st.selectbox("Link", ["(new link)"] + labels, key="link_target")
-            label = st.text_input("Label", key="link_label")
-            url = st.text_input("URL (http:// or https://)", key="link_url")
-            c1, c2 = st.columns(2)
-            save = c1.form_submit_button("Save link")
-            remove = c2.form_submit_button("Remove link")
-        if save:
+            blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
+            blk.store()
+            P.links_changed(q, blk.html() if blk.links else "")
+            st.success(f"Saved link {label.strip()!r} for {q}.")
+        except ValueError as exc:
+            msg = str(exc).splitlines()
+            st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
+        except Exception as exc:  # the gateway refused the signed-in user (403 names why), or Prefect is away
+            st.error("Link not saved: " + html.escape(refusal_text(exc)))
+    if remove:
+        if target == "(new link)":
+            st.error("Pick the link to remove.")
+        elif blk.remove(target):
             try:
-                blk.upsert(label, url, replace_label=None if target == "(new link)" else target)
                 blk.store()
-                P.links_changed(q, blk.html() if blk.links else "")
-                st.success(f"Saved link {label.strip()!r} for {q}.")
-            except ValueError as exc:
-                msg = str(exc).splitlines()
-                st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
-        if remove:
-            if target == "(new link)":
-                st.error("Pick the link to remove.")
-            elif blk.remove(target):
-                blk.store()
-                P.links_changed(q, blk.html() if blk.links else "")
-                st.success(f"Removed link {target!r} from {q}.")
+            except Exception as exc:  # the gateway refused the signed-in user, or Prefect is away
+                st.error("Link not removed: " + html.escape(refusal_text(exc)))
+                return
+            P.links_changed(q, blk.html() if blk.links else "")
+            st.success(f"Removed link {target!r} from {q}.")
 
 
 def _source_note(v: V.View) -> str:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import getpass
 from datetime import datetime, timezone
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from prefect_launch.dashboard import sessions_frames as F
+
+if TYPE_CHECKING:
+    from prefect_launch.dashboard.monitor_login import SignedIn
 
 
 def viewer() -> str:
@@ -24,10 +27,14 @@ def viewer() -> str:
 
 
 @contextlib.contextmanager
-def client() -> Iterator[Any]:
+def client(signed: Optional["SignedIn"] = None) -> Iterator[Any]:
+    """Prefect's client, as ``signed`` (a user signed in to the monitor) when given: that user's key then
+    authenticates everything made inside, block reads included (:func:`.monitor_login.acting_as`)."""
     from prefect import get_client
 
-    with get_client(sync_client=True) as c:
+    from prefect_launch.dashboard.monitor_login import acting_as
+
+    with acting_as(signed), get_client(sync_client=True) as c:
         yield c
 
 
@@ -81,7 +88,7 @@ def detail(c: Any, run_id: str, who: str) -> dict[str, Any]:
     fr = c.read_flow_run(run_id)
     now = datetime.now(timezone.utc)
     row = row_of(fr, now)
-    urls = app_urls(c, fr) if row.owner == who else []
+    urls = app_urls(c, fr) if who and row.owner == who else []
     return F.session_detail(fr, row, urls, _usage(run_id), idle_checks_of(fr, now))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -61,7 +62,8 @@ def gw(prefect_server, tmp_path_factory):
                 return False
 
         wait_for(up, 30, lambda: f"the gateway did not start:\n{log.read_text()[-3000:]}")
-        yield {"api": f"{base}/api", "keys": keys, "flow_id": flow_id, "closed_pool": f"gw-closed-{suffix}", "deployments": deployments, "repo": repo, "log": log}
+        yield {"api": f"{base}/api", "keys": keys, "flow_id": flow_id, "closed_pool": f"gw-closed-{suffix}", "deployments": deployments, "repo": repo, "log": log,
+               "store_url": url}
 
 
 @contextmanager
@@ -532,3 +534,127 @@ def test_the_monitor_reads_through_the_gateway_as_a_user(gw, scene):
     assert len(server_id) == 32
     r = call(gw, "bob", "PATCH", f"/variables/name/{SERVER_ID_VARIABLE}", json={"value": "0" * 32})
     assert r.status_code == 403 and "may not create, change or delete variable" in r.json()["detail"]
+
+
+# The monitor's Sessions page through the gateway as two users (issue 40 section 2): Streamlit's AppTest in this
+# process, the monitor reading with its own key (carol, a plain user), alice and bob signing in with theirs; each
+# write the page makes goes to the gateway with the signed-in user's key, so the gateway's rules decide.
+
+SESSIONS_PAGE = Path(__file__).resolve().parents[1] / "dashboard" / "pages" / "1_Sessions.py"
+
+
+@contextmanager
+def monitor_env(gw, monkeypatch):
+    """os.environ as the monitor runs behind the gateway: PREFECT_API_URL at the gateway with the monitor's own
+    key (which turns the sign-in with users on), the identity store found as the gateway finds it."""
+    monkeypatch.setenv("LAUNCH_METRICS_URL", gw["store_url"])
+    for name in ("LAUNCH_DASHBOARD_LOGIN", "LAUNCH_DASHBOARD_PASSWORD", "LAUNCH_DASHBOARD_PASSWORD_BLOCK"):
+        monkeypatch.delenv(name, raising=False)
+    with cli_env(gw, PREFECT_API_AUTH_STRING=f"carol:{gw['keys']['carol']}"):
+        yield
+
+
+def page_as(gw, who, key=None):
+    """The Sessions page signed in as ``who`` (with ``key``, default theirs); returns the AppTest."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    st.cache_data.clear()
+    at = AppTest.from_file(str(SESSIONS_PAGE), default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "launch_next" not in [b.key for b in at.button]  # nothing writes before a sign-in
+    at.sidebar.text_input(key="sessions_login_user").input(who)
+    at.sidebar.text_input(key="sessions_login_key").input(key or gw["keys"][who])
+    next(b for b in at.sidebar.button if b.label == "Sign in").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@contextmanager
+def server_direct(url):
+    """Prefect's settings at the server itself (no key), inside monitor_env: what an agent or admin does there."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}, restore_defaults={PREFECT_API_AUTH_STRING, PREFECT_API_KEY}):
+        yield
+
+
+def page_text(at) -> str:
+    kinds = ("markdown", "caption", "code", "error", "success", "info", "warning", "text")
+    return "\n".join(str(e.value) for k in kinds for e in at.get(k)) + "\n".join(
+        d.value.to_csv() for d in at.dataframe)
+
+
+def test_the_sessions_page_acts_as_the_signed_in_user_through_the_gateway(gw, prefect_server, tmp_path, monkeypatch):
+    from prefect.blocks.system import Secret
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    from launch_helpers import apply_queue
+    from prefect_launch.dashboard import sessions_ops as O
+    from prefect_launch.deployments.session_view import app_urls
+
+    q = apply_queue(tmp_path, {"name": f"gw-sq-{os.urandom(3).hex()}", "presets": {"s": {"cpu": 1, "memory": "1Gi"}},
+                               "default_preset": "s"})  # straight to the server, as an admin would
+    name = f"lab-{os.urandom(3).hex()}"
+    with monitor_env(gw, monkeypatch):
+        wrong = page_as(gw, "alice", gw["keys"]["bob"])
+        assert any("Wrong user name or key" in e.value for e in wrong.error), [e.value for e in wrong.error]
+        assert "launch_next" not in [b.key for b in wrong.button]
+        alice = page_as(gw, "alice")
+        S = alice.session_state
+        assert "launch_next" in [b.key for b in alice.button] and S["monitor_user"].name == "alice"
+        # alice launches an interactive session from the page (no agent serves the queue: it waits)
+        alice.radio(key="lf_type_0").set_value("interactive").run()
+        alice.text_input(key="lf_name_0").input(name)
+        alice.button(key="launch_next").click().run()
+        alice.selectbox(key="lf_queue_0").set_value(q).run()
+        for _ in range(3):
+            alice.button(key="launch_next").click().run()
+        alice.button(key="launch_go").click().run()
+        assert not alice.exception and S["sl_step"] == 0, (S["sl_errors"], [e.value for e in alice.exception])
+        run_id = S["sel_session"]
+        token = f"tok-{os.urandom(4).hex()}"
+        with server_direct(prefect_server), direct() as client:  # it starts, as its agent would make it
+            from prefect.states import Running
+
+            assert {"owner:alice", "project:vision"} <= set(client.read_flow_run(run_id).tags)
+            client.set_flow_run_state(run_id, Running(), force=True)  # running, on its port, with its app token
+            client.update_flow_run_labels(run_id, {"launch.session.ports": "18888"})
+            Secret(value=token).save(f"session-token-{run_id}", overwrite=True)
+        alice.run()
+        assert any(token in c.value for c in alice.code), page_text(alice)  # her app link, with its token
+        alice.text_input(key=f"rename_{run_id}").input(f"{name}-b")
+        alice.button(key="rename_go").click().run()
+        assert not alice.exception and any("Renamed" in s.value for s in alice.success), page_text(alice)
+
+        # bob sees alice's session, not its token, and the page offers him no rename or terminate
+        bob = page_as(gw, "bob")
+        bob.sidebar.checkbox(key="sessions_all").check().run()
+        bob.session_state["sel_session"] = run_id
+        bob.run()
+        assert not bob.exception and f"{name}-b" in page_text(bob).replace("\\", "")
+        assert token not in page_text(bob) and not {"rename_go", "terminate"} & {b.key for b in bob.button}
+        assert any("shown to the session's owner only" in c.value for c in bob.caption)
+        # what bob's page sends carries bob's key: past the page's own check, the gateway refuses him
+        as_bob, as_alice = bob.session_state["monitor_user"], S["monitor_user"]
+        with O.client(as_bob) as c:
+            fr = c.read_flow_run(run_id)
+            assert app_urls(c, fr) == []  # the gateway refuses bob alice's token
+            for attempt in (lambda: O.rename(c, run_id, "bob-took-it", "alice"), lambda: O.terminate(c, run_id, "alice")):
+                with pytest.raises(PrefectHTTPStatusError) as exc:
+                    attempt()
+                assert exc.value.response.status_code == 403 and "may not" in exc.value.response.json()["detail"]
+        with O.client(as_alice) as c:
+            assert app_urls(c, c.read_flow_run(run_id)) == [f"http://127.0.0.1:18888/lab?token={token}"]
+        with server_direct(prefect_server), direct() as client:
+            fr = client.read_flow_run(run_id)
+        assert fr.name == f"{name}-b" and fr.state.type.value == "RUNNING"
+
+        # alice terminates it from the page
+        alice.button(key="terminate").click().run()
+        alice.button(key="terminate_confirm").click().run()
+        assert not alice.exception, [e.value for e in alice.exception]
+    with direct() as client:
+        fr = client.read_flow_run(run_id)
+    assert fr.state.type.value in ("CANCELLING", "CANCELLED") and fr.state.message == "terminated by alice"
+    assert not any(k in gw["log"].read_text() for k in gw["keys"].values())

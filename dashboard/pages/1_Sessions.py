@@ -13,6 +13,8 @@ import contextlib
 
 import streamlit as st
 
+from prefect_launch.dashboard import login_form
+from prefect_launch.dashboard import monitor_login as L
 from prefect_launch.dashboard import sessions_frames as F
 from prefect_launch.dashboard import sessions_ops as O
 
@@ -20,7 +22,9 @@ st.set_page_config(page_title="Sessions · prefect-launch", layout="wide")
 st.set_option("client.toolbarMode", "minimal")
 
 S = st.session_state
-ME = O.viewer()
+MODE = login_form.mode_or_error(st.sidebar)  # None: LAUNCH_DASHBOARD_LOGIN is wrong (nothing writes)
+SIGNED = login_form.signed_in() if MODE is L.Mode.USERS else None  # the gateway's user the page acts as
+ME = L.viewer(MODE, SIGNED) if MODE is not None else None
 _RUN_CLIENT = None  # one Prefect client for a whole script run (see main)
 
 
@@ -30,7 +34,7 @@ def _client():
     if _RUN_CLIENT is not None:
         yield _RUN_CLIENT
     else:
-        with O.client() as c:
+        with O.client(SIGNED) as c:
             yield c
 
 
@@ -69,8 +73,7 @@ def _failure(exc: BaseException) -> str:
     """What went wrong, for the page: a refusal's own words, else the error's kind and first line."""
     if isinstance(exc, (ValueError, LookupError)):  # LaunchValidationError is a ValueError
         return str(exc)
-    first = (str(exc).splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return L.refusal_text(exc)  # a gateway refusal says which rule (403 and its detail)
 
 
 def _show_flash(where: str) -> None:
@@ -80,9 +83,14 @@ def _show_flash(where: str) -> None:
 
 
 def _unlocked() -> bool:
-    """The monitor's login gate (dashboard/links_auth.py) before anything here starts or changes a session."""
+    """The monitor's login before anything here starts or changes a session: the gateway's users
+    (dashboard/login_form.py), or the monitor's password (dashboard/links_auth.py)."""
     from prefect_launch.dashboard import links_auth
 
+    if MODE is None:
+        return False
+    if MODE is L.Mode.USERS:
+        return login_form.users_gate(st.sidebar, "sessions_login", "launching and changing sessions")
     if not links_auth.gate_enabled() or S.get("links_authed"):
         return True
     with st.sidebar.form("sessions_login"):
@@ -339,6 +347,9 @@ def panel_recent(can_write: bool) -> None:
     with st.container(key="panel-recent", border=True):
         st.subheader("Recent launches")
         _show_flash("recent")
+        if ME is None:
+            st.caption("Sign in (sidebar) to see your recent launches.")
+            return
         try:
             with _client() as c:
                 entries = O.recent(c, ME)
@@ -389,7 +400,7 @@ def panel_sessions(all_owners: bool, include_ended: bool) -> list:
         except Exception as exc:
             st.error(f"Cannot read sessions: {F.plain(exc)}")
             return []
-        st.caption(("Every owner's" if all_owners else f"{F.plain(ME)}'s") + " sessions"
+        st.caption(("Every owner's" if all_owners or ME is None else f"{F.plain(ME)}'s") + " sessions"
                    + (", ended ones included" if include_ended else ", live ones") + f": {len(rows)} · "
                    "click a row for its detail")
         if not rows:
@@ -505,7 +516,7 @@ def panel_detail(rows: list, can_write: bool) -> None:
         except Exception as exc:
             st.error(f"Cannot read the session: {F.plain(exc)}")
             return
-        mine = detail.get("owner") == ME
+        mine = ME is not None and detail.get("owner") == ME
         with st.container(key="detail-head"):
             st.markdown(f"**{F.plain(F.shown_name(detail.get('name')))}** · {F.plain(detail.get('status'))} · "
                         f"{F.plain(detail.get('type') or '-')} · {F.plain(pick)}")
@@ -547,7 +558,7 @@ def panel_detail(rows: list, can_write: bool) -> None:
 
 def main() -> None:
     global _RUN_CLIENT
-    with O.client() as c:
+    with O.client(SIGNED) as c:  # signed in to the monitor as one of the gateway's users: as that user
         _RUN_CLIENT = c
         try:
             _page()
@@ -559,7 +570,7 @@ def _page() -> None:
     st.title("Sessions")
     sb = st.sidebar
     sb.header("Sessions")
-    sb.caption(f"Launching as {F.plain(ME)}")
+    sb.caption(f"Launching as {F.plain(ME)}" if ME else "Sign in (below) to launch and manage your sessions")
     all_owners = sb.checkbox("Every owner's sessions", key="sessions_all")
     include_ended = sb.checkbox("Include ended sessions", value=True, key="sessions_ended")
     if sb.button("Refresh", key="sessions_refresh"):
