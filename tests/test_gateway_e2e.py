@@ -658,3 +658,39 @@ def test_the_sessions_page_acts_as_the_signed_in_user_through_the_gateway(gw, pr
         fr = client.read_flow_run(run_id)
     assert fr.state.type.value in ("CANCELLING", "CANCELLED") and fr.state.message == "terminated by alice"
     assert not any(k in gw["log"].read_text() for k in gw["keys"].values())
+
+
+def test_manage_links_saves_as_the_signed_in_user_so_only_an_admin_may(gw, prefect_server, tmp_path, monkeypatch):
+    """The queue monitor's Manage Links through the gateway: bob's save is refused with the gateway's reason,
+    root's (an admin) is saved; read back from the server directly."""
+    import html
+
+    from fixtures_dashboard import fresh_app
+    from launch_helpers import apply_queue
+    from prefect_launch.blocks.queue_links import QueueLinks
+
+    q = apply_queue(tmp_path, {"name": f"gw-lq-{os.urandom(3).hex()}", "presets": {"s": {"cpu": 1, "memory": "1Gi"}},
+                               "default_preset": "s"})
+    with monitor_env(gw, monkeypatch):
+        at = fresh_app()
+        at.session_state["links_open"] = True
+        at.run()
+        for who, url in (("bob", "https://bob.example/dash"), ("root", "https://grafana.example/d/1")):
+            if who == "root":  # bob signs out first
+                at.button(key="links_login_out").click().run()
+            assert "link_url" not in {w.key for w in at.text_input}  # nothing to change before a sign-in
+            at.text_input(key="links_login_user").input(who)
+            at.text_input(key="links_login_key").input(gw["keys"][who])
+            next(b for b in at.button if b.label == "Sign in").click().run()
+            at.selectbox(key="links_queue").set_value(q).run()
+            at.text_input(key="link_label").input(f"{who} dash")
+            at.text_input(key="link_url").input(url)
+            next(b for b in at.button if b.label == "Save link").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+            if who == "bob":
+                assert any("Link not saved: 403: user 'bob' may not create, change or delete blocks"
+                           in html.unescape(e.value) for e in at.error), [e.value for e in at.error]
+            else:
+                assert any("Saved link 'root dash'" in s.value for s in at.success), [e.value for e in at.error]
+        with server_direct(prefect_server):
+            assert [(x.label, x.url) for x in QueueLinks.for_queue(q).links] == [("root dash", "https://grafana.example/d/1")]
