@@ -2,8 +2,9 @@
 
 No registry is reachable from the test machines, so the base image is built here:
 
-1. ``debootstrap`` a minimal Debian (python3, venv) once, kept as a tarball in the cache;
-2. ``docker import`` it as ``prefect-launch-debian:<suite>``;
+1. ``debootstrap`` a minimal Debian (python3, venv, procps, git: Prefect's ``git_clone`` pull step runs
+   inside the container, as in Prefect's own images) once, kept as a tarball in the cache;
+2. ``docker import`` it as ``prefect-launch-debian:<suite>-<packages key>``;
 3. build ``prefect-launch-base:<key>`` FROM it with Prefect, prefect-docker and this
    project's wheel installed from wheels downloaded on the host (``pip download``;
    the image itself never reaches PyPI). ``<key>`` hashes the wheel's inputs and the pinned
@@ -33,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("LAUNCH_DOCKER_CACHE", Path.home() / ".cache" / "prefect-launch" / "docker"))
 SUITE = "bookworm"
 MIRROR = os.environ.get("LAUNCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# git: a git job's clone (Prefect's git_clone pull step) runs in the container, as with Prefect's own images
+DEBIAN_PACKAGES = ("python3", "python3-venv", "procps", "git")
+DEBIAN_KEY = hashlib.sha256(",".join(DEBIAN_PACKAGES).encode()).hexdigest()[:8]
 IMAGE_PYTHON = "3.11.2"  # Debian bookworm's python3
 # needed under the image's older python3 (markers on python_full_version), which pip evaluates against the host's
 MARKER_EXTRAS = ("async-timeout>=4.0.3",)
@@ -230,28 +234,30 @@ def _run(cmd: list[str], **kw) -> None:
 
 
 def debian_image(client) -> str:
-    """``prefect-launch-debian:<suite>``: debootstrap once (cached tarball), then ``docker import``."""
+    """``prefect-launch-debian:<suite>-<key>``: debootstrap once per package set (cached tarball), then
+    ``docker import``."""
     import docker.errors
 
-    tag = f"prefect-launch-debian:{SUITE}"
+    tag = f"prefect-launch-debian:{SUITE}-{DEBIAN_KEY}"
     try:
         client.images.get(tag)
         return tag
     except docker.errors.ImageNotFound:
         pass
-    tarball = CACHE / f"rootfs-{SUITE}.tar"
+    tarball = CACHE / f"rootfs-{SUITE}-{DEBIAN_KEY}.tar"
     if not tarball.exists():
         if not shutil.which("debootstrap"):
             raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
         with tempfile.TemporaryDirectory(prefix="launch-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            _run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,procps",
+            _run(["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
                   SUITE, str(rootfs), MIRROR], stdout=subprocess.DEVNULL)
             _run(["rm", "-rf", str(rootfs / "var/cache/apt/archives"), str(rootfs / "var/lib/apt/lists")])
             CACHE.mkdir(parents=True, exist_ok=True)
             _run(["tar", "-C", str(rootfs), "-cf", str(tarball) + ".part", "."])
             os.replace(str(tarball) + ".part", tarball)
-    client.api.import_image_from_file(str(tarball), repository="prefect-launch-debian", tag=SUITE)
+    repository, _, name = tag.partition(":")
+    client.api.import_image_from_file(str(tarball), repository=repository, tag=name)
     return tag
 
 

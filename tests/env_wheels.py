@@ -4,9 +4,11 @@ bench/env_build.py install from it with ``find_links`` and ``--offline``."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -40,3 +42,53 @@ def wheel_folder(folder: Path) -> Path:
     for name in ("launchalpha", "launchbeta", "launchgamma"):
         write_wheel(folder, name, "0.1", body="def hello():\n    return __name__\n")
     return folder
+
+
+@contextlib.contextmanager
+def slow_index(folder: Path, delay: float) -> Iterator[str]:
+    """A package index (PEP 503 pages) on loopback serving ``folder``'s wheels, each project page ``delay`` s
+    late: a build that takes that long, as on a slow network. Yields its ``/simple`` URL."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+            self._answer(body_too=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802 (uv asks a wheel's size first)
+            self._answer(body_too=False)
+
+        def _answer(self, body_too: bool) -> None:
+            parts = [p for p in self.path.split("?")[0].split("/") if p]
+            if parts[:1] == ["files"] and len(parts) == 2 and (folder / parts[1]).is_file():
+                body, kind = (folder / parts[1]).read_bytes(), "application/octet-stream"
+            elif parts[:1] == ["simple"] and len(parts) == 2:
+                if body_too:
+                    time.sleep(delay)
+                project = parts[1].lower().replace("_", "-")
+                links = "".join(
+                    f'<a href="/files/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n'
+                    for w in sorted(folder.glob("*.whl")) if w.name.split("-")[0].lower().replace("_", "-") == project)
+                body, kind = f"<html><body>\n{links}</body></html>\n".encode(), "text/html"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if body_too:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()

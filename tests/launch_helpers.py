@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -192,3 +193,33 @@ def wait_for(what, timeout: float, message):
             return value
         time.sleep(0.3)
     raise AssertionError(message() if callable(message) else message)
+
+
+class LabelWatch:
+    """Every distinct waiting reason (``launch.waiting``) the runs show, read every 0.2 s from the server while
+    they wait and build (the label is cleared once a run is placed and started)."""
+
+    def __init__(self) -> None:
+        self.run_ids: list[str] = []
+        self.seen: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "LabelWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _poll(self) -> None:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            while not self._stop.wait(0.2):
+                for run_id in list(self.run_ids):
+                    with contextlib.suppress(Exception):
+                        text = (client.read_flow_run(run_id).labels or {}).get("launch.waiting") or ""
+                        if text and text not in self.seen.setdefault(run_id, []):
+                            self.seen[run_id].append(text)

@@ -80,19 +80,25 @@ def agent(queues: list[str], name: str, capacity: str, log_dir: Path, **kw):
         yield proc
 
 
-def deploy_container_probe(queue: str, name: str, image: str, out: Path, **job_variables) -> str:
-    """tests/jobs/container_probe.py as an image job of ``queue``; the job folder and ``out`` are mounted."""
+def deploy_mounted_job(queue: str, name: str, image: str, out: Path, entrypoint: str, **job_variables) -> str:
+    """A flow of tests/jobs (``entrypoint``: ``file.py:function``) as a job of ``queue`` running in ``image``; the
+    job folder and ``out`` are mounted at their host paths. Returns "flow/deployment"."""
     out.mkdir(parents=True, exist_ok=True)
     variables = {"image": image, "volumes": [f"{JOBS}:{JOBS}:ro", f"{out}:{out}"], "stream_output": False,
                  **job_variables}
     code = (
         "from prefect import flow\n"
-        f"flow.from_source(source={str(JOBS)!r}, entrypoint='container_probe.py:container_probe').deploy("
+        f"flow.from_source(source={str(JOBS)!r}, entrypoint={entrypoint!r}).deploy("
         f"name={name!r}, work_pool_name={queue!r}, work_queue_name='medium', build=False, push=False,"
         f" image={image!r}, print_next_steps=False, job_variables={variables!r})\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=os.environ.copy(), timeout=120)
-    return f"container-probe/{name}"
+    return f"{entrypoint.rsplit(':', 1)[1].replace('_', '-')}/{name}"
+
+
+def deploy_container_probe(queue: str, name: str, image: str, out: Path, **job_variables) -> str:
+    """tests/jobs/container_probe.py as a job of ``queue`` (`deploy_mounted_job`)."""
+    return deploy_mounted_job(queue, name, image, out, "container_probe.py:container_probe", **job_variables)
 
 
 def docker_queue(tmp_path: Path, name: str, image: str) -> str:

@@ -7,6 +7,7 @@ records; the kubernetes half pushes to a real registry (Debian's docker-registry
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,16 +16,19 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from env_wheels import wheel_folder, write_wheel
-from launch_helpers import ROOT, apply_queue, cli, cli_json, records, wait_final
+from launch_helpers import ROOT, LabelWatch, apply_queue, cli, cli_json, records, wait_final
 from prefect_launch.deployments.jobs import deploy_jobs
+from docker_env import debian_image
 from prefect_launch.workers.environments.image import (HASH_LABEL, ImageBuildError, ensure_image, image_identity,
                                                        image_tag)
+from prefect_launch.workers.environments.image_cache import ImageCache
 from prefect_launch.workers.environments.spec import inline, parse_environment
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
-from test_docker_backend import JOBS, PRESETS, agent
+from test_docker_backend import PRESETS, agent, deploy_mounted_job
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
 from test_kubernetes_worker import kube  # noqa: F401  # the fake Kubernetes API
 
@@ -75,10 +79,28 @@ def test_an_image_per_hash_built_once_and_reused(tmp_path: Path, docker_client, 
         # what shapes the image changes the hash: another pin, another base image
         assert image_identity(_spec({"requirements": ["launchtiny==1.0"], "find_links": str(wheels)}),
                               docker_client, image, PREFECT).hash != ident.hash
-        assert image_identity(spec, docker_client, "prefect-launch-debian:bookworm", PREFECT).hash != ident.hash
+        assert image_identity(spec, docker_client, debian_image(docker_client), PREFECT).hash != ident.hash
+        # env ls | rm | prune --images: the image with both tags, its own layers' size, last used by the runs
+        # above; a live container holds it (prune leaves it, rm refuses), and once it is gone prune removes it
+        cache = ImageCache(docker_client, tmp_path / "locks")
+        (row,) = [r for r in cli_json("env", "ls", "--images", "--dir", str(tmp_path / "locks"))["images"]
+                  if r["hash"] == ident.hash]
+        assert row["tags"] == sorted([tag, image_tag("other", ident.hash)]) and row["users"] == []
+        assert 0 < row["size"] < row["total_size"] and time.time() - row["last_used"] < 120
+        holder = docker_client.containers.create(tag, ["true"], network_mode="none")
+        try:
+            assert [r["users"] for r in cache.entries() if r["hash"] == ident.hash] == [[holder.name]]
+            assert ident.hash not in cache.prune(all_unused=True)
+            refused = cli("env", "rm", "--images", "--dir", str(tmp_path / "locks"), ident.hash[:10], check=False)
+            assert refused.returncode != 0 and f"used by run(s) {holder.name}" in refused.stdout + refused.stderr
+        finally:
+            holder.remove(force=True)
+        pruned = cli_json("env", "prune", "--images", "--dir", str(tmp_path / "locks"), "--max", "1")["removed"]
+        assert ident.hash in pruned and not _tagged(docker_client, ident.hash)
     finally:
         for t in (tag, image_tag("other", ident.hash)):
-            docker_client.images.remove(t, force=True)
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(t, force=True)
 
 
 def test_bad_dockerfiles_and_failed_builds_leave_nothing_tagged(tmp_path: Path, docker_client, image: str):
@@ -161,23 +183,8 @@ def registry(tmp_path: Path):
         proc.wait(timeout=20)
 
 
-def _deploy_env_job(queue: str, name: str, image: str, out: Path, environment: dict) -> str:
-    import sys
-
-    variables = {"image": image, "volumes": [f"{JOBS}:{JOBS}:ro", f"{out}:{out}"], "stream_output": False,
-                 "environment": environment}
-    code = (
-        "from prefect import flow\n"
-        f"flow.from_source(source={str(JOBS)!r}, entrypoint='env_job.py:env_job').deploy("
-        f"name={name!r}, work_pool_name={queue!r}, work_queue_name='medium', build=False, push=False,"
-        f" image={image!r}, print_next_steps=False, job_variables={variables!r})\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=os.environ.copy(), timeout=120)
-    return f"env-job/{name}"
-
-
-def _run_logs(run_id: str) -> list[str]:
-    """The run's Prefect logs (the agent sends them in batches: read until the build's last line is there)."""
+def _run_logs(run_id: str, want: str = "built in") -> list[str]:
+    """The run's Prefect logs (the agent sends them in batches: read until a line holding ``want`` is there)."""
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -186,9 +193,40 @@ def _run_logs(run_id: str) -> list[str]:
         while True:
             logs = [log.message for log in client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200)]
-            if any("built in" in m for m in logs) or time.time() > deadline:
+            if any(want in m for m in logs) or time.time() > deadline:
                 return logs
             time.sleep(1)
+
+
+@contextlib.contextmanager
+def git_daemon(tmp_path: Path):
+    """A git repository holding examples/ (tag v1), served read-only by ``git daemon`` on loopback: a remote the
+    job's container clones from (containers use host networking), as it would clone from a real forge."""
+    import socket
+
+    base = tmp_path / "git"
+    repo = base / "jobs-repo"
+    shutil.copytree(ROOT / "examples", repo / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x"}
+    for args in (["init", "-q", "-b", "main"], ["add", "examples"], ["commit", "-q", "-m", "v1"], ["tag", "v1"]):
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}",
+                             "--listen=127.0.0.1", f"--port={port}", str(base)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"git://127.0.0.1:{port}/jobs-repo"
+    try:
+        deadline = time.time() + 30
+        while subprocess.run(["git", "ls-remote", url], capture_output=True).returncode != 0:
+            assert time.time() < deadline and proc.poll() is None, "git daemon did not answer"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def _history(run_id: str, phase: str) -> list[dict]:
@@ -203,8 +241,8 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
     out.mkdir()
     q = apply_queue(tmp_path, {"name": f"envdk-{unique_name}", "target": "docker", "image": image,
                                "presets": PRESETS, "default_preset": "small"})
-    job = _deploy_env_job(q, f"envdk-{unique_name}", image, out,
-                          {"requirements": str(tmp_path / "requirements.txt"), "find_links": str(wheels)})
+    job = deploy_mounted_job(q, f"envdk-{unique_name}", image, out, "env_job.py:env_job", environment={
+        "requirements": str(tmp_path / "requirements.txt"), "find_links": str(wheels)})
     # a Dockerfile that does not exist is refused before anything is enqueued; dockerfile on a docker queue is fine
     bad = cli("submit", job, "--queue", q, "--dry-run", "--environment",
               '{"dockerfile": "%s"}' % (tmp_path / "missing" / "Dockerfile"), check=False)
@@ -221,23 +259,47 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
     storage = tmp_path / "storage"
     assert deploy_jobs(ROOT / "prefect.yaml", names=["report-docker-env"], pool=q,
                        env={"LAUNCH_CODE_STORAGE": str(storage)}) == ["report/report-docker-env"]
-    report_env = json.dumps({"requirements": str(ROOT / "examples" / "requirements-report.txt"),
-                             "find_links": str(wheels)})
+    requirements = str(ROOT / "examples" / "requirements-report.txt")
+    report_env = json.dumps({"requirements": requirements, "find_links": str(wheels)})
+    # the image job: examples/Dockerfile copies the flow into an image FROM this queue's image (its BASE_IMAGE)
+    image_env = json.dumps({"dockerfile": str(ROOT / "examples" / "Dockerfile"), "requirements": requirements,
+                            "find_links": str(wheels)})
+    assert deploy_jobs(ROOT / "prefect.yaml", names=["report-image-env"], pool=q) == ["report/report-image-env"]
+
+    def submit_report(job_name: str, environment: str) -> str:
+        return cli_json("submit", f"report/{job_name}", "--queue", q, "--environment", environment)["run_ids"][0]
 
     tags_before = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags}
-    with agent([q], f"envdk-{unique_name}", "cpu=2,memory=2Gi", tmp_path):
-        first, broken = submit("one"), submit("bad", "--environment", nope)
-        report = cli_json("submit", "report/report-docker-env", "--queue", q, "--environment", report_env)["run_ids"][0]
-        runs = {str(r.id): r for r in wait_final([first, broken, report], timeout=300)}
-        again = submit("again")
-        runs.update({str(r.id): r for r in wait_final([again], timeout=120)})
+    with git_daemon(tmp_path) as repo_url, LabelWatch() as labels:
+        # the git job: Prefect's git_clone pull step clones the pinned commit inside the container (git is in the
+        # queue's image), from a remote the container reaches, in the image built from the job's requirements
+        assert deploy_jobs(ROOT / "prefect.yaml", names=["report-git-docker-env"], pool=q,
+                           env={"LAUNCH_GIT_REPO": repo_url, "LAUNCH_GIT_REF": "v1"}) == ["report/report-git-docker-env"]
+        with agent([q], f"envdk-{unique_name}", "cpu=3,memory=2Gi", tmp_path):
+            first, broken = submit("one"), submit("bad", "--environment", nope)
+            report = submit_report("report-docker-env", report_env)
+            git_run = submit_report("report-git-docker-env", report_env)
+            image_run = submit_report("report-image-env", image_env)
+            labels.run_ids += [report, git_run, image_run]
+            runs = {str(r.id): r for r in wait_final([first, broken, report, git_run, image_run], timeout=400)}
+            again = submit("again")
+            runs.update({str(r.id): r for r in wait_final([again], timeout=120)})
     try:
         assert runs[first].state.is_completed() and runs[again].state.is_completed(), {
             k: (r.state_name, r.state.message) for k, r in runs.items()}
-        assert runs[report].state.is_completed(), (runs[report].state_name, runs[report].state.message)
-        # the flow logs its table, here the fake tabulate's own file: installed in the built image
-        assert any("/opt/venv/" in m and "site-packages/tabulate/__init__.py" in m for m in _run_logs(report))
-        assert [r["error_code"] for r in _history(report, "build")] == ["env-cache-miss"]
+        for run_id in (report, git_run, image_run):  # code, git and image job: each needs tabulate
+            assert runs[run_id].state.is_completed(), (runs[run_id].state_name, runs[run_id].state.message)
+            # the flow logs its table, here the fake tabulate's own file: installed in the built image
+            table = "site-packages/tabulate/__init__.py"
+            assert any("/opt/venv/" in m and table in m for m in _run_logs(run_id, want=table)), run_id
+        # the code and the git job have one environment: built once (the other run waited for it, or found it)
+        assert sorted(r["error_code"] for run_id in (report, git_run) for r in _history(run_id, "build")) == [
+            "env-cache-hit", "env-cache-miss"]
+        assert [r["error_code"] for r in _history(image_run, "build")] == ["env-cache-miss"]
+        # while its image was built, the run's waiting reason said so, with the seconds so far
+        image_hash = docker_client.images.list(name="launch-env/report-image-env")[0].labels[HASH_LABEL]
+        assert any(t.startswith(f"building image {image_hash[:8]}, ") and t.endswith(f"s on agent envdk-{unique_name}")
+                   for t in labels.seen.get(image_run, [])), labels.seen
         got = records(out)
         assert got[first]["launchtiny"] == got[again]["launchtiny"] == "1.0"
         assert got[first]["launchtiny_file"].startswith("/opt/venv/")  # installed in the image, not mounted
@@ -249,8 +311,9 @@ def test_a_docker_queue_runs_a_job_needing_a_package_in_its_image(tmp_path: Path
         assert "launchnope" in failed.state.message
         assert [r["result"] for r in _history(broken, "build")] == ["FAILURE"]
         new = {t for i in docker_client.images.list(name="launch-env/*") for t in i.tags} - tags_before
-        assert sorted(t.split(":")[0] for t in new) == [f"launch-env/envdk-{unique_name.lower()}",
-                                                        "launch-env/report-docker-env"], new
+        assert sorted(t.split(":")[0] for t in new) == [
+            f"launch-env/envdk-{unique_name.lower()}", "launch-env/report-docker-env",
+            "launch-env/report-git-docker-env", "launch-env/report-image-env"], new
     finally:
         for i in docker_client.images.list(name="launch-env/*"):
             for t in set(i.tags) - tags_before:

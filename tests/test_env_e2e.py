@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from env_wheels import wheel_folder, write_wheel
-from launch_helpers import ROOT, agent, apply_queue, cli, cli_json, records, wait_final
+from env_wheels import slow_index, wheel_folder, write_wheel
+from launch_helpers import ROOT, LabelWatch, agent, apply_queue, cli, cli_json, records, wait_final
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -67,17 +67,23 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
 
     pin2 = json.dumps({"requirements": ["launchtiny==2.0", "iniconfig==0.0.1"], "find_links": str(wheels)})
     nope = json.dumps({"requirements": ["launchnope==9"], "find_links": str(wheels)})
-    with agent([q], f"env-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
+    write_wheel(tmp_path / "index", "launchtiny", "3.0")
+    # a build that takes a while (its index answers 3 s late): the run's waiting reason says it is building
+    with slow_index(tmp_path / "index", delay=3.0) as index_url, LabelWatch() as labels, \
+            agent([q], f"env-{unique_name}", "cpu=2,memory=4Gi", tmp_path):
         first = submit("one", "--param", "meet=two", seconds=1)  # each waits for the other's start
         other = submit("two", "--environment", pin2, "--param", "meet=one", seconds=1)
         broken = submit("bad", "--environment", nope)
-        runs = {str(r.id): r for r in wait_final([first, other, broken], timeout=120)}
+        slow = submit("slow", "--environment", json.dumps({"requirements": ["launchtiny==3.0"],
+                                                            "index_url": index_url}))
+        labels.run_ids.append(slow)
+        runs = {str(r.id): r for r in wait_final([first, other, broken, slow], timeout=120)}
         again = submit("again")
         runs.update({str(r.id): r for r in wait_final([again], timeout=60)})
-        assert cli_json("env", "ls")["environments"]  # the agent's cache, read by the CLI on this host
+        listed = cli_json("env", "ls")["environments"]  # the agent's cache, read by the CLI on this host
 
-    assert all(runs[r].state.is_completed() for r in (first, other, again)), {k: (v.state_name, v.state.message)
-                                                                            for k, v in runs.items()}
+    assert all(runs[r].state.is_completed() for r in (first, other, again, slow)), {
+        k: (v.state_name, v.state.message) for k, v in runs.items()}
     got = records(rec)
     # each run saw its own pin, from its own environment (two jobs side by side, one agent)
     assert (got[first]["launchtiny"], got[other]["launchtiny"], got[again]["launchtiny"]) == ("1.0", "2.0", "1.0")
@@ -98,4 +104,10 @@ def test_code_jobs_get_their_own_cached_environments(tmp_path: Path, unique_name
     assert "launchnope" in failed.state.message
     assert [r["result"] for r in _history(broken, "build")] == ["FAILURE"]
     complete = {p.name for p in (tmp_path / "envs").iterdir() if (p / "launch-env.json").is_file()}
-    assert len(complete) == 2 and not list((tmp_path / "envs").glob(".build-*"))
+    assert len(complete) == 3 and not list((tmp_path / "envs").glob(".build-*"))
+    assert {e["hash"] for e in listed} == complete
+    # while it was built, the slow run's waiting reason said so: "building environment <hash>, <n> s on agent a"
+    assert got[slow]["launchtiny"] == "3.0"
+    (slow_hash,) = [e["hash"] for e in listed if e["pins"] == ["launchtiny==3.0"]]
+    assert any(t.startswith(f"building environment {slow_hash[:8]}, ") and t.endswith(f"s on agent env-{unique_name}")
+               for t in labels.seen.get(slow, [])), labels.seen

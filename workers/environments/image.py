@@ -3,7 +3,9 @@
 A docker (or kubernetes) run whose job declares ``environment`` gets an image ``launch-env/<job>:<hash>``:
 
 - **What it is**: ``FROM`` the job's ``base_image`` (else the queue's / run's image), or the job's own
-  ``dockerfile`` (its folder, or ``context``, is the build context, its ``.dockerignore`` applied), with the
+  ``dockerfile`` (its folder, or ``context``, is the build context, its ``.dockerignore`` applied; a Dockerfile
+  that starts ``ARG BASE_IMAGE=<default>`` / ``FROM ${BASE_IMAGE}`` is built on the queue's image, passed as that
+  build argument, so an image job's Dockerfile only adds its code), with the
   job's pins installed by the image's own ``python -m pip`` and a last ``LABEL io.prefect-launch.env-hash=<hash>``.
   Wheel folders named in ``find_links`` are copied into the build context, so an offline host builds with
   ``--no-index`` (the tests and the benchmark do: no registry or index is reachable from them).
@@ -18,6 +20,9 @@ A docker (or kubernetes) run whose job declares ``environment`` gets an image ``
   by line to the run's logs) and is tagged only once it succeeded; the label is the last instruction, so a
   failed build leaves no image that carries it. A failed build raises `ImageBuildError` with Docker's own last
   lines; the next run of the hash builds again.
+- **Last use**: each use touches ``image-<hash>.used`` in that folder (`mark_used`); `image_cache.ImageCache` reads
+  it for ``env ls --images`` and removes the least recently used images of no live container over
+  ``LAUNCH_ENV_CACHE_MAX``.
 - **Kubernetes**: `push` tags the image ``<registry>/launch-env/<job>:<hash>``, pushes it and returns the
   reference by digest (``...@sha256:...``), which the job manifest names.
 
@@ -47,6 +52,7 @@ HASH_LABEL = "io.prefect-launch.env-hash"
 REPOSITORY = "launch-env"
 LAST_LINES = 12
 CTX_DIR = ".launch-env"  # our part of the build context (wheels, requirements, the Dockerfile)
+BASE_ARG = "BASE_IMAGE"  # a job's Dockerfile may build FROM ${BASE_IMAGE}: the queue's image
 
 
 class ImageBuildError(RuntimeError):
@@ -69,12 +75,16 @@ class ImageIdentity:
     dockerfile_sha: Optional[str]
     context_sha: Optional[str]
     prefect: str
+    build_args: tuple[tuple[str, str], ...] = ()  # (BASE_IMAGE, the queue's image) for a FROM ${BASE_IMAGE}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "kind": "image", "pins": list(self.pins), "find_links": list(self.find_links),
-                "index_url": self.index_url, "offline": self.offline, "base": self.base,
-                "base_ids": list(self.base_ids), "dockerfile_sha": self.dockerfile_sha,
-                "context_sha": self.context_sha, "prefect": self.prefect}
+        out = {"format": FORMAT, "kind": "image", "pins": list(self.pins), "find_links": list(self.find_links),
+               "index_url": self.index_url, "offline": self.offline, "base": self.base,
+               "base_ids": list(self.base_ids), "dockerfile_sha": self.dockerfile_sha,
+               "context_sha": self.context_sha, "prefect": self.prefect}
+        if self.build_args:  # only then: the hashes of Dockerfiles without the argument stay as they were
+            out["build_args"] = [list(a) for a in self.build_args]
+        return out
 
     @property
     def hash(self) -> str:
@@ -133,16 +143,36 @@ def _tree_sha(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def base_arg(text: str, refs: Sequence[str], default_base: Optional[str]) -> tuple[list[str], Optional[str]]:
+    """``refs`` with ``$BASE_IMAGE`` / ``${BASE_IMAGE}`` resolved, and the value to pass as that build argument:
+    ``default_base`` (the queue's image), else the Dockerfile's own ``ARG BASE_IMAGE=<default>``; None when the
+    Dockerfile does not use it."""
+    forms = {f"${BASE_ARG}", f"${{{BASE_ARG}}}"}
+    if not any(r in forms for r in refs):
+        return list(refs), None
+    declared = re.search(rf"(?im)^\s*ARG\s+{BASE_ARG}\s*=\s*(\S+)", text)
+    value = default_base or (declared.group(1).strip("\"'") if declared else None)
+    if not value:
+        raise ValueError(f"the Dockerfile builds FROM ${{{BASE_ARG}}}, but the queue has no image and the "
+                         f"Dockerfile gives no ARG {BASE_ARG}=<default>")
+    return [value if r in forms else r for r in refs], value
+
+
 def image_identity(spec: EnvironmentSpec, client: Any, default_base: Optional[str],
                    prefect_version: str) -> ImageIdentity:
     """The identity of an inlined spec (`spec.inline` first); the base image's id is read from ``client``."""
     if not isinstance(spec.requirements, list):
         raise ValueError("image_identity() needs inline pins: call inline(spec, bases) first")
     dockerfile_sha = context_sha = None
+    build_args: tuple[tuple[str, str], ...] = ()
     if spec.dockerfile:
         path = Path(spec.dockerfile)
-        stages = {m.lower() for m in re.findall(r"(?im)^\s*FROM\s+.*?\s+AS\s+(\S+)", path.read_text(errors="replace"))}
-        refs = [r for r in check_dockerfile(path) if r.lower() not in stages and r != "scratch"]
+        text = path.read_text(errors="replace")
+        stages = {m.lower() for m in re.findall(r"(?im)^\s*FROM\s+.*?\s+AS\s+(\S+)", text)}
+        refs, base_value = base_arg(text, check_dockerfile(path), default_base)
+        if base_value is not None:
+            build_args = ((BASE_ARG, base_value),)
+        refs = [r for r in refs if r.lower() not in stages and r != "scratch"]
         base = None
         base_ids = tuple(_image_id(client, r) or r for r in refs)
         dockerfile_sha = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -154,7 +184,7 @@ def image_identity(spec: EnvironmentSpec, client: Any, default_base: Optional[st
         base_ids = (_image_id(client, base) or base,)
     return ImageIdentity(pins=tuple(spec.requirements), find_links=tuple(spec.links()), index_url=spec.index_url,
                          offline=spec.is_offline(), base=base, base_ids=base_ids, dockerfile_sha=dockerfile_sha,
-                         context_sha=context_sha, prefect=prefect_version)
+                         context_sha=context_sha, prefect=prefect_version, build_args=build_args)
 
 
 def dockerfile_text(spec: EnvironmentSpec, ident: ImageIdentity, local_links: Sequence[str]) -> str:
@@ -189,6 +219,13 @@ def _lock(lock_dir: Path, env_hash: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def mark_used(lock_dir: Path, env_hash: str) -> None:
+    """The hash's image was used now (``env ls --images`` and the LRU read it); a write that fails is skipped."""
+    with contextlib.suppress(OSError):
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        (lock_dir / f"image-{env_hash}.used").touch()
+
+
 def find_image(client: Any, tag: str, env_hash: str) -> Optional[str]:
     """The id of the hash's image: by its tag, else by its label (another job's tag; tagged ``tag`` now)."""
     found = _image_id(client, tag)
@@ -205,6 +242,7 @@ def ensure_image(client: Any, spec: EnvironmentSpec, ident: ImageIdentity, tag: 
                  log: Optional[Callable[[str], None]] = None) -> BuiltImage:
     """The hash's image, built now when missing (blocking: call it from a thread)."""
     t0 = time.monotonic()
+    mark_used(lock_dir, ident.hash)
     found = find_image(client, tag, ident.hash)
     if found:
         return BuiltImage(tag, found, ident.hash, False, time.monotonic() - t0)
@@ -245,7 +283,8 @@ def build(client: Any, spec: EnvironmentSpec, ident: ImageIdentity, tag: str, lo
         error = None
         try:
             stream = client.api.build(path=str(ctx), dockerfile=f"{CTX_DIR}/Dockerfile", rm=True, forcerm=True,
-                                      decode=True, network_mode="host", pull=False)
+                                      decode=True, network_mode="host", pull=False,
+                                      buildargs=dict(ident.build_args) or None)
             for chunk in stream:
                 if "stream" in chunk:
                     for line in str(chunk["stream"]).splitlines():

@@ -24,6 +24,7 @@ import anyio.to_thread
 from prefect_launch.workers.environments.builder import default_cache_dir
 from prefect_launch.workers.environments.image import (BuiltImage, ImageBuildError, ensure_image, find_image,
                                                        image_identity, image_tag)
+from prefect_launch.workers.environments.image_cache import ImageCache
 from prefect_launch.workers.environments.run_env import building_label
 from prefect_launch.workers.environments.spec import inline, parse_environment
 
@@ -88,6 +89,9 @@ async def prepare_job_image(worker: Any, flow_run: "FlowRun", declared: Any, bas
 
     def work() -> tuple[BuiltImage, str]:
         built = ensure_image(client, spec, ident, tag, lock_dir or default_cache_dir(), log=logger.info)
+        if built.built:  # LAUNCH_ENV_CACHE_MAX: the least recently used images of no live run go (not this one)
+            for gone in ImageCache(client, lock_dir).enforce_limit(keep={built.hash}):
+                logger.info(f"image {gone} removed (LAUNCH_ENV_CACHE_MAX, least recently used)")
         return built, (after_build(client, built) if after_build is not None else built.tag)
 
     async with anyio.create_task_group() as tg:
