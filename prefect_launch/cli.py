@@ -134,7 +134,9 @@ def jobs_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")
         flows = {f.id: f.name for f in client.read_flows()}
     rows = []
     for d in deployments:
-        kind = "image" if (d.job_variables or {}).get("image") else (
+        variables = d.job_variables or {}
+        built = variables.get("environment") if isinstance(variables.get("environment"), dict) else {}
+        kind = "image" if variables.get("image") or built.get("dockerfile") else (  # a Dockerfile: code baked in
             "git" if any("git_clone" in json.dumps(s) for s in (d.pull_steps or [])) else "code")
         rows.append({"job": f"{flows.get(d.flow_id, '?')}/{d.name}", "queue": d.work_pool_name,
                      "kind": kind, "parameters": sorted((d.parameter_openapi_schema or {}).get("properties", {}))})
@@ -467,6 +469,9 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
           metrics_password_secret: Optional[str] = typer.Option(
               None, "--metrics-password-secret", help="Name of a Prefect Secret block holding the store's "
                                                       "database password (read at connect time)"),
+          check: bool = typer.Option(False, "--check", help="Also check that the Prefect server's automations act "
+                                                            "on events (the zombie automation needs them); fails "
+                                                            "with what to do if they do not"),
           as_json: bool = typer.Option(False, "--json", help="Print what was registered as JSON.")) -> None:
     """Register prefect-launch's block types and the default metrics store (idempotent)."""
     from prefect_launch.blocks.metrics_store import RunMetricsStore
@@ -498,15 +503,25 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
 
     with prefect_client() as client:
         zombies = ensure_zombie_automation(client)
+        probe = None
+        if check:
+            from prefect_launch.deployments.automations_probe import check_automations
+
+            probe = check_automations(client)
+    if probe is not None and not probe.answering:
+        fail(probe.why)
     if as_json:
         print_json({"metrics_block": name, "action": action, "url": url, "password": store.password_source(),
                      "schema_version": version,
-                     "zombie_automation": zombies.model_dump()})
+                     "zombie_automation": zombies.model_dump(),
+                     **({"automations": probe.model_dump()} if probe else {})})
     else:
         console.print(f"metrics store block [bold]{name}[/]: {action}; {url} (password: {store.password_source()}); "
                       f"schema v{version}", highlight=False)
         console.print(f"automation [bold]{zombies.name}[/]: {zombies.action}; a run silent for "
                       f"{zombies.within_s} s is marked Crashed", highlight=False)
+        if probe:
+            console.print(f"automations: acting on events (a probe fired in {probe.seconds:g} s)", highlight=False)
 
 
 # ---------------------------------------------------------------------------- monitor

@@ -327,7 +327,8 @@ def test_deploy_all_registers_every_declared_job_with_its_kind(tmp_path, git_rep
     for job in deployed:
         spec = declared[job.split("/", 1)[1]]
         pull = yaml.safe_dump(spec["pull"])
-        want = ("image" if "image" in spec["work_pool"]["job_variables"]
-                else "git" if "git_clone" in pull else "code")
+        variables = spec["work_pool"]["job_variables"]
+        baked = "image" in variables or "dockerfile" in (variables.get("environment") or {})  # code in the image
+        want = "image" if baked else "git" if "git_clone" in pull else "code"
         assert rows[job]["kind"] == want, job
         assert rows[job]["queue"] == spec["work_pool"]["name"]
