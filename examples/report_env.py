@@ -1,7 +1,9 @@
-"""An example job that needs a package the agent's Python lacks (tabulate). prefect.yaml deploys it three ways,
+"""An example job that needs a package the agent's Python lacks (tabulate). prefect.yaml deploys it five ways,
 each declaring ``environment: {requirements: examples/requirements-report.txt}``: report-env (code job, process
-queue: a virtual environment per content hash), report-git-env (git job, process queue) and report-docker-env (code
-job on the docker queue: an image per content hash). See docs/jobs-and-queues.md, "Job environments"."""
+queue: a virtual environment per content hash), report-git-env (git job, process queue), report-docker-env (code
+job on the docker queue: an image per content hash), report-git-docker-env (git job on the docker queue, cloned in
+the container) and report-image-env (image job: examples/Dockerfile copies this file into the image). See
+docs/jobs-and-queues.md, "Job environments"."""
 
 from prefect import flow, get_run_logger
 

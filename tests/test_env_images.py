@@ -72,3 +72,12 @@ def test_a_dockerfile_builds_on_the_queue_image_through_its_base_image_argument(
 
     with pytest.raises(ValueError, match="queue has no image"):
         base_arg("FROM ${BASE_IMAGE}\n", ["${BASE_IMAGE}"], None)
+
+
+def test_images_commands_say_when_no_docker_daemon_answers(tmp_path, monkeypatch):
+    from launch_helpers import cli
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    for args in (("ls", "--json"), ("rm", "abc"), ("prune", "--all")):
+        out = cli("env", *args, "--images", check=False)
+        assert out.returncode != 0 and "no Docker daemon answers" in out.stdout + out.stderr, args
