@@ -110,3 +110,25 @@ def test_forked_engines_come_from_one_preimported_zygote():
     assert out["fork_s"] < 5, out
     assert out["rc_orphan"] == -1  # unknown, and said so, rather than a made-up exit status
     assert out["zygote_gone"]
+
+
+def test_close_does_not_wait_for_a_busy_zygote_and_leaves_live_engines_running():
+    """A stopping agent used to wait up to 5 s for its zygote (still importing, or slow in its exit); the
+    zygote holds no run, so it is killed after a short grace, and an engine it forked goes on."""
+
+    async def main() -> dict:
+        pool = WarmPool(1, apps="auto")
+        out: dict = {}
+        await pool.fill()
+        engine = pool._ready.pop()  # a run's engine: not idle in the pool any more
+        zygote_pid = pool.zygote._proc.pid
+        os.kill(zygote_pid, signal.SIGSTOP)  # a zygote that cannot read its socket (as while it imports)
+        await pool.close()
+        out["zygote_gone"] = not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == "zombie"
+        out["engine_alive"] = psutil.Process(engine.pid).status() != "zombie"
+        engine.kill()
+        await engine.wait()
+        return out
+
+    out = anyio.run(main)
+    assert out["zygote_gone"] and out["engine_alive"], out  # before: left stopped, alive, after a 5-s wait

@@ -9,6 +9,7 @@ return code is unknown (-1), which the agent logs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -253,3 +254,12 @@ class EngineZygote:
         """
         with self._lock:
             self._close_sock()
+
+    def kill(self) -> None:
+        """SIGKILL the zygote itself (not its engines: each leads its own session). For a stopping agent
+        whose zygote is still importing, or slow to exit: it holds no run, so nothing is lost."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()

@@ -32,6 +32,7 @@ logger = logging.getLogger("prefect_launch.warm_start")
 
 
 APPS_WARM_S = 3600.0  # after an interactive session, the next engines carry its apps this long
+ZYGOTE_EXIT_GRACE_S = 0.5  # a released zygote that is not gone by then is killed (see WarmPool.close)
 
 
 class WarmPool:
@@ -121,10 +122,15 @@ class WarmPool:
                             await stream.aclose()
                         except Exception:
                             pass
-            if self.zygote is not None:
-                self.zygote.release()  # it exits once its socket closes; its running engines go on
+        if self.zygote is not None:
+            self.zygote.release()  # it exits once its socket closes; its running engines go on
+            with anyio.move_on_after(ZYGOTE_EXIT_GRACE_S, shield=True):
                 while self.zygote.alive():
                     await anyio.sleep(0.02)
+            # still importing its preloads (seconds under load), or slow in its interpreter's exit: it holds
+            # no run, so it is killed rather than waited for (an idle agent stopped in ~0.5 s, not 3-7 s);
+            # a SIGKILLed process is reaped at once, so the blocking wait is short
+            self.zygote.kill()
 
 
 class WarmEngineStarter(EngineCommandStarter):
