@@ -148,7 +148,7 @@ def wait_final(run_ids: list[str], timeout: float = 240) -> list:
         runs = read_runs(run_ids)
         if len(runs) == len(run_ids) and all(r.state and r.state.is_final() for r in runs):
             return runs
-        time.sleep(1)
+        time.sleep(0.4)  # a cheap read; a 1-s poll cost each of the suite's ~65 waits 0.5 s on average
     states = {str(r.id)[:8]: r.state_name for r in read_runs(run_ids)}
     raise AssertionError(f"runs did not finish in {timeout}s: {states}")
 
