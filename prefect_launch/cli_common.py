@@ -44,6 +44,8 @@ def prefect_client() -> Iterator[Any]:
 
         if not PREFECT_API_URL.value():
             fail("PREFECT_API_URL is not set; start a server (`make demo`) or export PREFECT_API_URL")
+    import httpx
+
     try:
         with get_client(sync_client=True) as client:
             yield client
@@ -52,6 +54,26 @@ def prefect_client() -> Iterator[Any]:
             raise
         fail("the Prefect server refused the request (401 Unauthorized): it requires an auth string; export "
              "PREFECT_API_AUTH_STRING=user:password (the server's PREFECT_SERVER_API_AUTH_STRING)")
+    except httpx.TransportError as exc:  # connection refused or broken: the server, or the gateway, is away
+        fail(unreachable(exc))
+
+
+def unreachable(exc: Exception) -> str:
+    """What to tell the user when the Prefect API (the server, or `prefect-launch gateway` in front of it) does
+    not answer: a refused connection sent nothing; one broken mid-request may or may not have been applied."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else 'no answer'}"
+    import httpx
+
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        then = ("nothing was sent. Is the Prefect server, or the gateway in front of it, running? Try again once "
+                "it answers")
+    else:
+        then = ("the connection broke during a request, which may or may not have been applied: check with "
+                "`prefect-launch runs ls` before trying again")
+    return f"cannot reach the Prefect API at {url} ({why}); {then}"
 
 
 def print_json(data: Any) -> None:

@@ -5,7 +5,8 @@ and PREFECT_API_KEY = a user's key. The rules' decisions alone: test_gateway_uni
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+import signal
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -52,18 +53,34 @@ def gw(prefect_server, tmp_path_factory):
     env.pop("PREFECT_API_KEY", None)
     env.pop("PREFECT_API_AUTH_STRING", None)
     log = tmp / "gateway.log"
-    with background_process([*CLI, "gateway", "--port", str(port), "--upstream", prefect_server], log, env=env):
-        base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{port}"
 
-        def up():
-            try:
-                return httpx.get(f"{base}/api/health", timeout=2).status_code == 401
-            except httpx.HTTPError:
-                return False
+    def up():
+        try:
+            return httpx.get(f"{base}/api/health", timeout=2).status_code == 401
+        except httpx.HTTPError:
+            return False
 
-        wait_for(up, 30, lambda: f"the gateway did not start:\n{log.read_text()[-3000:]}")
+    with ExitStack() as stack:
+        procs = []
+
+        def start() -> Path:
+            """Start the gateway on its port (again); returns its log."""
+            path = log if not procs else tmp / f"gateway-{len(procs) + 1}.log"
+            procs.append(stack.enter_context(background_process(
+                [*CLI, "gateway", "--port", str(port), "--upstream", prefect_server], path, env=env)))
+            wait_for(up, 30, lambda: f"the gateway did not start:\n{path.read_text()[-3000:]}")
+            return path
+
+        def kill() -> None:
+            """SIGKILL the gateway, as a crash or an out-of-memory kill would: no goodbye to its clients."""
+            os.killpg(procs[-1].pid, signal.SIGKILL)
+            procs[-1].wait(10)
+            assert not up()
+
+        start()
         yield {"api": f"{base}/api", "keys": keys, "flow_id": flow_id, "closed_pool": f"gw-closed-{suffix}", "deployments": deployments, "repo": repo, "log": log,
-               "store_url": url}
+               "store_url": url, "start": start, "kill": kill}
 
 
 @contextmanager
@@ -473,7 +490,10 @@ def cli_env(gw, **values):
 
 
 def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
-    from launch_helpers import apply_queue, cli, cli_json, deploy_probe, records, wait_agent_online, wait_final
+    """An admin's CLI sets up, a user's CLI submits, an agent on an agent key runs the runs; then the gateway is
+    killed (SIGKILL) and started again on its port under a running run."""
+    from launch_helpers import (apply_queue, cli, cli_json, deploy_probe, records, wait_agent_online, wait_final,
+                                wait_running)
 
     sfx = os.urandom(3).hex()
     with cli_env(gw, PREFECT_API_KEY=gw["keys"]["root"]):  # an admin's CLI sets up the queue and the job
@@ -488,7 +508,7 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
     rec = tmp_path / "records"
     args = [*CLI, "agent", "--name", f"gw-agent-{sfx}", "--capacity", "cpu=2,memory=4Gi", "--queue", q]
     agent_log = tmp_path / "agent.log"
-    with background_process(args, agent_log, env=agent_env):
+    with background_process(args, agent_log, env=agent_env) as agent:
         wait_agent_online(f"gw-agent-{sfx}", [q], timeout=120)  # an agent starts slowly on a loaded box
         with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
             out = cli_json("submit", job, "--queue", q, "--owner", "bob", "--count", "2",
@@ -501,9 +521,40 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
         with cli_env(gw, PREFECT_API_KEY=gw["keys"]["bob"]):  # runs ls and runs show as another user
             rows = {r["run_id"]: r for r in cli_json("runs", "ls", "--queue", q)}
             shown = cli_json("runs", "show", for_alice[0])
+
+        # the gateway is killed while alice's run runs on the agent, and started again: the CLI says why it
+        # cannot submit meanwhile; the agent keeps its run, reconnects, and runs what comes after, each once
+        release = tmp_path / "release"
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
+            held = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", "seconds=120",
+                            "--param", f"release_file={release}")["run_ids"][0]
+        wait_running(held)
+        gw["kill"]()
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
+            down = cli("submit", job, "--queue", q, "--param", f"record_dir={rec}", check=False)
+        assert agent.poll() is None, f"the agent exited during the outage:\n{agent_log.read_text()[-3000:]}"
+        log2 = gw["start"]()  # its start-up (~4-8 s here) is the outage the agent's polls and websockets meet
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
+            after = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}",
+                             "--param", "seconds=0.2")["run_ids"]
+        release.touch()
+        again = wait_final([held] + after, timeout=180)
+        wait_agent_online(f"gw-agent-{sfx}", [q], timeout=60)
+    assert down.returncode == 2 and "cannot reach the Prefect API at " + gw["api"] in down.stderr, down.stderr
+    assert "nothing was sent" in down.stderr
+    assert [r.state.type.value for r in again] == ["COMPLETED"] * 2, [r.state for r in again]
+    assert sorted(records(rec)) == sorted(out["run_ids"] + for_alice + [held] + after)  # each ran once
+    with direct() as client:  # nothing made while it was down, nothing twice
+        from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+        made = client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[q])))
+        assert sorted(str(r.id) for r in made) == sorted(out["run_ids"] + for_alice + [held] + after)
+        for rid in [held] + after:
+            assert [s.name for s in client.read_flow_run_states(rid)].count("Pending") == 1, rid  # claimed once
+    assert all(r.run_count == 1 for r in again)
+    assert not any(k in log2.read_text() for k in gw["keys"].values())
     assert [r.state.type.value for r in runs] == ["COMPLETED"] * 3, [r.state for r in runs]
     assert all("owner:alice" in r.tags and "owner:bob" not in r.tags for r in runs)
-    assert sorted(records(rec)) == sorted(out["run_ids"] + for_alice)
     assert q in listed
     assert rows[for_alice[0]]["owner"] == "alice" and rows[for_alice[0]]["launched_by"] == "root"
     assert rows[out["run_ids"][0]]["owner"] == "alice" and rows[out["run_ids"][0]]["launched_by"] is None

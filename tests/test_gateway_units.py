@@ -237,3 +237,20 @@ def test_a_session_row_shows_who_launched_it_for_its_owner():
     row = row_of(fr, now)
     assert (row.owner, row.launched_by) == ("alice", "root")
     assert row_of(SimpleNamespace(**{**vars(fr), "tags": ["owner:alice"]}), now).launched_by is None
+
+
+def test_the_cli_says_why_when_the_gateway_or_server_does_not_answer(monkeypatch):
+    """A refused connection sent nothing; one broken mid-request may have been applied (the e2e kills the
+    gateway under the CLI: test_gateway_e2e)."""
+    import httpx
+
+    from prefect_launch.cli_common import unreachable
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://gw:4280/api")
+    req = httpx.Request("POST", "http://gw:4280/api/flow_runs/")
+    refused = unreachable(httpx.ConnectError("[Errno 111] Connection refused", request=req))
+    assert refused.startswith("cannot reach the Prefect API at http://gw:4280/api (ConnectError: [Errno 111] "
+                              "Connection refused); nothing was sent") and "gateway" in refused
+    broken = unreachable(httpx.RemoteProtocolError("Server disconnected without sending a response.", request=req))
+    assert "(RemoteProtocolError: Server disconnected" in broken and "may or may not have been applied" in broken
+    assert "nothing was sent" not in broken
