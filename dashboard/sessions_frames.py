@@ -337,7 +337,7 @@ def session_detail(fr: Any, row: Any, urls: list[str], usage: Optional[dict] = N
             "usage": usage}
 
 
-DETAIL_FIELDS = ("owner", "status", "type", "queue", "resources", "agent", "allocation", "created", "started",
+DETAIL_FIELDS = ("owner", "launched_by", "status", "type", "queue", "resources", "agent", "allocation", "created", "started",
                  "ended", "elapsed_s", "waited_s", "position", "eta", "reason", "ports", "startup_command",
                  "mounts", "env", "state_message")
 

@@ -164,6 +164,9 @@ def test_detail_mirrors_session_show_and_app_links_are_validated():
     table = dict(F.detail_frame(detail).itertuples(index=False))
     assert table["env"] == "A=1" and table["elapsed"] == "1m15s" and table["cpu mean %"] == "3.5"
     assert "app_urls" not in table and "token" not in " ".join(table.values())
+    assert "launched by" not in table  # launched by its owner
+    on_behalf = F.detail_frame(F.session_detail(_fr(), _row(launched_by="root"), []))
+    assert dict(on_behalf.itertuples(index=False))["launched by"] == "root"  # an admin launched it for alice
 
 
 def test_plain_escapes_markdown_and_html():
