@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import netns_hosts as N  # noqa: E402
 from _stack import ROOT, background  # noqa: E402
 from launch_helpers import apply_queue, cli_json, deploy_probe, read_runs, records  # noqa: E402
-from scale import MIX, PRESETS, _cap, create_runs, oversubscriptions, say, wait_all_final  # noqa: E402
+from scale import (MIX, PRESETS, _cap, create_runs, oversubscriptions, say, stock_process_runs,  # noqa: E402
+                   wait_all_final)
 
 from prefect_launch.local_server import create_database, local_postgres, local_prefect_server, pg_url  # noqa: E402
 
@@ -147,23 +148,9 @@ def part_scale(hosts, work: Path, runs: int, capacity: str, seconds: float, extr
 
 
 def part_stock(hosts, work: Path, runs: int, seconds: float, limit: int) -> dict:
-    from prefect import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name="hosts-stock", type="process"))
-    job = deploy_probe("hosts-stock", "hosts-stock")
-    rec = work / "records-stock"
-    say(f"(a) stock: creating the same {runs} runs")
-    ids = create_runs(job, runs, seconds, rec, None)
-    say(f"(a) stock: {len(hosts)} `prefect worker start --type process --limit {limit}` workers, one inside each host")
-    t0 = time.time()
-    with contextlib.ExitStack() as workers:
-        for k, h in enumerate(hosts):
-            workers.enter_context(background(h.exec([PY, "-m", "prefect", "worker", "start", "--pool", "hosts-stock",
-                                                     "--type", "process", "--name", f"stock-{k}", "--limit", str(limit)]),
-                                             work / f"stock-{k}.log"))
-        done = wait_all_final(ids, timeout=max(900, runs * 10))
+    """Stock Prefect on the same hosts: one process worker inside each (bench/scale.py's stock part)."""
+    done, ids, t0, rec = stock_process_runs("hosts-stock", work, runs, seconds, limit, "(a)",
+                                            [h.exec for h in hosts])
     return outcome(done, ids, t0, rec, {})
 
 

@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -267,24 +267,35 @@ def part_b_ours(db: str, work: Path, n: int, agents: int, capacity: str, seconds
     return _throughput(runs, rec, t0, {nm: _cap(capacity) for nm in names})
 
 
-def part_b_stock(work: Path, n: int, workers: int, seconds: float, limit: int) -> dict[str, Any]:
+def stock_process_runs(pool: str, work: Path, n: int, seconds: float, limit: int, label: str,
+                       launchers: list[Callable[[list[str]], list[str]]]) -> tuple[list, list[str], float, Path]:
+    """Stock Prefect's side of a throughput part (also bench/hosts.py's): a `process` work pool, the same
+    probe runs without presets, and one `prefect worker start --type process --limit N` per launcher (a
+    launcher turns the command into what starts it: as is, or inside a host). Returns the final runs, their
+    ids, the workers' start time and the runs' record folder."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
     with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name="scale-stock", type="process"))
-    job = deploy_probe("scale-stock", "scale-stock")
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+    job = deploy_probe(pool, pool)
     rec = work / "records-stock"
-    say(f"(b) stock: creating the same {n} runs")
+    say(f"{label} stock: creating the same {n} runs")
     ids = create_runs(job, n, seconds, rec, None)
-    say(f"(b) stock: {workers} `prefect worker start --type process --limit {limit}` workers start")
+    say(f"{label} stock: {len(launchers)} `prefect worker start --type process --limit {limit}` workers start")
     t0 = time.time()
     with contextlib.ExitStack() as stack:
-        for k in range(workers):
-            stack.enter_context(background([PY, "-m", "prefect", "worker", "start", "--pool", "scale-stock",
-                                            "--type", "process", "--name", f"stock-{k}", "--limit", str(limit)],
+        for k, launch in enumerate(launchers):
+            stack.enter_context(background(launch([PY, "-m", "prefect", "worker", "start", "--pool", pool,
+                                                   "--type", "process", "--name", f"stock-{k}", "--limit", str(limit)]),
                                            work / f"stock-{k}.log"))
         runs = wait_all_final(ids, timeout=max(900, n * 10))
+    return runs, ids, t0, rec
+
+
+def part_b_stock(work: Path, n: int, workers: int, seconds: float, limit: int) -> dict[str, Any]:
+    runs, _ids, t0, rec = stock_process_runs("scale-stock", work, n, seconds, limit, "(b)",
+                                             [lambda argv: argv] * workers)
     return _throughput(runs, rec, t0, {})
 
 
