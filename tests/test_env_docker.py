@@ -87,6 +87,8 @@ def test_an_image_per_hash_built_once_and_reused(tmp_path: Path, docker_client, 
                   if r["hash"] == ident.hash]
         assert row["tags"] == sorted([tag, image_tag("other", ident.hash)]) and row["users"] == []
         assert 0 < row["size"] < row["total_size"] and time.time() - row["last_used"] < 120
+        # another environments folder (another host's agents) neither lists nor prunes it
+        assert ImageCache(docker_client, tmp_path / "elsewhere").prune(all_unused=True) == []
         holder = docker_client.containers.create(tag, ["true"], network_mode="none")
         try:
             assert [r["users"] for r in cache.entries() if r["hash"] == ident.hash] == [[holder.name]]

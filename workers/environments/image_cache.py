@@ -8,8 +8,10 @@ that carries the hash label (`image.HASH_LABEL`); what this module decides is pu
   the queue's other images: removing it frees that much. ``LAUNCH_ENV_CACHE_MAX`` applies to these images and to
   the environments folder each on its own (they live on different disks: Docker's data root, the agents' state
   directory).
-- **Last use**: ``image-<hash>.used`` in the environments folder, touched by each run of the hash
-  (`image.mark_used`); an image never used through an agent counts from its creation.
+- **Whose images**: those with a mark ``image-<hash>.used`` in the environments folder (``--dir``), touched by
+  each run of the hash (`image.mark_used`; its time is the last use): the images this host's agents built or
+  used. Images of the same daemon built through another state directory (another host's agents, a test's own
+  folder) are neither listed nor pruned from this one.
 - **Live runs**: a container of the image that is not exited (created, running, paused, restarting) holds it;
   such an image is never removed by the LRU or ``prune``, and ``rm`` refuses it without ``--force``. Between a
   build and its container's creation the build's own hash is kept (``keep``).
@@ -76,7 +78,7 @@ def image_rows(images: Iterable[dict], df_images: Iterable[dict], containers: It
 
 
 class ImageCache:
-    """The daemon's job images, with their last-use marks in the environments folder (``lock_dir``)."""
+    """The daemon's job images marked in the environments folder ``lock_dir`` (their last use)."""
 
     def __init__(self, client: Any, lock_dir: Optional[Path] = None):
         self.client = client
@@ -96,7 +98,11 @@ class ImageCache:
         images = api.images(filters={"label": HASH_LABEL})
         if not images:
             return []
-        return image_rows(images, api.df().get("Images") or [], api.containers(all=True), self._used())
+        used = self._used()
+        images = [i for i in images if (i.get("Labels") or {}).get(HASH_LABEL) in used]  # this folder's images
+        if not images:
+            return []
+        return image_rows(images, api.df().get("Images") or [], api.containers(all=True), used)
 
     def remove(self, env_hash: str, force: bool = False) -> bool:
         """Remove the hash's image (every tag; not while a live container uses it, unless ``force``); False when
