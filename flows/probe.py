@@ -27,6 +27,15 @@ def _wait(seconds: float, release_file: str) -> None:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+def _control_port():
+    """The port of the runner's control channel this run's engine was given (None where not known)."""
+    try:
+        from prefect_launch.compat.prefect import engine_control_port
+    except ImportError:  # an image without prefect-launch
+        return None
+    return engine_control_port()
+
+
 def _write_record(path: Path, record: dict) -> None:
     """Whole or not at all (written aside, then renamed): a test polling for the file never reads half of it."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -59,6 +68,8 @@ def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "
         "launch_memory": os.environ.get("LAUNCH_MEMORY"),
         "launch_gpu": os.environ.get("LAUNCH_GPU"),
         "launch_agent": os.environ.get("LAUNCH_AGENT"),
+        # the agent's Prefect control channel (a warm run: its worker's one FlowRunExecutorContext)
+        "control_port": _control_port(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "env_extra": {k: v for k, v in os.environ.items() if k.startswith("JOB_")},
     }

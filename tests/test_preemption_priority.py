@@ -5,6 +5,7 @@ Ground truth is the runs' own state histories (Running / Scheduled timestamps an
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -96,6 +97,10 @@ def test_preemption_frees_the_gpu_and_the_preempted_run_completes_later(prefect_
     # the other sweep ran after the regular run (regular before preemptible), and completed
     assert _running_times(other_sweep)[0] >= reg_start
     assert (rec / f"{sweep}.json").exists()  # its second life completed the job
+    # one Prefect executor context served every run of the worker, a preempted life among them
+    # (backends/executor_context.py): the runs' control channel is one listener, not one per run
+    ports = {json.loads((rec / f"{r}.json").read_text())["control_port"] for r in (sweep, other_sweep, regular)}
+    assert len(ports) == 1 and None not in ports, ports
 
 
 @pytest.mark.timeout(400)

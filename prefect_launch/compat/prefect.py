@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from typing import Optional
 
 from prefect.runner._flow_run_executor import FlowRunExecutorContext  # the engine process's life (warm start)
 from prefect.runner._process_manager import ProcessHandle, create_isolated_termination_scope  # warm start
@@ -84,6 +85,20 @@ def engine_heartbeats_unjoined() -> bool:
     return True
 
 
+# In an engine process: the port of its runner's control channel, read from the environment by Prefect's control
+# listener (which removes the variable); one port for all runs of a worker means one shared executor context.
+CONTROL_LISTENER_PORT = "_configured_port"
+
+
+def engine_control_port() -> Optional[int]:
+    """The control-channel port this engine process was given (None: none, or this Prefect keeps it elsewhere)."""
+    import sys
+
+    listener = sys.modules.get("prefect._internal.control_listener")
+    port = getattr(listener, CONTROL_LISTENER_PORT, None) if listener is not None else None
+    return port if isinstance(port, int) else None
+
+
 def missing() -> list[str]:
     """The private names above that this Prefect no longer has (empty: all there)."""
     from prefect import flow_engine
@@ -93,6 +108,10 @@ def missing() -> list[str]:
     if heartbeats is None or ENGINE_HEARTBEATS_JOIN not in inspect.signature(
             getattr(heartbeats, "__wrapped__", heartbeats)).parameters:
         gone.append(f"prefect.flow_engine.{ENGINE_HEARTBEATS}({ENGINE_HEARTBEATS_JOIN}=...)")
+    from prefect._internal import control_listener
+
+    if not hasattr(control_listener, CONTROL_LISTENER_PORT):
+        gone.append(f"prefect._internal.control_listener.{CONTROL_LISTENER_PORT}")
     gone += [f"ProcessJobConfiguration.{n}" for n in missing_members(ProcessJobConfiguration,
                                                                       JOB_CONFIGURATION_ATTRIBUTES)]
     source = inspect.getsource(ProcessWorker.run)
@@ -101,4 +120,4 @@ def missing() -> list[str]:
 
 
 __all__ = ["FlowRunExecutorContext", "ProcessHandle", "create_isolated_termination_scope", "EngineCommandStarter",
-           "engine_heartbeats_unjoined", "missing", "process_run_fingerprint"]
+           "engine_control_port", "engine_heartbeats_unjoined", "missing", "process_run_fingerprint"]
