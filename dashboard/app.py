@@ -476,7 +476,7 @@ def _links_form(QueueLinks: Any, opts: dict) -> None:
             msg = str(exc).splitlines()
             st.error("Link not saved: " + next((m for m in msg if "URL" in m or "label" in m or "only" in m), msg[0]))
         except Exception as exc:  # the gateway refused the signed-in user (403 names why), or Prefect is away
-            st.error("Link not saved: " + html.escape(refusal_text(exc)))
+            st.error("Link not saved: " + html.escape(refusal_text(exc), quote=False))
     if remove:
         if target == "(new link)":
             st.error("Pick the link to remove.")
@@ -484,7 +484,7 @@ def _links_form(QueueLinks: Any, opts: dict) -> None:
             try:
                 blk.store()
             except Exception as exc:  # the gateway refused the signed-in user, or Prefect is away
-                st.error("Link not removed: " + html.escape(refusal_text(exc)))
+                st.error("Link not removed: " + html.escape(refusal_text(exc), quote=False))
                 return
             P.links_changed(q, blk.html() if blk.links else "")
             st.success(f"Removed link {target!r} from {q}.")

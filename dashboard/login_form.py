@@ -27,7 +27,7 @@ def mode_or_error(where: Any = st) -> Optional[L.Mode]:
     try:
         return L.current_mode()
     except ValueError as exc:
-        where.error(f"Sign-in unavailable: {html.escape(str(exc))}")
+        where.error(f"Sign-in unavailable: {html.escape(str(exc), quote=False)}")
         return None
 
 
@@ -42,8 +42,8 @@ def users_gate(where: Any, form_key: str, what: str) -> bool:
     """True when someone is signed in; else a user name + key form in ``where`` (the sidebar, a panel)."""
     signed = signed_in()
     if signed is not None:
-        where.caption(f"Signed in as **{html.escape(signed.name)}** ({signed.role}): {what} go to Prefect as "
-                      f"{html.escape(signed.name)}, through the gateway.")
+        where.caption(f"Signed in as **{html.escape(signed.name, quote=False)}** ({signed.role}): {what} go to Prefect as "
+                      f"{html.escape(signed.name, quote=False)}, through the gateway.")
         if where.button("Sign out", key=f"{form_key}_out"):
             st.session_state.pop(SIGNED, None)
             st.rerun()

@@ -175,3 +175,13 @@ def test_every_control_of_the_list_and_the_launcher(queue):
     assert not at.exception and at.button(key="recent_pin").label != label
     at.button(key="recent_pin").click().run()
     assert at.button(key="recent_pin").label == label
+
+
+def test_an_unknown_login_mode_locks_every_write(queue, monkeypatch):
+    """LAUNCH_DASHBOARD_LOGIN must name a mode (dashboard/monitor_login.py); anything else says so and nothing
+    writes (the modes themselves: test_monitor_login.py, and through the gateway: test_gateway_e2e.py)."""
+    monkeypatch.setenv("LAUNCH_DASHBOARD_LOGIN", "sso")
+    at = _page()
+    assert any("Sign-in unavailable: LAUNCH_DASHBOARD_LOGIN='sso' is not a login mode" in e.value
+               for e in at.sidebar.error), [e.value for e in at.error]
+    assert not {"launch_next", "recent_relaunch", "rename_go", "terminate"} & {b.key for b in at.button}
