@@ -4,8 +4,9 @@
 # `make demo DB=postgres` (or DB=postgres scripts/demo.sh): the same, with the Prefect server and the
 # metrics store on a private PostgreSQL that this script starts on a loopback port (data in
 # .launch/postgres). `make demo AUTH=1` (or AUTH=1 scripts/demo.sh): the gateway in front of the server on
-# 127.0.0.1:4280 with an admin, two users (alice, bob; keys printed once) and an agent key; the agent and
-# the submissions go through it, the workload submitted as both users. Ctrl-C stops everything this
+# 127.0.0.1:4280 with an admin, two users (alice, bob; keys printed once) and an agent key; the agent, the
+# submissions and the monitor go through it, the workload submitted as both users (the monitor signs
+# people in with these users' keys). Ctrl-C stops everything this
 # script started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +100,7 @@ if [ "$AUTH" = 1 ]; then
   ALICE_KEY="$(new_key alice --project vision)"
   BOB_KEY="$(new_key bob --project nlp)"
   AGENT_KEY="$(new_key demo-agent --agent)"
+  MONITOR_KEY="$(new_key monitor)"  # the monitor's own key, for its reads; people sign in to it as themselves
   start gateway "$BIN/prefect-launch" gateway --host 127.0.0.1 --port "$GW_PORT" --upstream "$PREFECT_API_URL"
   GW_API="http://127.0.0.1:$GW_PORT/api"
   for i in $(seq 1 120); do
@@ -123,7 +125,9 @@ for i in $(seq 1 60); do
 done
 
 echo "==> queue monitor on 127.0.0.1:$DASH_PORT"
-start dashboard "$BIN/python" -m prefect_launch.dashboard.serve --server.address 127.0.0.1 --server.port "$DASH_PORT" \
+MON_ENV=()  # AUTH=1: through the gateway with its own key, which turns on the sign-in with users and keys
+if [ "$AUTH" = 1 ]; then MON_ENV=(env PREFECT_API_URL="$GW_API" PREFECT_API_AUTH_STRING="monitor:$MONITOR_KEY"); fi
+start dashboard "${MON_ENV[@]}" "$BIN/python" -m prefect_launch.dashboard.serve --server.address 127.0.0.1 --server.port "$DASH_PORT" \
   --server.headless true --browser.gatherUsageStats false
 
 echo "==> submitting a mix of jobs"
@@ -156,7 +160,9 @@ API keys, shown once (the database keeps only their hashes):
   bob         $BOB_KEY   (project nlp)
   demo-agent  $AGENT_KEY   (the agent's)
   e.g.  PREFECT_API_URL=http://127.0.0.1:$GW_PORT/api PREFECT_API_KEY=<alice's key> .venv/bin/prefect-launch runs ls
-The jobs above were submitted as alice and bob through the gateway; the monitor reads the server directly.
+The jobs above were submitted as alice and bob through the gateway. The monitor reads through it with its
+own key (user monitor); sign in to it as alice or bob (user name and key above) to launch, rename or
+terminate sessions as them, or as admin to change queue links.
 MSG
 fi
 # Keep traffic coming so the queues and the monitor have something to show: every 45 s a wave of
