@@ -19,6 +19,7 @@ import pandas as pd
 
 from prefect_launch.dashboard.spec import MAX_GROUPS, STATUS_OF_TYPE, TERMINAL_TYPES, UNKNOWN, UTC, us
 from prefect_launch.workers.agent.registry import ONLINE_WINDOW_S
+from prefect_launch.workers.agent.registry import online_window_s as agent_window_s
 
 HIST_COLUMNS = ["bucket", "group", "state_type", "status", "count", "run_s", "queued_s"]
 RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "preset", "state_type", "state_name", "status",
@@ -217,12 +218,14 @@ def workers_frame(raw: Sequence[dict]) -> pd.DataFrame:
 
 
 def agents_frame(agents: Sequence[dict], now: Optional[dt.datetime] = None, online_window_s: float = ONLINE_WINDOW_S) -> pd.DataFrame:
-    """One row per (agent, queue): capacity and free cpu / memory / gpu, online or not."""
+    """One row per (agent, queue): capacity and free cpu / memory / gpu, online or not (an agent that publishes
+    its heartbeat interval is offline after missing three; ``online_window_s`` for one that does not)."""
     now = now or dt.datetime.now(UTC)
     rows = []
     for a in agents:
         hb = pd.Timestamp(a.get("heartbeat")) if a.get("heartbeat") else None
-        online = hb is not None and (pd.Timestamp(now) - hb).total_seconds() <= online_window_s
+        window = agent_window_s(a["heartbeat_s"]) if a.get("heartbeat_s") else online_window_s
+        online = hb is not None and (pd.Timestamp(now) - hb).total_seconds() <= window
         cap, free = a.get("capacity") or {}, a.get("free") or {}
         for q in a.get("queues") or [UNKNOWN]:
             rows.append(dict(agent=a.get("name"), queue=q, online=online, runs=len(a.get("runs") or []),

@@ -260,15 +260,17 @@ def agent_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON."
     with prefect_client() as client:
         agents = read_agents_sync(client)
     if as_json:
-        print_json([dict(a.model_dump(mode="json"), online=a.online()) for a in agents])
+        print_json([dict(a.model_dump(mode="json"), online=a.online(), offline_since=a.offline_since())
+                    for a in agents])
         return
     table = Table(title="launch agents")
     for col in ("agent", "address", "online", "queues", "capacity", "free", "runs"):
         table.add_column(col)
     for a in agents:
         fmt = lambda r: f"cpu={r.cpu:g} mem={format_size(r.memory)} gpu={r.gpu}"  # noqa: E731
-        table.add_row(a.name, a.address or "-", "yes" if a.online() else "no", ", ".join(a.queues), fmt(a.capacity),
-                      fmt(a.free), str(len(a.runs)))
+        since = a.offline_since()  # its last heartbeat: when it went silent
+        table.add_row(a.name, a.address or "-", f"no, since {since}" if since else "yes", ", ".join(a.queues),
+                      fmt(a.capacity), fmt(a.free), str(len(a.runs)))
     console.print(table)
 
 

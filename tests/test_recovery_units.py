@@ -140,6 +140,21 @@ def test_pinned_run_says_its_agent_is_offline():
     assert got["c"] == "waiting: pinned to agent live2"
 
 
+@pytest.mark.parametrize("heartbeat_s, silent_s, online", [
+    (None, 89, True), (None, 91, False),  # an agent that does not publish its interval: 90 s (3 x Prefect's 30 s)
+    (10, 29, True), (10, 31, False),  # one that beats every 10 s is offline after missing three beats
+    (60, 170, True), (60, 181, False),
+])
+def test_an_agent_is_offline_after_missing_three_of_its_own_heartbeats(heartbeat_s, silent_s, online):
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    agent = AgentState(name="a", queues=["q"], capacity=Resources(cpu=1), free=Resources(cpu=1),
+                       heartbeat=now - timedelta(seconds=silent_s), heartbeat_s=heartbeat_s)
+    assert agent.online(now) is online
+    since = f"{agent.heartbeat:%Y-%m-%d %H:%M:%S} UTC"
+    assert agent.offline_since(now) == (None if online else since)
+    assert offline_reasons([agent], now) == ({} if online else {"a": f"offline since {since}"})
+
+
 def test_eta_replays_placement_forward():
     from prefect_launch.deployments.eta import AgentCap, Running, Waiting, median_runtime, predict
 

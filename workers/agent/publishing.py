@@ -45,6 +45,7 @@ class AgentPublisher:
             runs=[AgentRun(run_id=a.run_id, queue=a.queue, preset=a.preset, resources=a.resources,
                            gpu_indices=a.gpu_indices) for a in self.w.ledger.allocations()],
             heartbeat=datetime.now(timezone.utc),
+            heartbeat_s=self.w.heartbeat_interval_seconds,  # sync_with_backend publishes at least this often
             address=self.w.agent.address,
         )
         try:

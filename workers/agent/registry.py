@@ -16,7 +16,13 @@ from pydantic import BaseModel
 from prefect_launch.workers.scheduling.resources import Resources
 
 TAG = "launch-agent"
-ONLINE_WINDOW_S = 90
+ONLINE_WINDOW_S = 90  # an agent that does not say how often it beats: three of Prefect's default 30-s heartbeats
+MISSED_BEATS = 3  # an agent silent for this many of its heartbeats is offline
+
+
+def online_window_s(heartbeat_s: Optional[float]) -> float:
+    """How long an agent may be silent and still count as online (its capacity counted, `agent ls` yes)."""
+    return MISSED_BEATS * heartbeat_s if heartbeat_s else ONLINE_WINDOW_S
 
 
 class AgentRun(BaseModel):
@@ -34,11 +40,16 @@ class AgentState(BaseModel):
     free: Resources
     runs: list[AgentRun] = []
     heartbeat: datetime
+    heartbeat_s: Optional[float] = None  # how often it publishes at the least (its worker heartbeat interval)
     address: Optional[str] = None  # where its cluster members are reached (workers/agent/address.py)
 
     def online(self, now: Optional[datetime] = None) -> bool:
         now = now or datetime.now(timezone.utc)
-        return (now - self.heartbeat).total_seconds() <= ONLINE_WINDOW_S
+        return (now - self.heartbeat).total_seconds() <= online_window_s(self.heartbeat_s)
+
+    def offline_since(self, now: Optional[datetime] = None) -> Optional[str]:
+        """Its last heartbeat (UTC, to the second) when it is offline, else None."""
+        return None if self.online(now) else f"{self.heartbeat.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def variable_name(agent: str) -> str:
@@ -86,5 +97,4 @@ async def read_agents(client: Any) -> list[AgentState]:
 def offline_reasons(agents: list[AgentState], now: Optional[datetime] = None) -> dict[str, str]:
     """For each known agent that is offline: 'offline since <its last heartbeat>' (pure)."""
     now = now or datetime.now(timezone.utc)
-    return {a.name: f"offline since {a.heartbeat.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-            for a in agents if not a.online(now)}
+    return {a.name: f"offline since {a.offline_since(now)}" for a in agents if not a.online(now)}
