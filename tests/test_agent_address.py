@@ -115,3 +115,11 @@ def test_the_leader_counts_an_agent_lost_only_when_its_beat_stops_while_the_lead
     w.blind()  # the leader could not read the run for a while (its own link down)
     assert w.lost({beat_key("b"): "1-1"}, 60.0) == []  # b's clock starts again
     assert w.lost({beat_key("b"): "1-1"}, 79.0) == [] and w.lost({beat_key("b"): "1-1"}, 80.5) == ["b"]
+    # the leader's read retried across a 40-s outage (the server restarting): b's own writes were retrying
+    # across it too, with Prefect's back-off, so b gets those 40 s on top of its 20
+    w = BeatWatch(["b"], lost_s=20, now=0.0)
+    w.blind(40.0)
+    assert w.lost({beat_key("b"): "1-1"}, 50.0) == []
+    assert w.lost({beat_key("b"): "1-1"}, 109.0) == [] and w.lost({beat_key("b"): "1-1"}, 110.5) == ["b"]
+    w.blind(600.0)  # at most 60 s on top, however long the outage
+    assert w.lost({beat_key("b"): "1-1"}, 200.0) == [] and w.lost({beat_key("b"): "1-1"}, 280.5) == ["b"]

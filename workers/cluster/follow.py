@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from prefect.states import Failed, StateType
 
 from prefect_launch.workers.cluster.env import member_env
-from prefect_launch.workers.cluster.lifecycle import cluster_drain_s, cluster_stop_grace_s, member_log
+from prefect_launch.workers.cluster.lifecycle import cluster_beat_s, cluster_drain_s, cluster_stop_grace_s, member_log
 from prefect_launch.workers.cluster.process import ClusterProcesses, describe_exit
 from prefect_launch.workers.cluster.protocol import (ClusterPlan, ack_key, beat_key, booking_key, decide_followed,
                                                      plan_of, run_of_booking)
@@ -41,11 +41,6 @@ from prefect_launch.settings import env_seconds
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-
-
-def cluster_beat_s() -> float:
-    """How often an agent following a multi-node run tells its leader it is there (LAUNCH_CLUSTER_BEAT_SECONDS)."""
-    return env_seconds("LAUNCH_CLUSTER_BEAT_SECONDS", 5)
 
 
 class ClusterFollower:

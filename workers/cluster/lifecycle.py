@@ -45,6 +45,11 @@ def cluster_drain_s() -> float:
     return env_seconds("LAUNCH_CLUSTER_DRAIN_SECONDS", 30)
 
 
+def cluster_beat_s() -> float:
+    """How often an agent following a multi-node run tells its leader it is there (LAUNCH_CLUSTER_BEAT_SECONDS)."""
+    return env_seconds("LAUNCH_CLUSTER_BEAT_SECONDS", 5)
+
+
 def cluster_lost_s() -> float:
     """Multi-node: how long the leader waits for a silent agent of a run before failing it (LAUNCH_CLUSTER_LOST_SECONDS)."""
     return env_seconds("LAUNCH_CLUSTER_LOST_SECONDS", 20)
@@ -167,14 +172,19 @@ class ClusterRuns:
         agent of the run not heard from for `cluster_lost_s` (its host cut off or down) fails it here."""
         run_id = str(flow_run.id)
         watch: Optional[BeatWatch] = None
+        last_read = time.monotonic()
         while self.w.ledger.get(run_id) is not None:
             await asyncio.sleep(0.5)
+            asked = time.monotonic()
             try:
                 now = await self.w.client.read_flow_run(flow_run.id)
             except Exception:
                 if watch is not None:
-                    watch.blind()  # this agent's own outage: nobody is blamed for it
+                    watch.blind(time.monotonic() - last_read)  # this agent's own outage: nobody is blamed for it
                 continue
+            if watch is not None and time.monotonic() - asked > cluster_lost_s() / 2:  # not a slow answer: the
+                watch.blind(time.monotonic() - last_read)  # read retried across an outage (the server restarting)
+            last_read = time.monotonic()
             state = now.state
             plan = plan_of(now.labels)
             if watch is None and plan is not None:

@@ -76,20 +76,26 @@ class BeatWatch:
     run; the leader notes when it last saw each value change. An agent whose beat has not changed for
     ``lost_s`` while the leader itself reached the server is lost (its host cut off or down). A leader that
     could not read the run (its own link or the server down) starts every agent's clock again once it can,
-    so its own outage never blames the others."""
+    so its own outage never blames the others; after an outage of ``for_s`` (the server restarting) they get
+    that long again on top (at most `MAX_OUTAGE_GRACE_S`): their own writes were retrying across the same
+    outage, and Prefect's client waits 2, 4 ... 32 s between tries, so a beat can come that much later."""
+
+    MAX_OUTAGE_GRACE_S = 60.0
 
     def __init__(self, agents: list[str], lost_s: float, now: float) -> None:
         self.lost_s = lost_s
         self.seen: dict[str, tuple[Optional[str], float]] = {a: (None, now) for a in agents}
+        self._grace = 0.0
 
-    def blind(self) -> None:
+    def blind(self, for_s: float = 0.0) -> None:
         self._blind = True
+        self._grace = max(self._grace, min(for_s, self.MAX_OUTAGE_GRACE_S))
 
     def lost(self, labels: Optional[dict], now: float) -> list[str]:
         """Agents not heard from for ``lost_s``, given the run's labels read at ``now``."""
         if getattr(self, "_blind", False):
-            self._blind = False
-            self.seen = {a: ((labels or {}).get(beat_key(a)), now) for a in self.seen}
+            self._blind, grace, self._grace = False, self._grace, 0.0
+            self.seen = {a: ((labels or {}).get(beat_key(a)), now + grace) for a in self.seen}
             return []
         out = []
         for a, (value, since) in self.seen.items():
