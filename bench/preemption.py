@@ -32,12 +32,19 @@ heartbeat thread (fixed: compat.engine_heartbeats_unjoined) and then 3.2-5.3 s i
 wakes the intake: tests/test_preemption_run_end.py); placement -> Pending 0.2-0.9 s; Pending -> the engine's order
 1-2.7 s (Prefect's submit, then a FlowRunExecutorContext per run: client, control channel, an events websocket,
 0.26-0.62 s); order -> Running 2-4.6 s (load_flow ~1 s: deployment read, pull steps, flow import).
+Since cf5e8c4 the process worker keeps one FlowRunExecutorContext for its life (workers/backends/executor_context.py):
+Pending -> the engine's order 0.34 s (median of 24 changes, load ~2-4; before: 0.88 and 1.07 s at load ~1-7), a whole
+change (end -> next Running) 1.04 s (before: 1.87 and 2.88 s); leaving the context no longer delays the capacity's
+release either. ``--trace <folder>`` (each scenario also reports it as ``transition_steps_s``) gives these steps from a
+saved run: previous end -> placement (the agent's log) -> Pending claim -> the engine's order (its first log line)
+-> Running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -220,6 +227,75 @@ def breakdown_figures(histories: dict[str, list[tuple[str, float]]]) -> dict:
             "idle_breakdown_s": {k: v for k, v in b.items() if k != "busy_share"}}
 
 
+# ------------------------------------------------------------------ one run change, step by step (pure)
+LOG_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \|")
+LOG_VIEW = re.compile(r"Flow run '([\w-]+)' - View at .*/flow-run/([0-9a-f-]+)")
+LOG_SUBMITTING = re.compile(r"Worker '[^']+' submitting flow run '([0-9a-f-]+)'")
+LOG_ORDER = re.compile(r"Flow run '([\w-]+)' - Running \d+ deployment pull step")
+STEPS = ("placed", "pending", "order", "running")
+
+
+def log_marks(lines: list[str], day_start: float) -> dict[str, dict[str, list[float]]]:
+    """From an agent's log (local ``HH:MM:SS.mmm`` times on the day starting at ``day_start``): per run id, when
+    the agent placed it (its ``starting flow run`` line, just before Prefect's ``submitting``) and when its engine
+    had the order (``Running N deployment pull step(s)``, the engine's first line: load_flow begins)."""
+    names = {m[1]: m[2] for line in lines if (m := LOG_VIEW.search(line))}
+    marks: dict[str, dict[str, list[float]]] = {}
+    last_start: Optional[float] = None
+    for line in lines:
+        t = LOG_TIME.match(line)
+        if t is None:
+            continue
+        at = day_start + int(t[1]) * 3600 + int(t[2]) * 60 + float(t[3])
+        if "starting flow run with" in line:
+            last_start = at
+        elif (m := LOG_SUBMITTING.search(line)) and last_start is not None:
+            marks.setdefault(m[1], {}).setdefault("placed", []).append(last_start)
+            last_start = None
+        elif (m := LOG_ORDER.search(line)) and m[1] in names:
+            marks.setdefault(names[m[1]], {}).setdefault("order", []).append(at)
+    return marks
+
+
+def transition_steps(histories: dict[str, list[tuple[str, float]]], marks: dict[str, dict[str, list[float]]],
+                     gpus: int = 2) -> dict:
+    """Each run change on a slot (a completed life -> the next life's Running; preempted lives left out: their gap
+    is the grace) split at the next run's placement, its Pending claim and its engine's order: medians in s of
+    ``placed`` (previous end -> placement), ``pending`` (-> claim), ``order`` (-> engine has the order: Prefect's
+    submit, the executor context, the warm engine's hand-over), ``running`` (-> Running: load_flow, the engine's
+    start) and ``gap`` (the whole change). A step is left out of a change whose marks are missing or out of order."""
+    lives = [(s, e, rid, i) for rid, states in histories.items() for i, (s, e) in enumerate(lives_of(states))]
+    n_lives = {rid: len(lives_of(states)) for rid, states in histories.items()}
+    steps: dict[str, list[float]] = {k: [] for k in ("gap", *STEPS)}
+    for slot in assign_slots(lives, gpus):
+        for prev, nxt in zip(slot, slot[1:]):
+            if prev[3] < n_lives[prev[2]] - 1:  # preempted: the grace, not a change of ours
+                continue
+            end, start, rid = prev[1], nxt[0], nxt[2]
+            pend = _pending_before(histories[rid], start)
+            near = lambda kind: [t for t in marks.get(rid, {}).get(kind, []) if end - 60 <= t <= start + 0.5]
+            placed, order = near("placed"), near("order")
+            points = [end, placed[-1] if placed else None, pend, order[-1] if order else None, start]
+            steps["gap"].append(start - end)
+            for i, key in enumerate(STEPS):
+                a, b = points[i], points[i + 1]
+                if a is not None and b is not None and b >= a - 0.05:
+                    steps[key].append(max(0.0, b - a))
+    return {k: {"median": round(statistics.median(v), 2), "p90": round(percentile(v, 0.9), 2), "n": len(v)}
+            for k, v in steps.items() if v}
+
+
+def trace_folder(folder: Path, name: str = "pre-on") -> dict:
+    """`transition_steps` of a saved run: ``<folder>/<name>-histories.json`` and ``<folder>/agent-<name>.log``."""
+    hist = json.loads((folder / f"{name}-histories.json").read_text())
+    histories = {r: [tuple(s) for s in h["states"]] for r, h in hist.items()}
+    first = min(h["created"] for h in hist.values())
+    day = time.localtime(first)
+    day_start = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0, 0, 0, -1))
+    lines = (folder / f"agent-{name}.log").read_text(errors="replace").splitlines()
+    return transition_steps(histories, log_marks(lines, day_start))
+
+
 def _first_running(run_id: str) -> float:
     lives = _lives(run_id)
     return lives[0][0] if lives else float("nan")
@@ -257,6 +333,10 @@ def scenario(tmp: Path, preempt: bool, trials: int, trial_s: float, bursts: int,
            "gpu_busy_share": round(min(1.0, busy), 3), "lost_trials": lost, "preemptions": preempted,
            "regular_failed": sum(runs[r].state_name != "Completed" for r in regular)}
     out.update(breakdown_figures({r: h["states"] for r, h in hist.items()}))
+    try:
+        out["transition_steps_s"] = trace_folder(tmp, name)
+    except (OSError, ValueError) as exc:  # the log is the agent's; the figures above do not need it
+        say(f"{name}: no step trace ({exc})")
     say(f"{name}: {out}")
     return out
 
@@ -278,7 +358,13 @@ def main() -> None:
     ap.add_argument("--grace", default="5s", help="the queue's preempt_grace")
     ap.add_argument("--analyse", metavar="HISTORIES_JSON",
                     help="only print the breakdown of a run's saved <tmp>/pre-on-histories.json (or pre-off)")
+    ap.add_argument("--trace", metavar="FOLDER",
+                    help="only print the run changes step by step (transition_steps) of a run's saved folder")
     args = ap.parse_args()
+    if args.trace:
+        print(json.dumps({n: trace_folder(Path(args.trace), n) for n in ("pre-on", "pre-off")
+                          if (Path(args.trace) / f"{n}-histories.json").exists()}))
+        return
     if args.analyse:
         hist = json.loads(Path(args.analyse).read_text())
         print(json.dumps(breakdown_figures({r: [tuple(s) for s in h["states"]] for r, h in hist.items()})))

@@ -91,3 +91,29 @@ def test_idle_with_nothing_waiting_before_the_last_start_is_not_drain():
 def test_no_lives():
     b = P.idle_breakdown({"a": run(("SCHEDULED", 0))})
     assert b["total"] == 0 and b["busy_share"] is None and b["busy_share_while_waiting"] is None
+
+
+def test_a_run_change_splits_at_placement_claim_and_the_engines_order():
+    """(Run ids are hex, as Prefect's.) The agent's log lines (placement, then Prefect's submitting; the engine's first pull-step line) mark the
+    steps of a change; a preempted life's gap (the grace) is no change of ours; missing marks leave a step out."""
+    lines = [
+        "00:00:10.300 | INFO    | prefect.flow_runs.worker - Agent 'a' starting flow run with cpu=1 gpus=[0]",
+        "00:00:10.350 | INFO    | prefect.flow_runs.worker - Worker 'a' submitting flow run 'b'",
+        "00:00:11.000 | INFO    | Flow run 'bee' - Running 1 deployment pull step(s)",
+        "00:00:11.400 | INFO    | Flow run 'bee' - View at http://h/runs/flow-run/b",
+        "00:00:21.000 | INFO    | Flow run 'cee' - View at http://h/runs/flow-run/c",  # C: no placement line
+    ]
+    marks = P.log_marks(lines, day_start=1000.0)
+    assert marks == {"b": {"placed": [1010.3], "order": [1011.0]}}
+    hs = {"a": done(1000, 1000, 1000, 1010), "b": done(1000, 1010.5, 1011.5, 1020),
+          "c": done(1000, 1020.2, 1021.0, 1030),
+          # d is preempted at 1009 (e takes its GPU: the grace, no change of ours) and runs again after c
+          "d": run(("SCHEDULED", 1000), ("PENDING", 1000), ("RUNNING", 1000), ("SCHEDULED", 1009),
+                   ("PENDING", 1030.1), ("RUNNING", 1030.4), ("COMPLETED", 1031)),
+          "e": done(1000, 1009.2, 1009.6, 1019)}
+    steps = P.transition_steps(hs, marks)
+    assert steps["gap"]["n"] == 3  # a -> b, b -> c, c -> d's second life; not d's preempted life -> e
+    assert steps["placed"] == {"median": 0.3, "p90": 0.3, "n": 1}  # b only: c and d have no placement line
+    assert steps["pending"] == {"median": 0.2, "p90": 0.2, "n": 1}
+    assert steps["order"] == {"median": 0.5, "p90": 0.5, "n": 1}
+    assert steps["running"] == {"median": 0.5, "p90": 0.5, "n": 1}
