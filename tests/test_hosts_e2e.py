@@ -12,18 +12,24 @@
   publishes) its own member, and all give their capacity back at the end.
 - A host cut off mid-run (issue 41 §3, its veth down) while it runs a member of a 2-member multi-node run
   (across two of the hosts) and a job of its own: the multi-node run fails within 30 s naming the lost
-  member, the job's end is recorded once when the link is back.
+  member, the job's end is recorded once when the link is back. Then the third host never comes back (cut,
+  every process on it killed) while it runs a job: the run is Crashed by Prefect's zombie automation, saying
+  why; `agent ls` shows its agent offline since its last heartbeat; its capacity is no longer counted.
 - Sessions on another host: `--expose` gives a URL on that host's address, reached from another host with
   the token; the default (loopback) gives the loopback URL and an SSH tunnel line to the host's address.
-- The Prefect server, then PostgreSQL, restarted while the three agents hold runs: nothing lost or run twice.
-- A host that never comes back (opt-in, HOSTS_HOST_LOSS=1; see its skip reason): its run Crashed by Prefect's
-  zombie automation, its agent offline, its capacity no longer counted.
+- The Prefect server, then PostgreSQL, restarted while the three agents hold runs: nothing lost or run twice,
+  and the server's automations still act on events (`setup --check`) after each restart.
+
+The agents beat every 10 s here (PREFECT_WORKER_HEARTBEAT_SECONDS; the product default is 30 s), so a silent
+agent is offline after 30 s instead of 90 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,8 +40,8 @@ import pytest
 
 import netns_hosts as N
 from fixtures_hosts import host_agent, netns_hosts, prefect_server_hosts  # noqa: F401
-from launch_helpers import (ROOT, _agents, apply_queue, cli, cli_json, read_runs, wait_agent_free, wait_agent_online,
-                            wait_final, wait_for)
+from launch_helpers import (ROOT, _agents, apply_queue, cli, cli_json, read_runs, restored_env, wait_agent_free,
+                            wait_agent_online, wait_final, wait_for)
 
 PRESETS = {"g1": {"cpu": 0.5, "memory": "256Mi", "gpu": 1}}
 HOSTS_DB = "postgresql"  # the Prefect server and the metrics store on PostgreSQL, on the bridge address
@@ -99,14 +105,21 @@ def three_hosts(prefect_server_hosts, tmp_path_factory):
     name, q = _allreduce_queue(tmp)
     cap = "cpu=2,memory=2Gi,gpu=2"
     a, b, c = f"{name}-a", f"{name}-b", f"{name}-c"
-    with host_agent(hosts[0], [q], a, cap, tmp, wait_online=False), \
-            host_agent(hosts[1], [q], b, cap, tmp, extra=("--advertise-address", hosts[1].addr), wait_online=False), \
-            host_agent(hosts[2], [q], c, cap, tmp, wait_online=False):
+    procs = []
+    with contextlib.ExitStack() as stack:
+        with restored_env("PREFECT_WORKER_HEARTBEAT_SECONDS"):  # the agents beat every 10 s: offline after 30 s
+            os.environ["PREFECT_WORKER_HEARTBEAT_SECONDS"] = "10"
+            for host, agent, extra in ((hosts[0], a, ()), (hosts[1], b, ("--advertise-address", hosts[1].addr)),
+                                       (hosts[2], c, ())):
+                procs.append(stack.enter_context(host_agent(host, [q], agent, cap, tmp, extra=extra, wait_online=False)))
         for agent in (a, b, c):
             wait_agent_online(agent, [q], timeout=120)
         yield {"hosts": hosts, "job": f"allreduce/{name}", "queue": q, "a": a, "b": b, "c": c, "tmp": tmp,
                "host_of": {a: hosts[0], b: hosts[1], c: hosts[2]}, "api_url": prefect_server_hosts["api_url"],
                "metrics_url": prefect_server_hosts["metrics_url"]}
+        for proc in procs:  # all three stop at once, not one after the other (each may take its 20 s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
 
 
 def _wait_started(out: Path, run_id: str, members: tuple[str, ...], tmp: Path) -> dict[str, dict]:
@@ -227,7 +240,8 @@ def test_server_and_postgres_restarted_while_agents_on_three_hosts_hold_runs(thr
     """Issue 41 §3: while the agents on the three hosts hold runs (a 3-member multi-node run, one member on each
     host, and a job of its own on each), the Prefect server is restarted, then PostgreSQL (every connection cut);
     the runs are released once both answer again: every run ends Completed, started once (one Running state,
-    no claim after it), the collective gave the right sum, no run was added, every agent gives its capacity back.
+    no claim after it), the collective gave the right sum, no run was added, every agent gives its capacity back;
+    after each restart the server's automations act on events (`setup --check`: the zombie automation works).
     (A run whose engine reports its end while the server is away longer than Prefect's client retries is not
     covered: that engine gives up and the run is recorded Crashed; see docs/operations.md, Several hosts.)"""
     import psutil
@@ -251,8 +265,12 @@ def test_server_and_postgres_restarted_while_agents_on_three_hosts_hold_runs(thr
             time.sleep(0.5)
         assert len(started) == 6 and all(r.state_name == "Running" for r in read_runs(ids)), (started, _tail(tmp))
         prefect_server_hosts["restart_server"]()
+        # its automations act on events again (a user's check after a restart; and PostgreSQL is restarted only
+        # once the server has started them: a start that fails stops them for good, see automations_probe.py)
+        assert cli_json("setup", "--check")["automations"]["answering"]
         prefect_server_hosts["restart_postgres"]()
         wait_for(lambda: _answers(ids), 120, "the server did not answer after PostgreSQL restarted")
+        assert cli_json("setup", "--check")["automations"]["answering"]  # they outlive a PostgreSQL restart
     finally:
         release.touch()
     runs = wait_final(ids, timeout=240)
@@ -282,15 +300,27 @@ def _answers(ids: list[str]) -> bool:
         return False
 
 
-@pytest.mark.timeout(300)
-def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(three_hosts):
-    """Issue 41 §3: the host of sub1 (a multi-node run) that also runs a single-host job is cut off (its
-    veth down). The multi-node run fails within 30 s naming sub1 and its agent, main1 is stopped and the
-    leader's capacity comes back; the single-host job keeps running and, once the link is back, its end is
-    recorded once (one Pending, one Running: never placed a second time while its host was silent);
-    the cut host's agent then stops sub1 and gives everything back."""
+@pytest.mark.timeout(360)
+def test_a_host_cut_off_mid_run_comes_back_and_a_host_that_never_comes_back(three_hosts):
+    """Issue 41 §3, last in the module (one host stays gone).
+
+    Cut off, then back: the host of sub1 (a multi-node run) that also runs a single-host job is cut off (its veth
+    down). The multi-node run fails within 30 s naming sub1 and its agent, main1 is stopped and the leader's
+    capacity comes back; the single-host job keeps running and, once the link is back, its end is recorded once
+    (one Pending, one Running: never placed a second time while its host was silent); the cut host's agent then
+    stops sub1 and gives everything back.
+
+    Never back: the third host (in neither run) loses its link and every process on it dies while it runs a job.
+    Prefect's zombie automation (`setup` makes it; 40 s of silence here, set once the cut host is back: the
+    default 90 s outlasts the cut above, where a run is silent too) marks the run Crashed saying why; `agent ls`
+    shows the host's agent offline since its last heartbeat, before the loss; its capacity is no longer counted:
+    a 5-member multi-node run is refused at submission, the agents left fitting 4 members (all three fit 6)."""
+    import datetime as dt
+
     import psutil
     from prefect import get_client
+
+    from prefect_launch.deployments.zombies import ensure_zombie_automation
 
     env, tmp = three_hosts, three_hosts["tmp"]
     out = tmp / "cut"
@@ -298,7 +328,8 @@ def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(t
                       "--param", f"out_dir={out}", "--param", "hold_s=120")["run_ids"][0]
     started = _wait_started(out, run_id, ("main1", "sub1"), tmp)
     leader, follower = started["main1"]["env"]["LAUNCH_AGENT"], started["sub1"]["env"]["LAUNCH_AGENT"]
-    cut = env["host_of"][follower]
+    [lost] = [x for x in (env["a"], env["b"], env["c"]) if x not in (leader, follower)]
+    cut, gone = env["host_of"][follower], env["host_of"][lost]
     single = cli_json("submit", env["job"], "--agent", follower, "--param", f"out_dir={out}",
                       "--param", "hold_s=45")["run_ids"][0]
     job = _wait_started(out, single, ("main1",), tmp)["main1"]
@@ -317,6 +348,21 @@ def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(t
         assert job_run.state_name == "Running" and psutil.pid_exists(job["pid"])  # cut off, still running
     finally:
         cut.restore()
+
+    # the third host runs a job, then is gone for good: no link, and nothing on it runs any more
+    with get_client(sync_client=True) as client:  # a changed automation starts each run's window at its next beat
+        assert ensure_zombie_automation(client, within_s=40).within_s == 40
+    doomed = cli_json("submit", env["job"], "--agent", lost, "--param", f"out_dir={out}",
+                      "--param", "hold_s=600")["run_ids"][0]
+    _wait_started(out, doomed, ("main1",), tmp)
+    wait_for(lambda: _heartbeats(doomed), 30, "the run on the host to lose sent no heartbeat")
+    lost_at = dt.datetime.now(dt.timezone.utc)
+    gone.cut()
+    for pid in N.pids_in(gone):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    # meanwhile, the host that came back: its job's end recorded once, sub1 stopped, its capacity back
     [job_run] = wait_final([single], timeout=120)
     assert job_run.state_name == "Completed", (job_run.state.message, _tail(tmp))
     with get_client(sync_client=True) as client:
@@ -327,57 +373,37 @@ def test_a_host_cut_off_mid_run_fails_its_multi_node_run_and_keeps_its_own_job(t
     [run] = read_runs([run_id])
     assert run.state_name == "Failed" and "member(s) sub1 lost" in run.state.message  # not overwritten later
 
-
-@pytest.mark.skipif(os.environ.get("HOSTS_HOST_LOSS") != "1", reason=(
-    "opt-in (HOSTS_HOST_LOSS=1): ~100 s, and not yet reliable in this module - passed alone, after the restart "
-    "test alone and after the cut test alone, but in all 3 runs with the restart and cut tests before it Prefect's "
-    "zombie automation did not mark the lost host's run Crashed within 180 s (not understood yet)"))
-@pytest.mark.timeout(300)
-def test_a_host_that_never_comes_back_has_its_run_crashed_and_its_capacity_dropped(three_hosts):
-    """Issue 41 §3 (last in the module: host c stays gone): c loses its link and every process on it dies while
-    it runs a job. Prefect's zombie automation (`setup` makes it; 40 s of silence here) marks the run Crashed
-    saying why; `agent ls` shows c offline, its last heartbeat before the loss; its capacity is no longer
-    counted: a 5-member multi-node run is refused at submission, the agents left (a, b) fitting 4 members
-    together (all three would fit 6).
-    (~100 s: the zombie automation's 40 s after a 30-s heartbeat, then the agent's 90-s online window.)"""
-    import datetime as dt
-    import signal
-
-    from prefect import get_client
-
-    from prefect_launch.deployments.zombies import ensure_zombie_automation
-
-    env, tmp = three_hosts, three_hosts["tmp"]
-    c, host = env["c"], env["host_of"][env["c"]]
-    with get_client(sync_client=True) as client:
-        assert ensure_zombie_automation(client, within_s=40).within_s == 40  # the product default waits 90 s
-    out = tmp / "gone"
-    job = cli_json("submit", env["job"], "--agent", c, "--param", f"out_dir={out}", "--param", "hold_s=600")["run_ids"][0]
-    _wait_started(out, job, ("main1",), tmp)
-    time.sleep(2)  # the engine's first heartbeat goes out as the flow starts
-    lost_at = dt.datetime.now(dt.timezone.utc)
-    host.cut()  # the host is gone: no link, and nothing on it runs any more
-    for pid in N.pids_in(host):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 180
-    [run] = read_runs([job])
-    while not run.state.is_final() and time.time() < deadline:
-        time.sleep(1)
-        [run] = read_runs([job])
-    assert run.state.is_crashed() and "no heartbeat for 40 s" in run.state.message, (run.state_name, run.state.message)
-    deadline, shown = time.time() + 150, {}  # offline once silent for registry.ONLINE_WINDOW_S (90 s)
+    # the lost host: its agent offline since before the loss (10-s beats here: after 30 s), its run Crashed
+    deadline, shown = time.time() + 90, {}
     while shown.get("online", True) and time.time() < deadline:
-        shown = {x["name"]: x for x in _agents()}[c]
+        shown = {x["name"]: x for x in cli_json("agent", "ls")}[lost]
         time.sleep(1)
-    assert shown["online"] is False and dt.datetime.fromisoformat(shown["heartbeat"]) <= lost_at, shown
-    assert c in cli("agent", "ls").stdout
+    last = dt.datetime.fromisoformat(shown["heartbeat"])  # its last beat: before the loss, not long before
+    assert shown["online"] is False and lost_at - dt.timedelta(seconds=30) <= last <= lost_at, (shown, lost_at)
+    assert shown["offline_since"] == f"{last.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC", shown
+    table = cli("agent", "ls").stdout
+    assert f"no, since {shown['offline_since']}" in table, table
+    deadline = time.time() + 90  # its last beat + 40 s, + the server's 5-s evaluation steps
+    [dead] = read_runs([doomed])
+    while not dead.state.is_final() and time.time() < deadline:
+        time.sleep(1)
+        [dead] = read_runs([doomed])
+    assert dead.state.is_crashed() and "no heartbeat for 40 s" in dead.state.message, (dead.state_name,
+                                                                                          dead.state.message)
     refused = cli("submit", env["job"], "--cluster-size", "5", "--cluster-mode", "multi-node",
                   "--param", f"out_dir={out}", check=False)
     said = refused.stdout + refused.stderr
-    assert refused.returncode == 2 and "fits 4 member(s)" in said and env["a"] in said and c not in said, said
+    assert refused.returncode == 2 and "fits 4 member(s)" in said and leader in said and lost not in said, said
+
+
+def _heartbeats(run_id: str) -> bool:
+    """Whether the server has a heartbeat event of the flow run (read through the events API)."""
+    from prefect import get_client
+
+    body = {"filter": {"event": {"name": ["prefect.flow-run.heartbeat"]},
+                       "resource": {"id": [f"prefect.flow-run.{run_id}"]}}, "limit": 1}
+    with get_client(sync_client=True) as client:
+        return bool(client.request("POST", "/events/filter", json=body).json().get("events"))
 
 
 def _tail(tmp: Path) -> str:
