@@ -40,6 +40,11 @@ class User(BaseModel):
     disabled: bool = False
     projects: tuple[str, ...] = ()
     created: Optional[datetime] = None
+    run_id: Optional[str] = None  # set when the key was a run key: the run it is bound to (it acts as its owner)
+
+    @property
+    def is_run_key(self) -> bool:
+        return self.run_id is not None
 
     @property
     def is_admin(self) -> bool:
@@ -64,6 +69,8 @@ class KeyInfo(BaseModel):
     created: Optional[datetime] = None
     revoked: Optional[datetime] = None
     last_used: Optional[datetime] = None
+    run_id: Optional[str] = None  # a run key's run
+    expires: Optional[datetime] = None
 
 
 class QueueAccess(BaseModel):

@@ -191,7 +191,8 @@ class IdentityRepository:
         key = K.new_key()
         with self._write() as conn:
             uid = self._uid(conn, name)
-            conn.execute(S.api_keys.update().where(S.api_keys.c.user_id == uid, S.api_keys.c.revoked_ms.is_(None))
+            conn.execute(S.api_keys.update().where(S.api_keys.c.user_id == uid, S.api_keys.c.revoked_ms.is_(None),
+                                                   S.api_keys.c.run_id.is_(None))  # running jobs keep theirs
                          .values(revoked_ms=_now_ms()))
             self._insert_key(conn, uid, key)
         return key.plaintext
@@ -212,7 +213,30 @@ class IdentityRepository:
                 q = q.where(S.users.c.name == name)
             rows = conn.execute(q).all()
         return [KeyInfo(key_id=r.key_id, user=r.user, created=_ms(r.created_ms), revoked=_ms(r.revoked_ms),
-                        last_used=_ms(r.last_used_ms)) for r in rows]
+                        last_used=_ms(r.last_used_ms), run_id=r.run_id, expires=_ms(r.expires_ms)) for r in rows]
+
+    def mint_run_key(self, owner: str, run_id: str, ttl_s: float) -> str:
+        """A key bound to flow run ``run_id`` acting as its ``owner`` (an enabled user), valid ``ttl_s`` seconds
+        at most; returns its plaintext (it goes into the run's environment, never stored)."""
+        key = K.new_key()
+        with self._write() as conn:
+            row = conn.execute(sa.select(S.users.c.id, S.users.c.disabled, S.users.c.role)
+                               .where(S.users.c.name == owner)).first()
+            if row is None or row.disabled:
+                raise IdentityError(f"the run's owner {owner!r} is not an enabled user of this gateway, so its run "
+                                    "gets no key: launch runs through the gateway (it sets the owner)")
+            now = _now_ms()
+            conn.execute(S.api_keys.insert().values(key_id=key.key_id, user_id=row.id, salt=key.salt, hash=key.hash,
+                                                    created_ms=now, run_id=str(run_id),
+                                                    expires_ms=now + int(ttl_s * 1000)))
+        return key.plaintext
+
+    def revoke_run_keys(self, run_id: str) -> int:
+        """Revoke every live key of run ``run_id`` (its run ended); returns how many."""
+        with self._write() as conn:
+            return conn.execute(S.api_keys.update().where(S.api_keys.c.run_id == str(run_id),
+                                                          S.api_keys.c.revoked_ms.is_(None))
+                                .values(revoked_ms=_now_ms())).rowcount
 
     def verify(self, key: str, user_name: Optional[str] = None) -> Optional[User]:
         """The enabled user whose live key ``key`` is (and named ``user_name`` when given), else None.
@@ -226,20 +250,26 @@ class IdentityRepository:
         with self._read() as conn:
             row = conn.execute(
                 sa.select(S.api_keys.c.id, S.api_keys.c.salt, S.api_keys.c.hash, S.api_keys.c.revoked_ms,
-                          S.api_keys.c.last_used_ms, S.users.c.name, S.users.c.disabled)
+                          S.api_keys.c.last_used_ms, S.api_keys.c.run_id, S.api_keys.c.expires_ms, S.users.c.name,
+                          S.users.c.disabled)
                 .join(S.users, S.users.c.id == S.api_keys.c.user_id).where(S.api_keys.c.key_id == key_id)).first()
         if row is None:
             K.verify_secret(secret, "00" * 16, "00" * K.DKLEN)  # same work for an unknown id
             return None
         if not K.verify_secret(secret, row.salt, row.hash):
             return None
+        now = _now_ms()
         if row.revoked_ms is not None or row.disabled or (user_name is not None and user_name != row.name):
             return None
-        now = _now_ms()
+        if row.expires_ms is not None and now >= row.expires_ms:
+            return None
         if row.last_used_ms is None or now - row.last_used_ms >= self.LAST_USED_EVERY_MS:
             with self._write() as conn:
                 conn.execute(S.api_keys.update().where(S.api_keys.c.id == row.id).values(last_used_ms=now))
-        return self.user(row.name)
+        user = self.user(row.name)
+        if row.run_id is not None:  # a run key acts as its run's owner, a plain user whatever the owner's role
+            return user.model_copy(update={"run_id": row.run_id, "role": USER})
+        return user
 
     # ------------------------------------------------------------ queue access
 

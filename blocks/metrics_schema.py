@@ -61,6 +61,10 @@ Version 9 adds who may use the box (issue 40, ``blocks.identity_repository``): `
 admin/user/agent, disabled), ``launch_projects``, ``launch_project_members``, ``launch_api_keys`` (only a
 public key id, a per-key salt and the scrypt hash of the secret; revoked and last-used times) and
 ``launch_queue_access`` (which users and projects a queue is open to; a queue without rows is open to all).
+
+Version 10 adds run keys (issue 40, per-run keys): ``launch_api_keys.run_id`` (the flow run a key is bound to;
+NULL for a user's own keys) and ``expires_ms`` (a run key's end of life), and ``launch_run_index.launched_by`` (who
+launched a run for its owner, shown in the monitor's run tables).
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from sqlalchemy.engine import Connection
 
 log = logging.getLogger("prefect_launch.metrics_store")
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 metadata = sa.MetaData()
 
@@ -206,6 +210,7 @@ run_index = sa.Table(
     sa.Column("queued_us", sa.BigInteger),  # entered the queue (latest scheduling before it first left it)
     sa.Column("pending_us", sa.BigInteger),  # first Pending after queued_us (the agent's claim)
     sa.Column("placement", sa.Text),  # label launch.placement: "agent A: cpu=..,gpu=..; gpus 0,1; cores 2,3"
+    sa.Column("launched_by", sa.String(255)),  # v10: tag launched_by (an admin launching for the owner)
 )
 sa.Index("ix_launch_run_index_expected", run_index.c.expected_start_us)
 sa.Index("ix_launch_run_index_synced", run_index.c.synced_ms)
@@ -277,8 +282,11 @@ api_keys = sa.Table(
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("revoked_ms", sa.BigInteger),
     sa.Column("last_used_ms", sa.BigInteger),
+    sa.Column("run_id", sa.String(64)),  # v10: a run key's flow run (NULL: a user's own key)
+    sa.Column("expires_ms", sa.BigInteger),  # v10: a run key's end of life
 )
 sa.Index("ix_launch_api_keys_user", api_keys.c.user_id)
+ix_api_keys_run = sa.Index("ix_launch_api_keys_run", api_keys.c.run_id)
 
 queue_access = sa.Table(
     "launch_queue_access",
@@ -347,7 +355,7 @@ def _migrate_2(conn: Connection) -> None:
 
 
 def _migrate_3(conn: Connection) -> None:
-    _without(run_index, V4_COLUMNS[run_index.name]).create(conn, checkfirst=True)
+    _without(run_index, V4_COLUMNS[run_index.name] + ("launched_by",)).create(conn, checkfirst=True)
     _without(index_meta, ("server_id",)).create(conn, checkfirst=True)
 
 
@@ -385,12 +393,18 @@ def _migrate_8(conn: Connection) -> None:
 
 def _migrate_9(conn: Connection) -> None:
     for table in IDENTITY_TABLES:
-        table.create(conn, checkfirst=True)
+        _without(table, ("run_id", "expires_ms")).create(conn, checkfirst=True)
+
+
+def _migrate_10(conn: Connection) -> None:
+    add_missing_columns(conn, api_keys, ("run_id", "expires_ms"))
+    add_missing_columns(conn, run_index, ("launched_by",))
+    conn.execute(sa.schema.CreateIndex(ix_api_keys_run, if_not_exists=True))
 
 
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _migrate_1, 2: _migrate_2, 3: _migrate_3, 4: _migrate_4, 5: _migrate_5, 6: _migrate_6, 7: _migrate_7,
-    8: _migrate_8, 9: _migrate_9,
+    8: _migrate_8, 9: _migrate_9, 10: _migrate_10,
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 

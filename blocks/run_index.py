@@ -103,6 +103,7 @@ class IndexRow(BaseModel):
     queued_us: Optional[int] = None
     pending_us: Optional[int] = None
     placement: Optional[str] = None
+    launched_by: Optional[str] = None  # v10: the admin or agent who launched it for its owner (the gateway's tag)
 
     @classmethod
     def from_flow_run(cls, r: dict) -> "IndexRow":
@@ -127,6 +128,7 @@ class IndexRow(BaseModel):
             cpu=_num(jv.get("cpu")), memory=str(jv["memory"]) if jv.get("memory") is not None else None, gpu=_num(jv.get("gpu")),
             launched="launch" in tags, queued_us=queued_us, pending_us=pending_us,
             placement=(r.get("labels") or {}).get("launch.placement") or None,
+            launched_by=tag_value(tags, "launched_by"),
         )
 
     def merged(self, held: Optional["IndexRow"], scheduled_us: Sequence[int] = (), pending_us: Sequence[int] = ()) -> "IndexRow":

@@ -314,11 +314,11 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
     def build() -> pd.DataFrame:
         # the members column (cluster runs) after the link: the columns are chosen here, the link as every runs table's
         return _with_members(_linked(v, sel)[
-            ["name", "job", "owner", "queue", "priority", "preset", "state_name", "queued_s", "duration_s", "start", "end",
-             "link"]], sel["id"], v.metrics)
+            ["name", "job", "owner", "launched_by", "queue", "priority", "preset", "state_name", "queued_s", "duration_s",
+             "start", "end", "link"]], sel["id"], v.metrics)
 
     W.table(_once(v, None if brush else ("runs_table",), build), "runs_table", rows_shown=12,
-            labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s"},
+            labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s", "launched_by": "launched by"},
             digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
 
 

@@ -22,9 +22,10 @@ from prefect_launch.workers.agent.registry import ONLINE_WINDOW_S
 from prefect_launch.workers.agent.registry import online_window_s as agent_window_s
 
 HIST_COLUMNS = ["bucket", "group", "state_type", "status", "count", "run_s", "queued_s"]
-RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "preset", "state_type", "state_name", "status",
+RUN_COLUMNS = ["id", "name", "job", "queue", "priority", "owner", "launched_by", "preset", "state_type", "state_name", "status",
                "expected_start", "start", "end", "message", "waiting", "cpu", "memory", "gpu", "launched", "queued_s", "duration_s"]
-DETAIL_COLUMNS = ["name", "priority", "state_name", "message", "waiting", "cpu", "memory", "gpu", "launched"]
+DETAIL_COLUMNS = ["name", "priority", "state_name", "message", "waiting", "cpu", "memory", "gpu", "launched",
+                  "launched_by"]
 ERROR_COLUMNS = ["time", "job", "run", "id", "owner", "queue", "state", "message", "log"]
 COUNT_COLUMNS = ["queue", "queued", "pending", "running"]
 POOL_COLUMNS = ["queue", "type", "status", "paused", "concurrency_limit", "id", "sharing"]
@@ -146,6 +147,7 @@ def runs_frame(rows: pd.DataFrame, details: pd.DataFrame, now: dt.datetime) -> p
     out["message"] = out["message"].fillna("")
     out["waiting"] = out["waiting"].fillna("")
     out["launched"] = out["launched"].fillna(False).astype(bool)
+    out["launched_by"] = out["launched_by"].fillna("")
     terminal = out["state_type"].isin(list(TERMINAL_TYPES)).to_numpy()
     out["queued_s"], out["duration_s"] = queued_and_duration(exp, start, end, terminal, float(us(now)))
     return out[RUN_COLUMNS]

@@ -45,10 +45,15 @@ def _write_record(path: Path, record: dict) -> None:
 
 @flow(name="probe")
 def probe(record_dir: str, seconds: float = 1.0, alloc_mb: int = 0, tag: str = "", release_file: str = "",
-          linger: float = 0.0) -> dict:
+          linger: float = 0.0, env_file: str = "") -> dict:
     """``linger``: the run's process stays that many seconds after the run reported its end (an exit handler
-    that sleeps, like a job's last upload or its workers' clean-up): a test of what happens meanwhile."""
+    that sleeps, like a job's last upload or its workers' clean-up): a test of what happens meanwhile.
+    ``env_file``: the job's environment (and its process's initial one) written there as it starts, before it
+    waits: what a job's code can find in it (the gateway tests look for credentials)."""
     start = time.time()
+    if env_file:
+        _write_record(Path(env_file), {"environ": dict(os.environ),
+                                       "proc_environ": Path("/proc/self/environ").read_bytes().decode(errors="replace")})
     if linger:
         atexit.register(time.sleep, linger)
     hog = bytearray(alloc_mb * 1024 * 1024) if alloc_mb else b""

@@ -42,6 +42,7 @@ from prefect_launch import gateway_rules as R
 from prefect_launch.blocks.identity_records import User
 from prefect_launch.blocks.identity_repository import IdentityRepository
 from prefect_launch.gateway_auth import Credentials, FailureLimiter, KeyCache, credentials, token_credentials
+from prefect_launch.gateway_run_keys import RUN_KEYS_PATH, RunKeys
 from prefect_launch.settings import env_int, env_seconds
 
 __all__ = ["GatewayConfig", "create_app"]
@@ -120,6 +121,7 @@ class Gateway:
         self.pools: _TTL[Optional[str]] = _TTL(config.key_cache_s)
         self.access: _TTL[Any] = _TTL(config.key_cache_s)
         self.client: Optional[httpx.AsyncClient] = None
+        self.run_keys = RunKeys(self)
 
     def upstream_headers(self) -> dict[str, str]:
         if not self.config.upstream_auth:
@@ -142,6 +144,8 @@ class Gateway:
         user = self.keys.get(cred)
         if user is None:
             user = await anyio.to_thread.run_sync(self.repo.verify, cred.key, cred.user)
+            if user is not None and user.is_run_key and not await self.run_keys.still_live(user):
+                user = None  # its run has ended
             if user is not None:
                 self.keys.put(cred, user)
         return user
@@ -438,6 +442,8 @@ def create_app(config: GatewayConfig) -> Starlette:
 
     app = Starlette(routes=[WebSocketRoute("/api/events/in", gw.websocket),
                             WebSocketRoute("/api/events/out", gw.websocket),
+                            Route(RUN_KEYS_PATH, gw.run_keys.mint, methods=["POST"]),
+                            Route(RUN_KEYS_PATH + "/{run_id}", gw.run_keys.revoke, methods=["DELETE"]),
                             Route("/{path:path}", gw.http, methods=methods)],
                     lifespan=lifespan)
     app.state.gateway = gw

@@ -115,6 +115,11 @@ class KeyCache(Generic[T]):
                 return None
             return hit[1]
 
+    def forget(self, match: Callable[[T], bool]) -> None:
+        """Drop every answer ``match`` picks (a revoked run key takes effect at once in this process)."""
+        with self._lock:
+            self._data = {k: v for k, v in self._data.items() if not match(v[1])}
+
     def put(self, cred: Credentials, value: T) -> None:
         if self.ttl_s <= 0:
             return

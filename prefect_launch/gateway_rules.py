@@ -13,18 +13,25 @@ automations, variables other than their own recent-sessions list, logs, bulk run
 those are for admins and agents. :func:`label_refusal` keeps the agents' labels (``launch.alloc`` and the
 like, which owner quotas count) out of users' hands. :func:`secret_read` decides how a plain user's block
 read is handled: Secret values come back masked, except a session token to its session's owner.
+
+Run keys (a key an agent obtains for one run, which the run's process gets instead of the agent's key):
+:func:`run_key_refusal` says who may obtain one (agents) and for which run (one not yet ended, with an owner);
+a run key's user is its run's owner as a plain user, who may besides write what an engine writes
+(:func:`engine_write`: logs, artifacts, concurrency slots); :func:`run_key_ended` says when it stops working.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Iterable, NamedTuple, Optional
 
 from prefect_launch.blocks.identity_records import QueueAccess, User
 from prefect_launch.workers.agent.tags import OWNER, tag, tag_value
 
-__all__ = ["PROJECT", "LAUNCHED_BY", "Refusal", "Route", "classify", "label_refusal", "launch_tags",
-           "may_change_run", "queue_refusal", "safe_path", "secret_read", "write_refusal"]
+__all__ = ["PROJECT", "LAUNCHED_BY", "Refusal", "Route", "classify", "engine_write", "label_refusal", "launch_tags",
+           "may_change_run", "queue_refusal", "run_key_ended", "run_key_refusal", "safe_path", "secret_read",
+           "write_refusal"]
 
 PROJECT = "project"
 LAUNCHED_BY = "launched_by"
@@ -180,6 +187,8 @@ def write_refusal(user: User, method: str, path: str) -> Optional[Refusal]:
         return None
     if method.upper() == "POST" and parts in (["api", "flows"],):
         return None
+    if user.is_run_key and engine_write(method, path):
+        return None
     what = _AREAS.get(area, area or "this")
     return Refusal(403, f"user {user.name!r} may not create, change or delete {what} ({method.upper()} {path}): "
                         "only admins (and agents) may")
@@ -244,3 +253,59 @@ def secret_refusal(user: User, name: str, owner: Optional[str] = None) -> Refusa
     whose = f" (the session of {owner!r})" if owner else ""
     return Refusal(403, f"user {user.name!r} may not read the value of Secret block {name!r}{whose}: only "
                         "admins, agents and (for a session's token) the session's owner may")
+
+
+# What a run's engine writes besides its run's states (which the run rules decide): its log lines, artifacts,
+# and global concurrency slots (``concurrency()`` in a task or flow).
+_ENGINE_WRITES = [re.compile(p) for p in (r"^/api/logs/?$", r"^/api/artifacts/?$",
+                                          r"^/api/v2/concurrency_limits/(increment|decrement)(-with-lease)?/?$",
+                                          r"^/api/v2/concurrency_limits/leases/[^/]+/renew/?$",
+                                          r"^/api/concurrency_limits/(increment|decrement)/?$")]
+
+
+def engine_write(method: str, path: str) -> bool:
+    """Whether this request is one a run's engine makes that a plain user's key may not (a run key may)."""
+    return method.upper() == "POST" and any(p.match(path) for p in _ENGINE_WRITES)
+
+
+_RUN_ID = re.compile(rf"^{_UUID}$")
+
+
+def is_run_id(text: str) -> bool:
+    return bool(_RUN_ID.match(text or ""))
+
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+def run_key_refusal(user: User, run: Optional[dict]) -> Optional[Refusal]:
+    """None if ``user`` may obtain a key for ``run`` (the flow run as the server has it; None: not found).
+
+    Only agents may (they start runs); the run must exist, not have ended, and have an ``owner:`` tag (the
+    gateway sets it on every run made through it), since the key acts as that owner."""
+    if not user.is_agent:
+        return Refusal(403, f"user {user.name!r} may not obtain run keys: only agents' keys may (they start runs)")
+    if run is None:
+        return Refusal(404, "no such flow run")
+    state = (run.get("state") or {}).get("type") if isinstance(run.get("state"), dict) else None
+    if state in FINAL_STATES:
+        return Refusal(409, f"flow run {run.get('id')} has ended ({state}): it gets no key")
+    if not tag_value(run.get("tags"), OWNER):
+        return Refusal(409, f"flow run {run.get('id')} has no owner: tag, so its key could act for no one; "
+                            "launch runs through the gateway (it sets the owner)")
+    return None
+
+
+def run_key_ended(run: Optional[dict], now: float, grace_s: float) -> bool:
+    """Whether a run key of ``run`` must stop working: the run is gone, or has been in a final state for more than
+    ``grace_s`` seconds (its process flushes its last logs and events after its final state)."""
+    if run is None:
+        return True
+    state = run.get("state") if isinstance(run.get("state"), dict) else {}
+    if state.get("type") not in FINAL_STATES:
+        return False
+    try:
+        when = datetime.fromisoformat(str(state.get("timestamp")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return True
+    return now - when > grace_s

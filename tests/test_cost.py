@@ -228,7 +228,7 @@ def test_v3_store_with_self_migrated_index_upgrades_to_v4(tmp_path):
     engine.dispose()
     dispose_engines()
     store = RunMetricsStore(url=url)
-    assert store.schema_version() == S.SCHEMA_VERSION == 9
+    assert store.schema_version() == S.SCHEMA_VERSION == 10
     with store._read() as conn:
         insp = sa.inspect(conn)
         for table, names in S.V4_COLUMNS.items():

@@ -495,10 +495,23 @@ def test_an_index_built_before_server_ids_is_adopted_not_rebuilt(tmp_path):
     engine.dispose()
     dispose_engines()
     index = RunIndex(RunMetricsStore(url=url))
-    assert index.store.schema_version() == 9
+    assert index.store.schema_version() == 10
     assert index.meta("a" * 32, "http://localhost:4200/api") is None  # another URL: not this row
     m = index.meta("a" * 32, "http://127.0.0.1:4200/api")
     assert (m.server_id, m.covered_since_ms, m.events_cursor_ms, m.last_sync_ms) == ("a" * 32, 1000, 2000, 3000)
     assert index.meta("a" * 32).covered_since_ms == 1000  # adopted: found by the id alone from now on
     assert index.meta("b" * 32, "http://127.0.0.1:4200/api") is None  # another server at that URL later: not it
     assert set(index.frame(columns=["id"])["id"]) == {"r1"}
+
+
+def test_the_run_tables_show_who_launched_a_run_for_its_owner():
+    """The gateway's launched_by: tag (an admin launching for alice) reaches the index row and the monitor's run
+    table; a run alice launched herself shows none."""
+    now = dt.datetime(2026, 1, 1, 1, tzinfo=dt.timezone.utc)
+    row = IndexRow.from_flow_run({"id": "a", "tags": ["owner:alice", "launched_by:root"], "state_type": "RUNNING"})
+    own = IndexRow.from_flow_run({"id": "b", "tags": ["owner:alice"], "state_type": "RUNNING"})
+    assert (row.owner, row.launched_by, own.launched_by) == ("alice", "root", None)
+    raw = pd.DataFrame([dict(r.model_dump(), synced_ms=0) for r in (row, own)])
+    table = F.runs_frame(IV.prepare(raw, {}), raw, now).set_index("id")
+    assert "launched_by" in F.RUN_COLUMNS
+    assert table.loc["a", "launched_by"] == "root" and table.loc["b", "launched_by"] == ""

@@ -489,9 +489,41 @@ def cli_env(gw, **values):
         yield
 
 
-def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
-    """An admin's CLI sets up, a user's CLI submits, an agent on an agent key runs the runs; then the gateway is
-    killed (SIGKILL) and started again on its port under a running run."""
+def job_credentials_are_its_runs_own(gw, scene, run_id, env_file):
+    """What bob's job finds in its environment: a key of its own run acting as bob, not the agent's key; with it,
+    alice's session token, a Secret's value, cancelling alice's run and minting run keys are refused (403), its
+    own run reads. Returns a caller with those credentials."""
+    import json
+
+    wait_for(env_file.exists, 60, "the job did not write its environment")
+    found = json.loads(env_file.read_text())
+    agent_key = gw["keys"]["box-1"]
+    assert not any(agent_key in v for v in found["environ"].values()) and agent_key not in found["proc_environ"]
+    user, _, key = found["environ"]["PREFECT_API_AUTH_STRING"].partition(":")
+    assert user == "bob" and key.startswith("plk_") and key not in gw["keys"].values()
+
+    def as_job(method, path, **kw):
+        return httpx.request(method, gw["api"] + path, auth=(user, key), timeout=30, **kw)
+
+    secret = "/block_types/slug/secret/block_documents/name/{}"
+    for method, path, kw, words in [
+        ("GET", secret.format(scene["token"]), {"params": {"include_secrets": "true"}}, "(the session of 'alice')"),
+        ("GET", secret.format(scene["secret"]), {"params": {"include_secrets": "true"}}, "may not read the value"),
+        ("POST", f"/flow_runs/{scene['run']}/set_state", {"json": {"state": {"type": "CANCELLING"}, "force": True}},
+         "may not cancel 'alice''s run"),
+        ("POST", "/launch/run-keys", {"json": {"flow_run_id": scene["run"]}}, "only agents"),
+    ]:
+        r = as_job(method, path, **kw)
+        assert r.status_code == 403 and words in r.json()["detail"], (path, r.status_code, r.text)
+    run_unchanged(scene)
+    assert as_job("GET", f"/flow_runs/{run_id}").json()["id"] == run_id
+    return as_job
+
+
+def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, scene, tmp_path):
+    """An admin's CLI sets up, a user's CLI submits, an agent on an agent key runs the runs, each with a key of its
+    own run (not the agent's: a job that tries another user's session token or run is refused, and the key ends
+    with its run); then the gateway is killed (SIGKILL) and started again on its port under a running run."""
     from launch_helpers import (apply_queue, cli, cli_json, deploy_probe, records, wait_agent_online, wait_final,
                                 wait_running)
 
@@ -524,11 +556,12 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
 
         # the gateway is killed while alice's run runs on the agent, and started again: the CLI says why it
         # cannot submit meanwhile; the agent keeps its run, reconnects, and runs what comes after, each once
-        release = tmp_path / "release"
-        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
+        release, env_file = tmp_path / "release", tmp_path / "job-env.json"
+        with cli_env(gw, PREFECT_API_KEY=gw["keys"]["bob"]):
             held = cli_json("submit", job, "--queue", q, "--param", f"record_dir={rec}", "--param", "seconds=120",
-                            "--param", f"release_file={release}")["run_ids"][0]
+                            "--param", f"release_file={release}", "--param", f"env_file={env_file}")["run_ids"][0]
         wait_running(held)
+        job_key = job_credentials_are_its_runs_own(gw, scene, held, env_file)
         gw["kill"]()
         with cli_env(gw, PREFECT_API_KEY=gw["keys"]["alice"]):
             down = cli("submit", job, "--queue", q, "--param", f"record_dir={rec}", check=False)
@@ -540,6 +573,9 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
         release.touch()
         again = wait_final([held] + after, timeout=180)
         wait_agent_online(f"gw-agent-{sfx}", [q], timeout=60)
+        # the agent revoked the run's key when its process ended
+        wait_for(lambda: job_key("GET", f"/flow_runs/{held}").status_code == 401, 30,
+                 lambda: f"the run key still works after its run ended: {job_key('GET', f'/flow_runs/{held}')}")
     assert down.returncode == 2 and "cannot reach the Prefect API at " + gw["api"] in down.stderr, down.stderr
     assert "nothing was sent" in down.stderr
     assert [r.state.type.value for r in again] == ["COMPLETED"] * 2, [r.state for r in again]
@@ -551,6 +587,10 @@ def test_the_cli_and_an_agent_work_through_the_gateway_with_keys(gw, tmp_path):
         assert sorted(str(r.id) for r in made) == sorted(out["run_ids"] + for_alice + [held] + after)
         for rid in [held] + after:
             assert [s.name for s in client.read_flow_run_states(rid)].count("Pending") == 1, rid  # claimed once
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=after)))  # sent with its run's key
+        assert any("Finished in state Completed" in line.message for line in logs), [x.message for x in logs]
     assert all(r.run_count == 1 for r in again)
     assert not any(k in log2.read_text() for k in gw["keys"].values())
     assert [r.state.type.value for r in runs] == ["COMPLETED"] * 3, [r.state for r in runs]

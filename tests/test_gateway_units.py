@@ -254,3 +254,68 @@ def test_the_cli_says_why_when_the_gateway_or_server_does_not_answer(monkeypatch
     broken = unreachable(httpx.RemoteProtocolError("Server disconnected without sending a response.", request=req))
     assert "(RemoteProtocolError: Server disconnected" in broken and "may or may not have been applied" in broken
     assert "nothing was sent" not in broken
+
+
+# ------------------------------------------------------------------ run keys (a run's own key, not its agent's)
+
+RUN = "0b5c2b8e-64f1-4b9e-9d3e-2f6f0c1a7d11"
+ALICE_RUN = User(name="alice", projects=("vision",), run_id=RUN)  # a run key of alice's run
+
+
+def test_only_agents_obtain_run_keys_for_live_owned_runs():
+    live = {"id": RUN, "state": {"type": "PENDING"}, "tags": ["owner:alice"]}
+    assert R.run_key_refusal(AGENT, live) is None
+    for who in (ALICE, ROOT, ALICE_RUN):  # users, admins, and a run key itself may not
+        refusal = R.run_key_refusal(who, live)
+        assert refusal.status == 403 and "only agents" in refusal.message
+    assert R.run_key_refusal(AGENT, None).status == 404
+    ended = R.run_key_refusal(AGENT, {**live, "state": {"type": "COMPLETED"}})
+    assert ended.status == 409 and "has ended (COMPLETED)" in ended.message
+    ownerless = R.run_key_refusal(AGENT, {**live, "tags": ["x"]})
+    assert ownerless.status == 409 and "no owner" in ownerless.message
+
+
+def test_a_run_key_acts_as_its_owner_a_plain_user():
+    """It changes its owner's runs only, reads Secret values of its owner's session only, writes no queue or block;
+    beyond a user's key it may write what an engine writes (logs, artifacts, concurrency slots)."""
+    assert R.may_change_run(ALICE_RUN, ["owner:alice"], "cancel") is None
+    refusal = R.may_change_run(ALICE_RUN, ["owner:bob"], "cancel")
+    assert refusal.status == 403 and "may not cancel 'bob''s run" in refusal.message
+    assert R.secret_read(ALICE_RUN, "GET", "/api/block_types/slug/secret/block_documents/name/wandb", True).refuse
+    token = R.secret_read(ALICE_RUN, "GET", f"/api/block_types/slug/secret/block_documents/name/session-token-{RUN}",
+                          True)
+    assert token.run_id == RUN and not token.refuse  # the gateway checks the session's owner
+    for method, path in [("POST", "/api/block_documents/"), ("POST", "/api/work_pools/"),
+                         ("POST", "/api/flow_runs/bulk_set_state"), ("POST", "/api/admin/settings")]:
+        assert R.write_refusal(ALICE_RUN, method, path).status == 403, path
+    for path in ("/api/logs/", "/api/artifacts/", "/api/v2/concurrency_limits/increment-with-lease",
+                 "/api/v2/concurrency_limits/decrement"):
+        assert R.write_refusal(ALICE_RUN, "POST", path) is None, path
+        assert R.write_refusal(ALICE, "POST", path).status == 403, path  # a user's own key: not these
+    tags, refusal = R.launch_tags(ALICE_RUN, ["owner:bob"])  # a subflow or run_deployment: the owner's run
+    assert refusal is None and "owner:alice" in tags and "owner:bob" not in tags
+    assert R.label_refusal(ALICE_RUN, {"launch.alloc": "gpu=8"}).status == 403
+
+
+@pytest.mark.parametrize("state, age_s, ended", [
+    (None, 0, True),  # the run is gone
+    ({"type": "RUNNING", "timestamp": "2026-01-01T00:00:00+00:00"}, 10_000, False),
+    ({"type": "COMPLETED", "timestamp": "2026-01-01T00:00:00+00:00"}, 30, False),  # its last logs still flush
+    ({"type": "COMPLETED", "timestamp": "2026-01-01T00:00:00+00:00"}, 61, True),
+    ({"type": "CRASHED", "timestamp": "2026-01-01T00:00:00Z"}, 61, True),
+    ({"type": "FAILED", "timestamp": "not a time"}, 0, True),
+])
+def test_a_run_key_ends_a_grace_after_its_run(state, age_s, ended):
+    from datetime import datetime
+
+    t0 = datetime.fromisoformat("2026-01-01T00:00:00+00:00").timestamp()
+    run = None if state is None else {"id": RUN, "state": state}
+    assert R.run_key_ended(run, t0 + age_s, grace_s=60) is ended
+
+
+def test_the_key_cache_forgets_a_revoked_run_key_at_once():
+    cache: KeyCache[User] = KeyCache(ttl_s=60)
+    cache.put(Credentials("k1", "alice"), ALICE_RUN)
+    cache.put(Credentials("k2", "alice"), ALICE)
+    cache.forget(lambda u: u.run_id == RUN)
+    assert cache.get(Credentials("k1", "alice")) is None and cache.get(Credentials("k2", "alice")) == ALICE

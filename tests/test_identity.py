@@ -107,3 +107,32 @@ def test_names_become_tags_so_they_are_checked():
     for bad in ("", "a b", "a:b", "-x", "x" * 64):
         with pytest.raises(ValueError):
             check_name(bad)
+
+
+def test_run_keys_act_as_their_runs_owner_until_revoked_or_expired(repo, monkeypatch):
+    """A run key: hashed like any key, verified as its owner (a plain user, even for an admin's run) bound to its
+    run; revoked by run id, expired after its TTL; a user's key rotation leaves running jobs' keys alone."""
+    from prefect_launch.blocks import identity_repository as IR
+
+    repo.add_user("root", role="admin")
+    repo.add_user("alice")
+    repo.add_user("off")
+    repo.set_disabled("off")
+    key = repo.mint_run_key("alice", "run-1", ttl_s=3600)
+    admins = repo.mint_run_key("root", "run-2", ttl_s=3600)
+    user = repo.verify(key)
+    assert user.name == "alice" and user.run_id == "run-1" and user.is_run_key and not user.is_agent
+    assert repo.verify(admins).role == "user" and repo.verify(admins).run_id == "run-2"
+    with engine_for(repo.url).connect() as conn:
+        assert K.split_key(key)[1] not in repr(conn.execute(sa.select(S.api_keys)).all())
+    repo.rotate_key("alice")
+    assert repo.verify(key).run_id == "run-1"
+    assert [k.run_id for k in repo.keys("alice")] == [None, "run-1", None]
+    assert repo.revoke_run_keys("run-1") == 1 and repo.verify(key) is None and repo.verify(admins) is not None
+    short = repo.mint_run_key("alice", "run-3", ttl_s=60)
+    now = IR._now_ms()
+    monkeypatch.setattr(IR, "_now_ms", lambda: now + 61_000)
+    assert repo.verify(short) is None  # expired
+    for owner, words in [("ghost", "'ghost' is not an enabled user"), ("off", "'off' is not an enabled user")]:
+        with pytest.raises(IdentityError, match=words):
+            repo.mint_run_key(owner, "run-4", ttl_s=60)

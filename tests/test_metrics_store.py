@@ -182,7 +182,7 @@ def test_schema_upgrade_from_v1_keeps_data(request, tmp_path):
         engine.dispose()
 
         store = RunMetricsStore(url=url)
-        assert store.schema_version() == S.SCHEMA_VERSION == 9
+        assert store.schema_version() == S.SCHEMA_VERSION == 10
         with store._read() as conn:  # v3: the monitor's run index tables exist on the upgraded database
             assert sa.inspect(conn).has_table("launch_run_index") and sa.inspect(conn).has_table("launch_index_meta")
             # v8: the index's meta is keyed by the Prefect server's identity

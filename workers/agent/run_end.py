@@ -59,8 +59,18 @@ class RunEnds:
                         await self.stop_sampler(sampler, "UNKNOWN")
                     if self.w._active.get(flow_run.id).handle is not None:  # it ran: record its end (a failed start: the caller records it)
                         await self.note_end(flow_run, status_code, reason)
+                    self.revoke_key_soon(flow_run.id)
             finally:
                 self.w._active.take(flow_run.id, "ending")
+
+    def revoke_key_soon(self, run_id: Any) -> None:
+        """The run's process is gone: its run key goes too (off the end's path; no gateway: nothing to do)."""
+        from prefect_launch.workers.agent.run_keys import behind_gateway, revoke_run_keys
+
+        if not behind_gateway():
+            return
+        if self.w._runs_task_group is not None:
+            self.w._runs_task_group.start_soon(revoke_run_keys, run_id)
 
     async def note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str]) -> None:
         """``terminate``: how the run ended and that its capacity goes back (the release follows at once)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from prefect_launch.workers.agent.active_run import RunHandle
 from prefect_launch.workers.agent.limits import run_environment
+from prefect_launch.workers.agent.run_keys import run_key_env
 from prefect_launch.workers.agent.secrets import resolve_secret_env
 from prefect_launch.workers.agent.stops import preempt_deadline_file
 from prefect_launch.workers.scheduling.ledger import Allocation
@@ -30,12 +31,14 @@ class RunStarts:
         self.w = worker
 
     async def env(self, alloc: Allocation, secret_env: Optional[dict[str, str]]) -> dict[str, str]:
-        """Pinning (GPUs, threads, the allocation), secrets read now, and heartbeats for the zombie automation."""
+        """Pinning (GPUs, threads, the allocation), secrets read now, the run's key (behind a gateway), and
+        heartbeats for the zombie automation."""
         env = run_environment(alloc, self.w.name)
         if alloc.preemptible:  # the job may checkpoint between SIGTERM and the kill
             env.update(LAUNCH_PREEMPTIBLE="1", LAUNCH_PREEMPT_GRACE_SECONDS=f"{self.w.queue_spec().preempt_grace_s:g}",
                        LAUNCH_PREEMPT_DEADLINE_FILE=str(preempt_deadline_file(alloc.run_id)))
         env.update(await resolve_secret_env({"secret_env": secret_env}))
+        env.update(await run_key_env(alloc.run_id))  # behind a gateway: the run's own key, not the agent's
         # Prefect's minimum; the zombie automation waits 3x
         env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", os.environ.get("LAUNCH_HEARTBEAT_SECONDS", "30"))
         return env

@@ -25,6 +25,7 @@ from prefect.settings import get_current_settings
 from prefect.utilities.processutils import consume_process_output, sanitize_subprocess_env
 
 from prefect_launch.compat.prefect import EngineCommandStarter, ProcessHandle, create_isolated_termination_scope
+from prefect_launch.workers.agent.run_keys import CREDENTIAL_VARS, without_agent_key
 from prefect_launch.workers.backends.engine_fork import EngineZygote
 from prefect_launch.workers.agent.tags import tag_value
 
@@ -70,6 +71,7 @@ class WarmPool:
         try:
             env = dict(os.environ)
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+            env = without_agent_key(env)  # behind a gateway, engines get their run's key with their order
             env["LAUNCH_WARM_APPS"] = "1" if self.apps_now() else "0"
             if self.zygote is not None:
                 env["LAUNCH_WARM_APPS"] = "0"  # the zygote loads them before a fork that asks for them
@@ -167,6 +169,7 @@ class WarmEngineStarter(EngineCommandStarter):
         env: dict[str, Optional[str]] = dict(os.environ)
         env.update(self._env)
         env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+        env.update({k: self._env[k] for k in CREDENTIAL_VARS if k in self._env})  # the run's key, not the agent's
         env.update({
             "PREFECT__FLOW_RUN_ID": str(flow_run.id),
             "PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS": "false",

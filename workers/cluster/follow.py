@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect.states import Failed, StateType
 
+from prefect_launch.workers.agent.run_keys import run_key_env
 from prefect_launch.workers.cluster.env import member_env
 from prefect_launch.workers.cluster.lifecycle import cluster_beat_s, cluster_drain_s, cluster_stop_grace_s, member_log
 from prefect_launch.workers.cluster.process import ClusterProcesses, describe_exit
@@ -153,6 +154,7 @@ class ClusterFollower:
         self.followed[fr.id] = procs
         try:
             procs, base = await self.w._follower_members(fr, alloc, dvars)
+            base = {**base, **await run_key_env(run_id)}  # behind a gateway: the run's own key, not this agent's
             self.followed[fr.id] = procs
             for m in alloc.members:
                 procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,

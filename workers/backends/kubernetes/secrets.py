@@ -56,10 +56,13 @@ class RunSecrets:
 
     async def env_secret(self, api: KubeApi, namespace: str, flow_run: "FlowRun",
                           refs: Optional[dict[str, str]]) -> Optional[tuple[str, list[str]]]:
-        """``secret_env`` values in a per-run Secret (deleted when the run ends); the manifest only names it."""
+        """``secret_env`` values and, behind a gateway, the run's own key (in place of the agent's) in a per-run
+        Secret (deleted when the run ends); the manifest only names it."""
+        from prefect_launch.workers.agent.run_keys import run_key_env
         from prefect_launch.workers.agent.secrets import resolve_secret_env
 
         values = await resolve_secret_env({"secret_env": refs}) if refs else {}
+        values.update(await run_key_env(flow_run.id))
         if not values:
             return None
         name = ENV_SECRET_PREFIX + str(flow_run.id)

@@ -347,6 +347,11 @@ class LaunchKubernetesWorker(QueueIntake, KubernetesWorker):
                     await self.clusters.end(api, flow_run, namespace, name, end)
                 if env_secret:
                     await self.secrets.forget(api, namespace, env_secret[0])
+                if end is not None:  # the Job ended (not the worker stopping: it re-attaches later): its key too
+                    from prefect_launch.workers.agent.run_keys import revoke_run_keys
+
+                    with anyio.CancelScope(shield=True):
+                        await revoke_run_keys(flow_run.id)
         status = await self._record_end(flow_run, end)
         if status == 0:
             self._active.take(flow_run.id, "ended")  # no crash proposal follows a zero status
