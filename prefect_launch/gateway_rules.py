@@ -291,8 +291,9 @@ def run_key_refusal(user: User, run: Optional[dict]) -> Optional[Refusal]:
     if state in FINAL_STATES:
         return Refusal(409, f"flow run {run.get('id')} has ended ({state}): it gets no key")
     if not tag_value(run.get("tags"), OWNER):
-        return Refusal(409, f"flow run {run.get('id')} has no owner: tag, so its key could act for no one; "
-                            "launch runs through the gateway (it sets the owner)")
+        return Refusal(409, f"flow run {run.get('id')} has no owner: tag, so its key could act for no one: launch "
+                            "runs through the gateway (it sets the owner), and give a deployment with a schedule an "
+                            "owner:<user> tag (its scheduled runs carry it)")
     return None
 
 

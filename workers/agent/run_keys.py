@@ -27,6 +27,7 @@ __all__ = ["CREDENTIAL_VARS", "RunKeyError", "agent_credentials", "revoke_run_ke
 log = logging.getLogger("prefect_launch.agent")
 CREDENTIAL_VARS = ("PREFECT_API_AUTH_STRING", "PREFECT_API_KEY")
 RETRY_DELAYS_S = (0.5, 1, 2, 4, 8, 15)  # a gateway restarting takes seconds: ride it out, then say why
+REVOKE_DELAYS_S = (0.5, 2)  # off the run's end path; the gateway ends the key itself a minute after the run
 E = TypeVar("E", bound=Mapping)
 
 
@@ -66,12 +67,12 @@ def without_agent_key(env: E) -> E:
     return type(env)({k: v for k, v in env.items() if k not in CREDENTIAL_VARS})  # type: ignore[call-arg]
 
 
-async def _call(method: str, path: str, what: str, delays: tuple[float, ...] = RETRY_DELAYS_S,
+async def _call(method: str, path: str, what: str, delays: Optional[tuple[float, ...]] = None,
                 **kw: object) -> httpx.Response:
     url, auth, key = agent_credentials()
     last: Optional[str] = None
     async with httpx.AsyncClient(timeout=30) as client:
-        for delay in (*delays, None):
+        for delay in (*(RETRY_DELAYS_S if delays is None else delays), None):
             try:
                 resp = await client.request(method, f"{url}/launch/run-keys{path}", headers=_headers(auth, key), **kw)
                 if resp.status_code < 500:
@@ -111,7 +112,7 @@ async def revoke_run_keys(run_id: object) -> None:
     if not behind_gateway():
         return
     try:
-        resp = await _call("DELETE", f"/{run_id}", f"revoke the keys of run {run_id}", delays=(0.5, 2))
+        resp = await _call("DELETE", f"/{run_id}", f"revoke the keys of run {run_id}", delays=REVOKE_DELAYS_S)
         if resp.status_code != 200:
             log.warning("the gateway did not revoke the keys of run %s (%s)", run_id, resp.status_code)
     except RunKeyError as exc:
