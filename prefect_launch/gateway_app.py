@@ -264,6 +264,10 @@ class Gateway:
             if refusal is None:
                 rule = R.write_refusal(user, request.method, path)
                 refusal = _deny(rule.status, rule.message) if rule is not None else None
+            if refusal is None and user.is_run_key and R.token_write(request.method, path):
+                body, refusal = await self.run_keys.token_write(user, request)  # its session's token only
+                if refusal is None:
+                    return await self.forward(request, body)
             if refusal is None:
                 query, body, refusal = await self._secret_reads(user, request)
             if refusal is None:

@@ -31,7 +31,7 @@ from prefect_launch.workers.agent.tags import OWNER, tag, tag_value
 
 __all__ = ["PROJECT", "LAUNCHED_BY", "Refusal", "Route", "classify", "engine_write", "label_refusal", "launch_tags",
            "may_change_run", "queue_refusal", "run_key_ended", "run_key_refusal", "safe_path", "secret_read",
-           "write_refusal"]
+           "token_write", "token_write_refusal", "write_refusal"]
 
 PROJECT = "project"
 LAUNCHED_BY = "launched_by"
@@ -187,8 +187,8 @@ def write_refusal(user: User, method: str, path: str) -> Optional[Refusal]:
         return None
     if method.upper() == "POST" and parts in (["api", "flows"],):
         return None
-    if user.is_run_key and engine_write(method, path):
-        return None
+    if user.is_run_key and (engine_write(method, path) or token_write(method, path)):
+        return None  # token writes: the gateway then checks the block is the run's own session token
     what = _AREAS.get(area, area or "this")
     return Refusal(403, f"user {user.name!r} may not create, change or delete {what} ({method.upper()} {path}): "
                         "only admins (and agents) may")
@@ -310,3 +310,22 @@ def run_key_ended(run: Optional[dict], now: float, grace_s: float) -> bool:
     except ValueError:
         return True
     return now - when > grace_s
+
+
+# A session's job stores its token as the Secret block session-token-<its run id> (flows/session.py) and drops it.
+_TOKEN_WRITES = [("POST", re.compile(r"^/api/block_documents/?$")),
+                 ("PATCH", re.compile(rf"^/api/block_documents/{_UUID}/?$")),
+                 ("DELETE", re.compile(rf"^/api/block_documents/{_UUID}/?$"))]
+
+
+def token_write(method: str, path: str) -> bool:
+    """Whether this request writes a block document (what a run key may do for its own session token only)."""
+    return any(method.upper() == m and p.match(path) for m, p in _TOKEN_WRITES)
+
+
+def token_write_refusal(user: User, name: object) -> Optional[Refusal]:
+    """None if ``user`` (a run key) may write the block named ``name``: its own run's session token only."""
+    if user.is_run_key and name == f"session-token-{user.run_id}":
+        return None
+    return Refusal(403, f"user {user.name!r} may not create, change or delete block {name!r}: a run's key may write "
+                        "only its own session's token (session-token-<its run id>); other blocks are for admins")

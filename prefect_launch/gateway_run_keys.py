@@ -94,6 +94,28 @@ class RunKeys:
         self.gw.keys.forget(lambda u: u.run_id == run_id)
         return JSONResponse({"flow_run_id": run_id, "revoked": n})
 
+    async def token_write(self, user: User, request: Request) -> tuple[Optional[bytes], Optional[Response]]:
+        """A run key's block write: (body to forward, refusal); only its own session's token. The name is the
+        body's (creating) or the stored document's (changing, deleting)."""
+        body = await self.gw._read_limited(request)
+        if body is None:
+            return None, _deny(R.Refusal(413, "the request body is over 1 MiB (the limit for writing a token)"))
+        if request.method == "POST":
+            try:
+                name = json.loads(body or b"{}").get("name")
+            except (ValueError, AttributeError):
+                name = None
+        else:
+            assert self.gw.client is not None
+            doc_id = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+            resp = await self.gw.client.get(f"/api/block_documents/{doc_id}", headers=self.gw.upstream_headers(),
+                                            params={"include_secrets": "false"})
+            if resp.status_code == 404:
+                return None, None  # the server says 404
+            name = resp.json().get("name") if resp.status_code == 200 else None
+        refusal = R.token_write_refusal(user, name)
+        return body, (_deny(refusal) if refusal is not None else None)
+
     async def still_live(self, user: User) -> bool:
         """Whether a run key just verified afresh may still act: its run has not ended (beyond the grace).
         An ended run's keys are revoked here, so they stay refused even if the agent never said so."""

@@ -492,7 +492,7 @@ def cli_env(gw, **values):
 def job_credentials_are_its_runs_own(gw, scene, run_id, env_file):
     """What bob's job finds in its environment: a key of its own run acting as bob, not the agent's key; with it,
     alice's session token, a Secret's value, cancelling alice's run and minting run keys are refused (403), its
-    own run reads. Returns a caller with those credentials."""
+    own run reads, and it writes its own session's token only. Returns a caller with those credentials."""
     import json
 
     wait_for(env_file.exists, 60, "the job did not write its environment")
@@ -517,6 +517,22 @@ def job_credentials_are_its_runs_own(gw, scene, run_id, env_file):
         assert r.status_code == 403 and words in r.json()["detail"], (path, r.status_code, r.text)
     run_unchanged(scene)
     assert as_job("GET", f"/flow_runs/{run_id}").json()["id"] == run_id
+    # a session's job stores its token (flows/session.py) and drops it: its own only
+    with direct() as client:
+        block_type = client.read_block_type_by_slug("secret")
+        schema = client.get_most_recent_block_schema_for_block_type(block_type.id)
+
+    def token(name):
+        return {"json": {"name": name, "block_type_id": str(block_type.id), "block_schema_id": str(schema.id),
+                         "data": {"value": "t"}}}
+
+    theirs = as_job("POST", "/block_documents/", **token(f"session-token-{scene['run']}"))
+    assert theirs.status_code == 403 and "only its own session's token" in theirs.json()["detail"], theirs.text
+    mine = as_job("POST", "/block_documents/", **token(f"session-token-{run_id}"))
+    assert mine.status_code == 201, mine.text
+    assert as_job("DELETE", f"/block_documents/{scene['secret_id']}").status_code == 403
+    secret_unchanged(scene)
+    assert as_job("DELETE", f"/block_documents/{mine.json()['id']}").status_code == 204
     return as_job
 
 

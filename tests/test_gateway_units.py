@@ -285,7 +285,7 @@ def test_a_run_key_acts_as_its_owner_a_plain_user():
     token = R.secret_read(ALICE_RUN, "GET", f"/api/block_types/slug/secret/block_documents/name/session-token-{RUN}",
                           True)
     assert token.run_id == RUN and not token.refuse  # the gateway checks the session's owner
-    for method, path in [("POST", "/api/block_documents/"), ("POST", "/api/work_pools/"),
+    for method, path in [("POST", "/api/block_types/"), ("POST", "/api/work_pools/"),
                          ("POST", "/api/flow_runs/bulk_set_state"), ("POST", "/api/admin/settings")]:
         assert R.write_refusal(ALICE_RUN, method, path).status == 403, path
     for path in ("/api/logs/", "/api/artifacts/", "/api/v2/concurrency_limits/increment-with-lease",
@@ -319,3 +319,17 @@ def test_the_key_cache_forgets_a_revoked_run_key_at_once():
     cache.put(Credentials("k2", "alice"), ALICE)
     cache.forget(lambda u: u.run_id == RUN)
     assert cache.get(Credentials("k1", "alice")) is None and cache.get(Credentials("k2", "alice")) == ALICE
+
+
+def test_a_run_key_writes_only_its_own_session_token():
+    """flows/session.py stores the token as session-token-<run id> from inside the job, and drops it."""
+    for method, path in [("POST", "/api/block_documents/"), ("PATCH", f"/api/block_documents/{RUN}"),
+                         ("DELETE", f"/api/block_documents/{RUN}")]:
+        assert R.token_write(method, path) and R.write_refusal(ALICE_RUN, method, path) is None  # the name decides
+        assert R.write_refusal(ALICE, method, path).status == 403  # a user's own key: never
+    assert not R.token_write("POST", "/api/block_types/") and not R.token_write("POST", "/api/block_documents/filter")
+    assert R.token_write_refusal(ALICE_RUN, f"session-token-{RUN}") is None
+    for name in ("session-token-" + "1" * 36, "wandb-key", None):
+        refusal = R.token_write_refusal(ALICE_RUN, name)
+        assert refusal.status == 403 and "only its own session's token" in refusal.message
+    assert R.token_write_refusal(ALICE, f"session-token-{RUN}").status == 403
