@@ -41,6 +41,7 @@ class User(BaseModel):
     projects: tuple[str, ...] = ()
     created: Optional[datetime] = None
     run_id: Optional[str] = None  # set when the key was a run key: the run it is bound to (it acts as its owner)
+    key_id: Optional[str] = None  # a run key's id (its revocation names it)
 
     @property
     def is_run_key(self) -> bool:

@@ -231,12 +231,14 @@ class IdentityRepository:
                                                     expires_ms=now + int(ttl_s * 1000)))
         return key.plaintext
 
-    def revoke_run_keys(self, run_id: str) -> int:
-        """Revoke every live key of run ``run_id`` (its run ended); returns how many."""
+    def revoke_run_keys(self, run_id: str, key_ids: Optional[Iterable[str]] = None) -> int:
+        """Revoke the live keys of run ``run_id`` (its process ended): those of ``key_ids`` (a life of the run:
+        a preempted run's next life has its own key by then), else all; returns how many."""
+        where = [S.api_keys.c.run_id == str(run_id), S.api_keys.c.revoked_ms.is_(None)]
+        if key_ids is not None:
+            where.append(S.api_keys.c.key_id.in_(list(key_ids)))
         with self._write() as conn:
-            return conn.execute(S.api_keys.update().where(S.api_keys.c.run_id == str(run_id),
-                                                          S.api_keys.c.revoked_ms.is_(None))
-                                .values(revoked_ms=_now_ms())).rowcount
+            return conn.execute(S.api_keys.update().where(*where).values(revoked_ms=_now_ms())).rowcount
 
     def verify(self, key: str, user_name: Optional[str] = None) -> Optional[User]:
         """The enabled user whose live key ``key`` is (and named ``user_name`` when given), else None.
@@ -268,7 +270,7 @@ class IdentityRepository:
                 conn.execute(S.api_keys.update().where(S.api_keys.c.id == row.id).values(last_used_ms=now))
         user = self.user(row.name)
         if row.run_id is not None:  # a run key acts as its run's owner, a plain user whatever the owner's role
-            return user.model_copy(update={"run_id": row.run_id, "role": USER})
+            return user.model_copy(update={"run_id": row.run_id, "role": USER, "key_id": key_id})
         return user
 
     # ------------------------------------------------------------ queue access

@@ -90,8 +90,9 @@ class RunKeys:
         if not user.is_agent:
             return _deny(R.Refusal(403, f"user {user.name!r} may not revoke run keys: only agents' keys may"))
         run_id = request.path_params["run_id"]
-        n = await anyio.to_thread.run_sync(self.gw.repo.revoke_run_keys, run_id)
-        self.gw.keys.forget(lambda u: u.run_id == run_id)
+        key_ids = request.query_params.getlist("key_id") or None  # none named: every key of the run
+        n = await anyio.to_thread.run_sync(self.gw.repo.revoke_run_keys, run_id, key_ids)
+        self.gw.keys.forget(lambda u: u.run_id == run_id and (key_ids is None or u.key_id in key_ids))
         return JSONResponse({"flow_run_id": run_id, "revoked": n})
 
     async def token_write(self, user: User, request: Request) -> tuple[Optional[bytes], Optional[Response]]:

@@ -129,6 +129,10 @@ def test_run_keys_act_as_their_runs_owner_until_revoked_or_expired(repo, monkeyp
     assert repo.verify(key).run_id == "run-1"
     assert [k.run_id for k in repo.keys("alice")] == [None, "run-1", None]
     assert repo.revoke_run_keys("run-1") == 1 and repo.verify(key) is None and repo.verify(admins) is not None
+    # a preempted run's lives: the end of the first revokes its key, not the next life's
+    first, second = repo.mint_run_key("alice", "run-5", ttl_s=60), repo.mint_run_key("alice", "run-5", ttl_s=60)
+    assert repo.revoke_run_keys("run-5", [K.split_key(first)[0]]) == 1
+    assert repo.verify(first) is None and repo.verify(second).key_id == K.split_key(second)[0]
     short = repo.mint_run_key("alice", "run-3", ttl_s=60)
     now = IR._now_ms()
     monkeypatch.setattr(IR, "_now_ms", lambda: now + 61_000)

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, TypeVar
 
 import httpx
 
-from prefect_launch.blocks.identity_keys import looks_like_key
+from prefect_launch.blocks.identity_keys import looks_like_key, split_key
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
 __all__ = ["CREDENTIAL_VARS", "RunKeyError", "agent_credentials", "revoke_run_keys", "run_key_env",
@@ -27,6 +27,7 @@ __all__ = ["CREDENTIAL_VARS", "RunKeyError", "agent_credentials", "revoke_run_ke
 log = logging.getLogger("prefect_launch.agent")
 CREDENTIAL_VARS = ("PREFECT_API_AUTH_STRING", "PREFECT_API_KEY")
 RETRY_DELAYS_S = (0.5, 1, 2, 4, 8, 15)  # a gateway restarting takes seconds: ride it out, then say why
+_MINTED: dict[str, list[str]] = {}  # run id -> ids of the keys this agent obtained for its current life
 REVOKE_DELAYS_S = (0.5, 2)  # off the run's end path; the gateway ends the key itself a minute after the run
 E = TypeVar("E", bound=Mapping)
 
@@ -86,9 +87,11 @@ async def _call(method: str, path: str, what: str, delays: Optional[tuple[float,
     raise RunKeyError(f"could not {what} at the gateway ({url}): {last}")
 
 
-async def run_key_env(run_id: object) -> dict[str, str]:
+async def run_key_env(run_id: object, revoked_here: bool = True) -> dict[str, str]:
     """The run's credentials for its environment (replacing the agent's): ``PREFECT_API_AUTH_STRING=<owner>:<run
-    key>`` (and ``PREFECT_API_KEY=<run key>`` where the agent uses one); {} without a gateway."""
+    key>`` (and ``PREFECT_API_KEY=<run key>`` where the agent uses one); {} without a gateway. ``revoked_here``:
+    this agent revokes the key when the run's process ends (:func:`revoke_run_keys`); a multi-node follower's
+    members' key ends instead by the gateway's check, a minute after the run's final state."""
     _, auth, key = agent_credentials()
     if not (auth or key):
         return {}
@@ -100,6 +103,8 @@ async def run_key_env(run_id: object) -> dict[str, str]:
             detail = resp.text[:300]
         raise RunKeyError(f"the gateway gave run {run_id} no key ({resp.status_code}): {detail}")
     body = resp.json()
+    if revoked_here:
+        _MINTED.setdefault(str(run_id), []).append(split_key(body["key"])[0])
     env = {"PREFECT_API_AUTH_STRING": body["auth_string"]}
     if key:
         env["PREFECT_API_KEY"] = body["key"]
@@ -111,8 +116,10 @@ async def revoke_run_keys(run_id: object) -> None:
     them once the run has been final for a minute)."""
     if not behind_gateway():
         return
+    key_ids = _MINTED.pop(str(run_id), None)  # this life's keys; unknown (the agent restarted): all of the run's
     try:
-        resp = await _call("DELETE", f"/{run_id}", f"revoke the keys of run {run_id}", delays=REVOKE_DELAYS_S)
+        resp = await _call("DELETE", f"/{run_id}", f"revoke the keys of run {run_id}", delays=REVOKE_DELAYS_S,
+                           params=[("key_id", k) for k in key_ids or ()])
         if resp.status_code != 200:
             log.warning("the gateway did not revoke the keys of run %s (%s)", run_id, resp.status_code)
     except RunKeyError as exc:

@@ -154,7 +154,7 @@ class ClusterFollower:
         self.followed[fr.id] = procs
         try:
             procs, base = await self.w._follower_members(fr, alloc, dvars)
-            base = {**base, **await run_key_env(run_id)}  # behind a gateway: the run's own key, not this agent's
+            base = {**base, **await run_key_env(run_id, revoked_here=False)}  # behind a gateway: the run's own key
             self.followed[fr.id] = procs
             for m in alloc.members:
                 procs.start(m, {**base, "PREFECT__FLOW_RUN_ID": run_id,
