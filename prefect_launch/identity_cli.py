@@ -84,7 +84,7 @@ def user_ls(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")
     users, keys = _run(repo.users), _run(repo.keys)
     live: dict[str, list] = {}
     for k in keys:
-        if k.revoked is None:
+        if k.revoked is None and k.run_id is None:  # the user's own keys, not their running jobs' run keys
             live.setdefault(k.user, []).append(k)
     rows = []
     for u in users:
@@ -132,17 +132,18 @@ def key_rotate(name: str = typer.Argument(...),
 @key_app.command("ls")
 def key_ls(name: Optional[str] = typer.Argument(None, help="Only this user's keys."),
            as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
-    """Keys by their public id: created, revoked, last used (never the secret)."""
+    """Keys by their public id: created, revoked, last used, and a run key's run (never the secret)."""
     keys = _run(lambda: _repo().keys(name))
     rows = [k.model_dump(mode="json") for k in keys]
     if as_json:
         print_json(rows)
         return
     t = Table(title="API keys")
-    for c in ("key id", "user", "created", "revoked", "last used"):
+    for c in ("key id", "user", "created", "revoked", "last used", "run (run keys)"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["key_id"], r["user"], r["created"] or "", r["revoked"] or "-", r["last_used"] or "never")
+        t.add_row(r["key_id"], r["user"], r["created"] or "", r["revoked"] or "-", r["last_used"] or "never",
+                  r["run_id"] or "-")
     console.print(t)
 
 
