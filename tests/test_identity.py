@@ -125,6 +125,9 @@ def test_run_keys_act_as_their_runs_owner_until_revoked_or_expired(repo, monkeyp
     assert repo.verify(admins).role == "user" and repo.verify(admins).run_id == "run-2"
     with engine_for(repo.url).connect() as conn:
         assert K.split_key(key)[1] not in repr(conn.execute(sa.select(S.api_keys)).all())
+        row = conn.execute(sa.select(S.api_keys).where(S.api_keys.c.key_id == K.split_key(key)[0])).one()
+    assert row.hash == K.hash_fast(K.split_key(key)[1], row.salt)  # a random 256-bit secret: SHA-256, not scrypt
+    assert not K.verify_secret(K.split_key(key)[1], row.salt, row.hash)  # a user key's check would not pass it
     repo.rotate_key("alice")
     assert repo.verify(key).run_id == "run-1"
     assert [k.run_id for k in repo.keys("alice")] == [None, "run-1", None]
