@@ -35,7 +35,8 @@ wakes the intake: tests/test_preemption_run_end.py); placement -> Pending 0.2-0.
 Since cf5e8c4 the process worker keeps one FlowRunExecutorContext for its life (workers/backends/executor_context.py):
 Pending -> the engine's order 0.34 s (median of 24 changes, load ~2-4; before: 0.88 and 1.07 s at load ~1-7), a whole
 change (end -> next Running) 1.04 s (before: 1.87 and 2.88 s); leaving the context no longer delays the capacity's
-release either. ``--trace <folder>`` (each scenario also reports it as ``transition_steps_s``) gives these steps from a
+release either. At load 7-15 the same code's changes took 3.16 s (placement 1.26, Pending 0.36, order 0.85, engine
+start 0.88): every step stretches with the box's CPU contention, none stands out. ``--trace <folder>`` (each scenario also reports it as ``transition_steps_s``) gives these steps from a
 saved run: previous end -> placement (the agent's log) -> Pending claim -> the engine's order (its first log line)
 -> Running.
 """
