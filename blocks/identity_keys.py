@@ -61,6 +61,15 @@ def looks_like_key(text: str) -> bool:
     return split_key(text) is not None
 
 
+def launch_credentials(auth_string: Optional[str], api_key: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """Of Prefect's two credential settings, those that hold a prefect-launch key (``user:plk_...`` as the auth
+    string, ``plk_...`` as the API key): both None when the client talks to a plain Prefect server, not a gateway.
+    One check for the agent (its runs' keys) and the monitor (its sign-in mode)."""
+    user, sep, key = (auth_string or "").partition(":")
+    auth = auth_string if sep and user and looks_like_key(key) else None
+    return auth, (api_key if api_key and looks_like_key(api_key) else None)
+
+
 def verify_secret(secret: str, salt_hex: str, hash_hex: str, fast: bool = False) -> bool:
     """Whether ``secret`` hashes to ``hash_hex`` with ``salt_hex`` (constant-time comparison)."""
     try:

@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from prefect_launch.blocks.identity_keys import looks_like_key
+from prefect_launch.blocks.identity_keys import launch_credentials
 from prefect_launch.blocks.identity_records import User
 from prefect_launch.dashboard.links_auth import PASSWORD_BLOCK_ENV, PASSWORD_ENV
 from prefect_launch.gateway_auth import FailureLimiter
@@ -61,10 +61,7 @@ class SignedIn(BaseModel):
 
 
 def _is_gateway_key(api_key: Optional[str], auth_string: Optional[str]) -> bool:
-    if api_key and looks_like_key(api_key):
-        return True
-    user, sep, key = (auth_string or "").partition(":")
-    return bool(sep and user and looks_like_key(key))
+    return any(launch_credentials(auth_string, api_key))
 
 
 def login_mode(chosen: Optional[str], api_key: Optional[str] = None, auth_string: Optional[str] = None) -> Mode:

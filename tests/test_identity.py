@@ -143,3 +143,13 @@ def test_run_keys_act_as_their_runs_owner_until_revoked_or_expired(repo, monkeyp
     for owner, words in [("ghost", "'ghost' is not an enabled user"), ("off", "'off' is not an enabled user")]:
         with pytest.raises(IdentityError, match=words):
             repo.mint_run_key(owner, "run-4", ttl_s=60)
+
+
+def test_launch_credentials_keeps_only_prefect_launch_keys():
+    from prefect_launch.blocks.identity_keys import launch_credentials
+
+    key = "plk_0123456789ab_" + "s" * 32
+    assert launch_credentials(f"alice:{key}", None) == (f"alice:{key}", None)
+    assert launch_credentials(None, key) == (None, key)
+    assert launch_credentials("admin:hunter2", "pnu_cloudkey") == (None, None)  # a plain server's auth string
+    assert launch_credentials(f":{key}", None) == (None, None)  # no user name: not a gateway login

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, TypeVar
 
 import httpx
 
-from prefect_launch.blocks.identity_keys import looks_like_key, split_key
+from prefect_launch.blocks.identity_keys import launch_credentials, split_key
 from prefect_launch.workers.scheduling.resources import LaunchValidationError
 
 __all__ = ["CREDENTIAL_VARS", "RunKeyError", "agent_credentials", "revoke_run_keys", "run_key_env",
@@ -44,9 +44,7 @@ def agent_credentials() -> tuple[Optional[str], Optional[str], Optional[str]]:
     api = get_current_settings().api
     auth = api.auth_string.get_secret_value() if api.auth_string is not None else None
     key = api.key.get_secret_value() if api.key is not None else None
-    auth = auth if auth and looks_like_key(auth.partition(":")[2]) else None
-    key = key if key and looks_like_key(key) else None
-    return api.url, auth, key
+    return (api.url, *launch_credentials(auth, key))
 
 
 def behind_gateway() -> bool:
