@@ -87,6 +87,9 @@ def test_an_image_per_hash_built_once_and_reused(tmp_path: Path, docker_client, 
                   if r["hash"] == ident.hash]
         assert row["tags"] == sorted([tag, image_tag("other", ident.hash)]) and row["users"] == []
         assert 0 < row["size"] < row["total_size"] and time.time() - row["last_used"] < 120
+        # against Docker's own records: the whole image, and its own layers = all but the queue image's under it
+        job_size, base_size = docker_client.images.get(tag).attrs["Size"], docker_client.images.get(image).attrs["Size"]
+        assert (row["total_size"], row["size"]) == (job_size, job_size - base_size), (row, job_size, base_size)
         # another environments folder (another host's agents) neither lists nor prunes it
         assert ImageCache(docker_client, tmp_path / "elsewhere").prune(all_unused=True) == []
         holder = docker_client.containers.create(tag, ["true"], network_mode="none")
