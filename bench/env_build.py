@@ -97,6 +97,12 @@ def plain():
 '''
 
 
+def _ratio(stock_cost: float, ours_cost: float) -> "float | None":
+    """Stock's per-run cost over ours; None when either is not above zero (a difference of medians within the
+    start latencies' noise: a ratio of it, even a negative one, would say nothing)."""
+    return round(stock_cost / ours_cost, 2) if stock_cost > 0 and ours_cost > 0 else None
+
+
 def say(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
@@ -269,7 +275,7 @@ def docker_half(work: Path, job_dir: Path, wheels: Path, environment: dict, n: i
     return {"docker_cold_build_s": cold_build_s, "docker_cold_first_run_start_s": round(cold[0], 3),
             "docker_warm_overhead_s": round(overhead, 3), "docker_env_prepare_s": round(held_s, 3),
             "docker_stock_per_run_install_s": round(stock_install, 3),
-            "docker_speedup_warm": round(stock_install / ours_cost, 2) if ours_cost > 0 else None,
+            "docker_speedup_warm": _ratio(stock_install, ours_cost),
             "docker_medians_s": {"ours_plain": med(ours_plain), "ours_env": med(ours_env),
                                  "stock_plain": med(stock_plain), "stock_env": med(stock_env)}}
 
@@ -359,8 +365,8 @@ def main() -> None:
     # our per-run cost is at least the agent's own time on the environment: the floor where the start latencies'
     # difference is within their noise (at or below zero)
     ours_cost = max(overhead, prep_s or 0.0)
-    speedup = stock_install / ours_cost if ours_cost > 0 else None
-    speedup_cold = stock_install / max(overhead_cold, prep_s or 0.0) if max(overhead_cold, prep_s or 0.0) > 0 else None
+    speedup = _ratio(stock_install, ours_cost)
+    speedup_cold = _ratio(stock_install, max(overhead_cold, prep_s or 0.0))
     print(f"medians claim->Running over {n} runs (s): ours no env warm {med(ours_plain):.2f}, ours env "
           f"{med(ours_env):.2f}; ours no env cold {med(ours_plain_cold):.2f}, ours env on cold agent "
           f"{med(ours_env_cold):.2f}; stock no install {med(stock_plain):.2f}, stock pip step {med(stock_env):.2f} "
