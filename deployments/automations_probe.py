@@ -87,10 +87,15 @@ def check_automations(client: Any, timeout_s: float = 30.0, repost_s: float = 5.
         time.sleep(1.0)
         if posted & _fired_on(client, automation_id, since):
             return ProbeResult(answering=True, seconds=round(time.monotonic() - t0, 1))
-    return ProbeResult(
-        answering=False, seconds=round(time.monotonic() - t0, 1),
-        why=(f"the Prefect server's automations do not act on events (a probe event did not fire the "
-             f"'{PROBE_NAME}' automation in {timeout_s:g} s), so a run whose host is lost will never be "
-             "marked Crashed. Prefect's reactive-triggers service stops for good when its start fails (e.g. "
-             "PostgreSQL unreachable while the server started): restart the Prefect server, then run "
-             "`prefect-launch setup --check` again"))
+    return ProbeResult(answering=False, seconds=round(time.monotonic() - t0, 1), why=not_answering_why(timeout_s))
+
+
+def not_answering_why(timeout_s: float) -> str:
+    """What a failed probe means and what to do: the cause (the server's reactive-triggers service is not
+    running) and the next step (restart the server, check again), for `setup --check`'s error."""
+    return (f"the Prefect server's automations do not act on events (a probe event did not fire the "
+            f"'{PROBE_NAME}' automation in {timeout_s:g} s), so a run whose host is lost will never be "
+            "marked Crashed. Prefect's reactive-triggers service is not running: it stops for good when its "
+            "start fails (e.g. PostgreSQL unreachable while the server started), and it is off where the "
+            "server runs with PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED=false. Restart the Prefect server "
+            "(with that service enabled), then run `prefect-launch setup --check` again")

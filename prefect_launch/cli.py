@@ -474,7 +474,10 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
           check: bool = typer.Option(False, "--check", help="Also check that the Prefect server's automations act "
                                                             "on events (the zombie automation needs them); fails "
                                                             "with what to do if they do not"),
-          as_json: bool = typer.Option(False, "--json", help="Print what was registered as JSON.")) -> None:
+          check_seconds: float = typer.Option(30.0, "--check-seconds", min=1.0,
+                                              help="How long --check waits for the probe automation to fire."),
+          as_json: bool = typer.Option(False, "--json", help="Print what was registered as JSON (also when "
+                                                             "--check fails, before the error).")) -> None:
     """Register prefect-launch's block types and the default metrics store (idempotent)."""
     from prefect_launch.blocks.metrics_store import RunMetricsStore
     from prefect_launch.blocks.queue_links import QueueLinks
@@ -509,9 +512,7 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
         if check:
             from prefect_launch.deployments.automations_probe import check_automations
 
-            probe = check_automations(client)
-    if probe is not None and not probe.answering:
-        fail(probe.why)
+            probe = check_automations(client, timeout_s=check_seconds)
     if as_json:
         print_json({"metrics_block": name, "action": action, "url": url, "password": store.password_source(),
                      "schema_version": version,
@@ -522,8 +523,10 @@ def setup(metrics_url: Optional[str] = typer.Option(None, "--metrics-url",
                       f"schema v{version}", highlight=False)
         console.print(f"automation [bold]{zombies.name}[/]: {zombies.action}; a run silent for "
                       f"{zombies.within_s} s is marked Crashed", highlight=False)
-        if probe:
+        if probe and probe.answering:
             console.print(f"automations: acting on events (a probe fired in {probe.seconds:g} s)", highlight=False)
+    if probe is not None and not probe.answering:  # after what was registered: that part did happen
+        fail(probe.why or "the Prefect server's automations do not act on events")
 
 
 # ---------------------------------------------------------------------------- monitor
