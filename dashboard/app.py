@@ -111,7 +111,8 @@ def _view_costs(p: P.PageData):
     if p.costs is None:
         return None, p.costs_error or "not read"
     spec = p.view.spec
-    return C.filter_runs(p.costs, spec.owners, spec.jobs, spec.presets), None
+    # filtered once per page (every panel and visit within the step reads the same rows: ~1M at 1M runs)
+    return _once(p.view, ("view_costs",), lambda: C.filter_runs(p.costs, spec.owners, spec.jobs, spec.presets)), None
 
 
 def _links_block():
@@ -188,7 +189,8 @@ def _capacity_used(p: P.PageData) -> dict:
     """Share (%) of the agents' GPU- and CPU-seconds over the range that runs used (measured)."""
     v = p.view
     runs, _ = _view_costs(p)
-    return SM.capacity_used(runs, v.occupancy.capacity, (min(v.spec.until, v.now) - v.spec.since).total_seconds())
+    return _once(v, ("capacity_used",), lambda: SM.capacity_used(runs, v.occupancy.capacity,
+                                                                  (min(v.spec.until, v.now) - v.spec.since).total_seconds()))
 
 
 def panel_cost(p: P.PageData) -> None:
