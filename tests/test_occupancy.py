@@ -225,3 +225,23 @@ def test_job_names_where_no_deployment_is_known_fill_as_text_without_a_dtype_war
         mixed = IV.job_names(pd.Series(["gone", None, "d1"]), {"d1": {"name": "train"}})
     assert list(names) == [IV.UNKNOWN, IV.UNKNOWN]
     assert list(mixed) == [IV.UNKNOWN, IV.NO_DEPLOYMENT, "train"]
+
+
+def test_group_labels_of_categorical_rows_are_the_same_as_of_text_rows():
+    """Prepared rows' labels are categoricals; the group per run (the biggest owners kept, the rest, unknown and
+    missing folded into one) is the same as from the same labels as plain text, and stays categorical."""
+    from prefect_launch.dashboard.spec import MAX_GROUPS, OTHER, UNKNOWN
+
+    rng = np.random.default_rng(3)
+    owners = [f"u{i}" for i in range(MAX_GROUPS + 4)] + [UNKNOWN]
+    text = pd.Series(rng.choice(owners, 500).astype(object))
+    text[::37] = None
+    rows_text = pd.DataFrame({"owner": text})
+    rows_cat = pd.DataFrame({"owner": text.astype("category")})
+    for chosen in ((), ("u3", "u5")):
+        want = IV.group_values(rows_text, "owner", chosen)
+        got = IV.group_values(rows_cat, "owner", chosen)
+        assert isinstance(got.dtype, pd.CategoricalDtype)
+        assert got.astype(object).tolist() == want.tolist()
+        assert f"{OTHER} / {UNKNOWN}" in set(want) and UNKNOWN not in set(want)
+    assert IV.group_values(rows_cat.assign(job=rows_cat["owner"]), "job").equals(rows_cat["owner"].rename("job"))
