@@ -68,11 +68,12 @@ def from_flow_runs(raw: Sequence[dict], deployments: dict[str, dict]) -> tuple[p
 def splice(held: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
     """``held`` with the runs in ``fresh`` (both prepared) replaced or added; label columns
     stay categorical (their categories united) so later filters stay cheap."""
-    keep = held[~held["id"].isin(fresh["id"])].copy()
+    keep = held[~held["id"].isin(fresh["id"]).to_numpy()]  # a take: a copy already
     fresh = fresh.copy()
     for c in (c for c in LABELS if c in keep):
         cats = keep[c].cat.categories.union(fresh[c].cat.categories)
-        keep[c] = keep[c].cat.set_categories(cats)
+        if not cats.equals(keep[c].cat.categories):  # a new label: every held row's code is mapped again
+            keep[c] = keep[c].cat.set_categories(cats)
         fresh[c] = fresh[c].cat.set_categories(cats)
     return pd.concat([keep, fresh], ignore_index=True)
 
