@@ -101,13 +101,13 @@ def in_range(lo_ms: int, hi_ms: Optional[int], queues: Sequence[str] = ()) -> li
     return where
 
 
-def _whole(x: pd.DataFrame, lo: int, hi: int) -> pd.Series:
+def summarised(x: pd.DataFrame, lo: int, hi: int) -> pd.Series:
     """Runs wholly inside the range with a summary: their figures come from the summary."""
     return x["has_summary"].notna() & x["ended_ms"].notna() & (x["started_ms"] >= lo) & (x["ended_ms"] <= hi)
 
 
 def sample_sums(conn: Any, x: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
-    """Per run of ``x`` not :func:`_whole` (cut by the range, still going, or without a summary):
+    """Per run of ``x`` not :func:`summarised` (cut by the range, still going, or without a summary):
     its samples' sums inside the range, indexed by the run's key."""
     sm = S.samples.c
     agg_cols = [
@@ -122,7 +122,7 @@ def sample_sums(conn: Any, x: pd.DataFrame, lo: int, hi: int) -> pd.DataFrame:
         sa.func.sum(sm.cpu_energy_j).label("cpu_j"),
         sa.func.count().label("n"),
     ]
-    partial = x.loc[~_whole(x, lo, hi), "id"].astype(int).tolist()
+    partial = x.loc[~summarised(x, lo, hi), "id"].astype(int).tolist()
     agg_rows = []
     for chunk in _chunks(partial):
         stmt = sa.select(*agg_cols).where(sm.run_id.in_(list(chunk)), sm.ts_ms >= lo, sm.ts_ms < hi).group_by(sm.run_id)
@@ -152,7 +152,7 @@ def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: in
         return pd.DataFrame(columns=RUN_COLUMNS)
     x = x.sort_values("id", kind="stable", ignore_index=True)
     deployments = deployments or {}
-    whole = _whole(x, lo, hi)
+    whole = summarised(x, lo, hi)
     num = lambda col: pd.to_numeric(x[col], errors="coerce").astype(float)  # noqa: E731
     start, end = num("started_ms"), num("ended_ms")
     held_h = ((np.minimum(end.fillna(now_ms), hi) - np.maximum(start, lo)) / 3.6e6).clip(lower=0.0)

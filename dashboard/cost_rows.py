@@ -14,6 +14,12 @@ their samples summed afresh each time, as :func:`.cost.run_costs` does; the figu
 the one producer, :func:`.cost.costs_frame`. Every ``FULL_EVERY_S`` (and for a range reaching
 further back than the rows held) it reads everything again: that drops runs deleted from the
 store and bounds what a writer's clock running behind could hide.
+
+The figures of a run wholly inside the range with a summary (:func:`.cost.summarised`) depend on
+neither the range nor the clock: they are made once and kept (by the run's store key, per queue
+choice) until the run changes, the jobs' names change or the next whole read; each step makes
+afresh only the rows of runs cut by the range, still going or new (at 1M runs, making every row
+again cost each step of the page's clock several seconds).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from prefect_launch.blocks import metrics_schema as S
@@ -43,6 +50,12 @@ class _Held:
     low: int  # the earliest range start asked for since then (the next whole read reaches it)
 
 
+@dataclass(frozen=True)
+class _Made:
+    frame: Optional[pd.DataFrame]  # cost rows of summarised runs (:func:`.cost.summarised`), indexed by store key
+    deps: dict  # the job names they were made with
+
+
 class CostRows:
     """Per-run cost rows of a range (:func:`.cost.run_costs`), read incrementally (see the module doc)."""
 
@@ -53,12 +66,15 @@ class CostRows:
         self.overlap_ms, self.full_every_s, self._clock = overlap_ms, full_every_s, clock
         self._lock = threading.Lock()
         self._held: dict[tuple, _Held] = {}
+        self._made: dict[tuple, _Made] = {}  # per key: the figures of summarised runs, kept between reads
         self.reads: Counter = Counter()  # "whole" / "changes": how each read got its rows (tests, bench)
         self.rows_read = 0  # store rows the last read asked for
+        self.rows_made = 0  # cost rows the last read made (the others were kept)
 
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
+            self._made.clear()
 
     def read(self, store: Any, since: dt.datetime, until: dt.datetime, queues: Sequence[str] = (),
              now: Optional[dt.datetime] = None, deployments: Optional[dict] = None) -> pd.DataFrame:
@@ -66,16 +82,38 @@ class CostRows:
         lo, hi = C.epoch_ms(since), C.epoch_ms(until)
         now_ms = C.epoch_ms(now or dt.datetime.now(C.UTC))
         key = (store.resolved_url(), tuple(sorted(queues)))
+        deps = dict(deployments or {})
         with self._lock:  # one read brings a key's rows up to date at a time; the figures are made outside
             with store._read() as conn:
-                held = self._update(conn, key, lo, queues)
+                held, changed = self._update(conn, key, lo, queues)
+            made = self._made.get(key)
+            if made is None or changed is None or made.deps != deps:
+                made = self._made[key] = _Made(frame=None, deps=deps)
+            elif len(changed) and made.frame is not None:
+                made = self._made[key] = _Made(frame=made.frame[~made.frame.index.isin(changed)], deps=deps)
         x = held.rows
         x = x[(x["started_ms"] < hi) & (x["ended_ms"].isna() | (x["ended_ms"] > lo))]
+        keys = x["id"].astype("int64")
+        whole = C.summarised(x, lo, hi).to_numpy()
+        kept = keys.isin(made.frame.index).to_numpy() & whole if made.frame is not None else np.zeros(len(x), dtype=bool)
+        todo = x[~kept]
         with store._read() as conn:
-            agg = C.sample_sums(conn, x, lo, hi)
-        return C.costs_frame(x, agg, lo, hi, now_ms, deployments)
+            agg = C.sample_sums(conn, todo, lo, hi)
+        fresh = C.costs_frame(todo, agg, lo, hi, now_ms, deployments)
+        fresh.index = np.sort(todo["id"].astype("int64").to_numpy(), kind="stable")  # costs_frame's order: by key
+        self.rows_made = len(fresh)
+        new_whole = fresh[np.isin(fresh.index, keys[whole].to_numpy())]
+        with self._lock:
+            if self._made.get(key) is made and len(new_whole):  # else a newer read replaced it: that one is kept
+                frames = [f for f in (made.frame, new_whole) if f is not None and len(f)]
+                self._made[key] = _Made(frame=pd.concat(frames), deps=deps)
+        parts = [f for f in (made.frame.loc[keys[kept].to_numpy()] if kept.any() else None, fresh) if f is not None and len(f)]
+        if not parts:
+            return fresh.reset_index(drop=True)
+        return (pd.concat(parts).sort_index(kind="stable") if len(parts) > 1 else parts[0]).reset_index(drop=True)
 
-    def _update(self, conn: Any, key: tuple, lo: int, queues: Sequence[str]) -> _Held:
+    def _update(self, conn: Any, key: tuple, lo: int, queues: Sequence[str]) -> tuple[_Held, Optional[np.ndarray]]:
+        """The key's rows brought up to date, and the store keys of the rows read again (None: all were)."""
         t = self._clock()
         stamp = int(time.time() * 1000)  # before the query: a write that commits during it is read again next time
         held = self._held.get(key)
@@ -85,6 +123,7 @@ class CostRows:
             self.reads["whole"] += 1
             self.rows_read = len(rows)
             held = _Held(rows=rows, lo=reach, read_ms=stamp, full_at=t, low=lo)
+            changed_keys = None
         else:
             r = S.runs.c
             where = [r.updated_ms > held.read_ms - self.overlap_ms]
@@ -98,5 +137,6 @@ class CostRows:
                 keep = changed["started_ms"].notna() & (changed["ended_ms"].isna() | (changed["ended_ms"] > held.lo))
                 rows = pd.concat([rows[~rows["id"].isin(changed["id"])], changed[keep]], ignore_index=True)
             held = _Held(rows=rows, lo=held.lo, read_ms=stamp, full_at=held.full_at, low=min(held.low, lo))
+            changed_keys = changed["id"].astype("int64").to_numpy()
         self._held[key] = held
-        return held
+        return held, changed_keys

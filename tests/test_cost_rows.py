@@ -104,6 +104,17 @@ def test_incremental_reads_equal_whole_reads(tmp_path):
     _same(reader, store, now - 6 * H, now + 3 * M, now + 3 * M)
     assert reader.reads["whole"] == 4
 
+    # the next step with nothing written: the summarised runs' rows are kept, only the others made again
+    clock[0] += 10
+    again = _same(reader, store, now - 6 * H, now + 3 * M, now + 3 * M)
+    assert reader.rows_made == int((again["source"] == "samples").sum()) < len(again)
+    # a summarised run's summary written again: its kept row is dropped and made again from the new one
+    before = again.set_index("id").loc["done", "gpu_used_h"]
+    _end(store, "done", t0, t0 + H, util=20.0)
+    clock[0] += 10
+    changed = _same(reader, store, now - 6 * H, now + 3 * M, now + 3 * M)
+    assert changed.set_index("id").loc["done", "gpu_used_h"] == before * 20 / 50
+
 
 def test_every_write_moves_the_run_stamp(tmp_path):
     store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'm.db'}")
