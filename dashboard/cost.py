@@ -78,7 +78,7 @@ def row_query(*where: Any) -> sa.Select:
     """The store's rows cost figures are made of (a run and its summary), for the runs ``where`` picks."""
     r, s = S.runs.c, S.summaries.c
     return (sa.select(r.id, r.flow_run_id, r.flow_run_name, r.job, r.deployment_id, r.owner, r.queue, r.preset, r.state,
-                      r.started_ms, r.ended_ms, r.alloc_gpus, r.alloc_cpus, r.alloc_memory_bytes, r.extra,
+                      r.started_ms, r.ended_ms, r.alloc_gpus, r.alloc_cpus, r.alloc_memory_bytes, r.extra, r.updated_ms,
                       s.run_id.label("has_summary"), s.cpu_seconds, s.gpu_used_s, s.avg_gpu_util_pct, s.duration_s,
                       s.avg_rss_bytes, s.peak_rss_bytes, s.gpu_energy_j, s.cpu_energy_j, s.samples)
             .select_from(S.runs.outerjoin(S.summaries, s.run_id == r.id)).where(*where))
@@ -88,6 +88,13 @@ def read_rows(conn: Any, *where: Any) -> pd.DataFrame:
     """:func:`row_query`'s rows as a frame (its columns, none of them converted)."""
     q = row_query(*where)
     return pd.DataFrame.from_records(_raw_rows(conn, q), columns=[c.name for c in q.selected_columns])
+
+
+def read_stamps(conn: Any, *where: Any) -> pd.DataFrame:
+    """The store key and ``updated_ms`` stamp of the runs ``where`` picks (what changed since a read is
+    told by a stamp that differs: two integers per run, where :func:`read_rows` reads the whole row)."""
+    r = S.runs.c
+    return pd.DataFrame.from_records(_raw_rows(conn, sa.select(r.id, r.updated_ms).where(*where)), columns=["id", "updated_ms"])
 
 
 def in_range(lo_ms: int, hi_ms: Optional[int], queues: Sequence[str] = ()) -> list:
