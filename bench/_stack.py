@@ -4,6 +4,7 @@ processes, a Streamlit app on a free loopback port, a timed browser visit, and a
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -102,3 +103,13 @@ def launch_agent(work_dir: Path):
 
     return background([sys.executable, "-m", "prefect_launch.cli", "agent", "--queue", LAUNCH_QUEUE, "--name", "bench",
                        "--capacity", "cpu=2,memory=8Gi"], work_dir / "launch-agent.log")
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so every ``with`` of a benchmark stops what it started
+    (killed by a bare SIGTERM, a benchmark left its Prefect server running)."""
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)

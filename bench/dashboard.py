@@ -83,7 +83,7 @@ from typing import Callable, NamedTuple, Optional
 from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, free_port, local_prefect_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _stack import streamlit_app  # noqa: E402
+from _stack import stop_on_signals, streamlit_app  # noqa: E402
 from _stack import visit as _stack_visit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -563,6 +563,7 @@ def main() -> None:
     ap.add_argument("--page-only", action="store_true",
                     help="time only the page (after the run index is built); the data-layer figures are null")
     args = ap.parse_args()
+    stop_on_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: the server and the monitors it started are stopped
     t_start = time.perf_counter()
     load_start, probe_start = loadavg(), cpu_probe()
 

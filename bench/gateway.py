@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -34,17 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _stack import (LAUNCH_QUEUE, ROOT, STOCK_POOL, background, percentile, prefect_server,  # noqa: E402
+from _stack import (LAUNCH_QUEUE, ROOT, STOCK_POOL, background, percentile, prefect_server, stop_on_signals,  # noqa: E402
                     stock_and_launch_pools)
-
-
-def _stop_on_signals() -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so every ``with`` below stops what it started."""
-    def handler(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
 
 
 def deploy(pool: str, name: str) -> str:
@@ -216,7 +206,7 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between dispatched submissions")
     ap.add_argument("--events", type=int, default=1000, help="events per path")
     args = ap.parse_args()
-    _stop_on_signals()
+    stop_on_signals()
     from prefect_launch.blocks.identity_repository import IdentityRepository
 
     logs = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
