@@ -130,21 +130,20 @@ def group_values(rows: pd.DataFrame, grouping: str, chosen: tuple[str, ...] = ()
     """The group label per run: the grouping's column, with everything past the
     ``MAX_GROUPS`` biggest (and unknown owners / presets) folded into "other / unknown"."""
     col = rows[grouping]
-    if not isinstance(col.dtype, pd.CategoricalDtype):
+    categorical = isinstance(col.dtype, pd.CategoricalDtype)
+    if not categorical:
         col = col.astype(object)
-        if grouping in ("job", "queue", "status"):
-            return col
-        counts = col.value_counts()
-        keep = list(chosen) or [g for g in counts[counts > 0].index[:MAX_GROUPS] if g != UNKNOWN]
-        return col.where(col.isin(keep), f"{OTHER} / {UNKNOWN}")
-    # prepared rows' labels are categoricals: the groups stay one (codes, not a string per run: at 1M runs
-    # an object copy and a group-by over it cost each step of the page's clock a few tenths of a second)
     if grouping in ("job", "queue", "status"):
         return col
     counts = col.value_counts()
     keep = set(chosen) or {g for g in counts[counts > 0].index[:MAX_GROUPS] if g != UNKNOWN}
+    other = f"{OTHER} / {UNKNOWN}"
+    if not categorical:
+        return col.where(col.isin(list(keep)), other)
+    # prepared rows' labels are categoricals: the groups stay one (codes, not a string per run: at 1M runs
+    # an object copy and a group-by over it cost each step of the page's clock a few tenths of a second)
     cats = list(col.cat.categories)
-    labels = [c for c in cats if c in keep] + [f"{OTHER} / {UNKNOWN}"]
+    labels = [c for c in cats if c in keep] + [other]
     where = {c: i for i, c in enumerate(labels)}
     lut = np.array([where.get(c, len(labels) - 1) for c in cats] + [len(labels) - 1], dtype="int64")  # -1 (missing): other
     return pd.Series(pd.Categorical.from_codes(lut[col.cat.codes.to_numpy()], labels), index=col.index, name=col.name)
