@@ -69,6 +69,8 @@ class SubStep(BaseModel):
     error_code: Optional[str] = None
     started: Optional[datetime] = None
     ended: Optional[datetime] = None
+    # sequencing only: the run's 1-based place in the cycle's plan, so readers need not parse the message
+    position: Optional[int] = None
 
 
 class SchedulingRecord(BaseModel):

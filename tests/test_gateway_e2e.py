@@ -153,7 +153,6 @@ def test_a_queue_not_open_to_the_user_is_refused_and_an_admin_launches_on_behalf
 
 
 def test_another_users_run_cannot_be_cancelled_or_renamed(gw):
-    from prefect.client.schemas.actions import FlowRunUpdate
     from prefect.exceptions import PrefectHTTPStatusError
     from prefect.states import Cancelled, Cancelling
 
@@ -243,12 +242,12 @@ def raw_request(method: str, url: str, **kw) -> httpx.Response:
     {"exception_message": "Service Unavailable"} by Prefect itself, which the gateway passes on as is;
     Prefect's client retries it with backoff, and so does this, 4 times at most (0.5 to 4 s apart),
     then the last answer stands. Any other status (the gateway's 401/403/429 included) is returned at once."""
-    for attempt in range(5):
+    for attempt in range(4):
         r = httpx.request(method, url, **kw)
-        if r.status_code != 503 or attempt == 4:
+        if r.status_code != 503:
             return r
         time.sleep(0.5 * 2 ** attempt)
-    raise AssertionError("unreachable")
+    return httpx.request(method, url, **kw)
 
 
 def call(gw, who, method, path, **kw):

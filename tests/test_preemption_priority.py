@@ -6,7 +6,6 @@ Ground truth is the runs' own state histories (Running / Scheduled timestamps an
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import datetime
 
@@ -70,8 +69,7 @@ def _placement(run_id: str) -> tuple[datetime, int]:
     for rec in cli_json("history", run_id):
         if rec["phase"] == "schedule" and rec["result"] == "SUCCESS" and rec.get("to_state") == "PENDING":
             seq = next(s for s in rec["sub_steps"] if s["step"] == "sequencing")
-            position = re.match(r"position (\d+) of", seq["message"])
-            placed.append((datetime.fromisoformat(seq["started"]), int(position.group(1))))
+            placed.append((datetime.fromisoformat(seq["started"]), int(seq["position"])))
     assert placed, f"no placement of run {run_id} in the agent's scheduling history"
     return min(placed)
 

@@ -45,7 +45,7 @@ def test_repeats_merge_into_the_latest_record_and_anything_else_starts_a_new_one
     store = any_store
     for i in range(4):  # the agent re-plans every 2 s while the run waits
         record(store, _rec("r1", at=2 * i, msg=f"waiting: try {i}"))
-    steps = [SubStep(step=s, result="SUCCESS", message=s) for s in
+    steps = [SubStep(step=s, result="SUCCESS", message=s, position=3 if s == "sequencing" else None) for s in
              ("sequencing", "validation", "capacity_check", "allocation")]
     record(store, _rec("r1", result="SUCCESS", code=None, at=9, from_state="SCHEDULED", to_state="PENDING",
                        sub_steps=steps))
@@ -57,6 +57,7 @@ def test_repeats_merge_into_the_latest_record_and_anything_else_starts_a_new_one
     first = rows[0]
     assert first.created == T0 and first.updated == T0 + timedelta(seconds=6) and first.message == "waiting: try 3"
     assert [s.step for s in rows[1].sub_steps] == ["sequencing", "validation", "capacity_check", "allocation"]
+    assert [s.position for s in rows[1].sub_steps] == [3, None, None, None]  # stored as a field, read back
     assert (rows[1].from_state, rows[1].to_state) == ("SCHEDULED", "PENDING")
     # a different error code for the same phase/result is a different decision
     record(store, _rec("r1", code="capacity-taken", at=21))
@@ -210,6 +211,8 @@ def test_pending_then_started_run_and_timeout_in_the_history(tmp_path, unique_na
     assert (placed["from_state"], placed["to_state"]) == ("SCHEDULED", "PENDING")
     assert [s["step"] for s in placed["sub_steps"]] == ["sequencing", "validation", "capacity_check", "allocation"]
     assert all(s["result"] == "SUCCESS" and s["started"] and s["ended"] for s in placed["sub_steps"])
+    seq = placed["sub_steps"][0]
+    assert seq["position"] >= 1 and f"position {seq['position']} of" in seq["message"]
     assert placed["created"] >= waited["updated"]
     assert (started["from_state"], started["to_state"]) == ("PENDING", "RUNNING") and ended["to_state"] == "COMPLETED"
     # the timeout: Failed with task-timeout first in the message, and the decision in the history

@@ -174,7 +174,7 @@ async def dispatch_cycle(
     for position, decision in enumerate(decisions, 1):
         fr = by_id[decision.run_id]
         req = requests.get(decision.run_id)
-        steps = [SubStep(step="sequencing", result="SUCCESS", started=t_plan, ended=t_planned,
+        steps = [SubStep(step="sequencing", result="SUCCESS", started=t_plan, ended=t_planned, position=position,
                          message=f"position {position} of {len(decisions)} in queue {queue} "
                                  f"(priority, then submit time{'; backfill' if spec.backfill else '; strict FIFO'})"),
                  validation[decision.run_id]]
