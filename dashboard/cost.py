@@ -151,12 +151,13 @@ def run_costs(store: Any, since: dt.datetime, until: dt.datetime, queues: Sequen
 
 
 def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: int,
-                deployments: Optional[dict] = None) -> pd.DataFrame:
+                deployments: Optional[dict] = None, by_key: bool = False) -> pd.DataFrame:
     """The cost rows (``RUN_COLUMNS``, in the runs' key order) of the store rows ``x`` (:func:`read_rows`,
     every one inside the range) and their :func:`sample_sums`: the one producer of what the page,
-    ``prefect-launch report`` and the incremental reader (:mod:`.cost_rows`) show."""
+    ``prefect-launch report`` and the incremental reader (:mod:`.cost_rows`) show. ``by_key``: indexed
+    by each row's store key (what the incremental reader keeps rows by), else 0..n-1."""
     if x.empty:
-        return pd.DataFrame(columns=RUN_COLUMNS)
+        return pd.DataFrame(columns=RUN_COLUMNS, index=pd.Index([], dtype="int64") if by_key else None)
     x = x.sort_values("id", kind="stable", ignore_index=True)
     deployments = deployments or {}
     whole = summarised(x, lo, hi)
@@ -197,6 +198,8 @@ def costs_frame(x: pd.DataFrame, agg: pd.DataFrame, lo: int, hi: int, now_ms: in
         samples=pick(a["n"].fillna(0.0), num("samples").fillna(0.0)).astype(int),
         source=np.where(whole, "summary", "samples"),
     ), columns=RUN_COLUMNS)
+    if by_key:
+        return df.set_axis(pd.Index(x["id"].astype("int64").to_numpy()))
     return df.reset_index(drop=True)
 
 

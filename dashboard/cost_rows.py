@@ -100,8 +100,7 @@ class CostRows:
         todo = x[~kept]
         with store._read() as conn:
             agg = C.sample_sums(conn, todo, lo, hi)
-        fresh = C.costs_frame(todo, agg, lo, hi, now_ms, deployments)
-        fresh.index = np.sort(todo["id"].astype("int64").to_numpy(), kind="stable")  # costs_frame's order: by key
+        fresh = C.costs_frame(todo, agg, lo, hi, now_ms, deployments, by_key=True)
         self.rows_made = len(fresh)
         new_whole = fresh[np.isin(fresh.index, keys[whole].to_numpy())]
         with self._lock:

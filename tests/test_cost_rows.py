@@ -143,3 +143,23 @@ def test_every_write_moves_the_run_stamp(tmp_path):
     time.sleep(0.01)
     _end(store, "r", now, now + M)
     assert first < second < stamp()
+
+
+def test_costs_frame_by_key_labels_every_row_with_its_own_store_key(tmp_path):
+    """The incremental reader keeps rows by store key; ``by_key`` gives each row its own, whatever the input order."""
+    store = RunMetricsStore(url=f"sqlite:///{tmp_path / 'm.db'}")
+    now = dt.datetime.now(UTC).replace(microsecond=0)
+    for k, fid in enumerate(["c", "a", "d", "b"]):
+        _start(store, fid, now - (k + 1) * H, owner=f"o{k}")
+        _samples(store, fid, now - (k + 1) * H, 30)
+    _end(store, "a", now - 2 * H, now - H)
+    lo, hi, now_ms = C.epoch_ms(now - 6 * H), C.epoch_ms(now), C.epoch_ms(now)
+    with store._read() as conn:
+        x = C.read_rows(conn, *C.in_range(lo, hi, ()))
+        agg = C.sample_sums(conn, x, lo, hi)
+    shuffled = x.iloc[[2, 0, 3, 1]]
+    keyed = C.costs_frame(shuffled, agg, lo, hi, now_ms, by_key=True)
+    key_of = dict(zip(x["flow_run_id"], x["id"].astype("int64")))
+    assert list(keyed.index) == [key_of[f] for f in keyed["id"]] == sorted(key_of.values())
+    pd.testing.assert_frame_equal(keyed.reset_index(drop=True), C.costs_frame(x, agg, lo, hi, now_ms))
+    assert list(C.costs_frame(x.iloc[:0], agg, lo, hi, now_ms, by_key=True).index) == []
