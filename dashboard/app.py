@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -34,6 +34,7 @@ from prefect_launch.dashboard import chart_data as CD
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
+from prefect_launch.dashboard import page_figures as PF
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import summary as SM
 from prefect_launch.dashboard.sidebar import sidebar
@@ -77,16 +78,7 @@ def panel_waiting(p: P.PageData) -> None:
             digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
-def _once(v: V.View, what: Optional[tuple], make: Callable[[], Any]) -> Any:
-    """``make()`` for this view, built by the first visit that draws ``what``: every visit within a step of
-    the page's clock gets the same View, so the next ones draw the same payloads and frames without building
-    them again (~0.15 s of each visit's script at 100k runs: the lanes, the runs table, the charts). ``what``
-    None: built each time (a brushed span is one person's, and would only grow the view)."""
-    if what is None:
-        return make()
-    if what not in v.drawn:
-        v.drawn[what] = make()
-    return v.drawn[what]
+_once = PF.once  # payloads built once per view (dashboard/page_figures.py)
 
 
 def _linked(v: V.View, runs: pd.DataFrame) -> pd.DataFrame:
@@ -102,17 +94,6 @@ def _runs_table(v: V.View, runs: pd.DataFrame, key: str, drop_id: bool = False, 
     shown = _linked(v, runs)
     W.table(shown.drop(columns=["id"]) if drop_id else shown, key,
             labels={**RUN_LINK["labels"], **kw.pop("labels", {})}, links=RUN_LINK["links"], **kw)
-
-
-def _view_costs(p: P.PageData):
-    """(cost rows filtered like the page, error text or None)."""
-    from prefect_launch.dashboard import cost as C
-
-    if p.costs is None:
-        return None, p.costs_error or "not read"
-    spec = p.view.spec
-    # filtered once per page (every panel and visit within the step reads the same rows: ~1M at 1M runs)
-    return _once(p.view, ("view_costs",), lambda: C.filter_runs(p.costs, spec.owners, spec.jobs, spec.presets)), None
 
 
 def _links_block():
@@ -131,7 +112,7 @@ def panel_summary(p: P.PageData) -> None:
         head = SM.headline(summary)
         W.figures([("Queues busy now", f"{head['busy']} / {head['queues']}"), ("Queued now", f"{head['queued']:,}"),
                    ("Running now", f"{head['running']:,}"), ("Runs in range", f"{v.totals['runs']:,}")])
-        used = _capacity_used(p)
+        used = PF.capacity_used(p)
         cap_help = ("{what} over the range / the {unit} the online agents serving these queues publish x the range "
                     "(n/a without agents)")
         figures = [("GPU capacity held", share.get("gpu"), "GPU-seconds runs held", "GPUs"),
@@ -185,21 +166,13 @@ def panel_summary(p: P.PageData) -> None:
                 st.altair_chart(charts.heatmap_chart(occ.heatmap), width="stretch", key="heatmap")
 
 
-def _capacity_used(p: P.PageData) -> dict:
-    """Share (%) of the agents' GPU- and CPU-seconds over the range that runs used (measured)."""
-    v = p.view
-    runs, _ = _view_costs(p)
-    return _once(v, ("capacity_used",), lambda: SM.capacity_used(runs, v.occupancy.capacity,
-                                                                  (min(v.spec.until, v.now) - v.spec.since).total_seconds()))
-
-
 def panel_cost(p: P.PageData) -> None:
     from prefect_launch.dashboard import cost as C
 
     v = p.view
     with st.container(key="panel-cost", border=True):
         W.heading("Cost and waste")
-        runs, error = _view_costs(p)
+        runs, error = PF.view_costs(p)
         if runs is None:
             st.info(f"Metrics store not readable: {error}")
             return
@@ -207,10 +180,11 @@ def panel_cost(p: P.PageData) -> None:
             st.info("No measured runs in this range.")
             return
         by = W.single("By", C.BY, f"cost_by_{v.spec.grouping}",  # follows the sidebar's grouping
-                      v.spec.grouping if v.spec.grouping in C.BY else C.BY[0])
-        table = C.cost_table(runs, by)
+                      PF.default_by(v.spec.grouping))
+        made = PF.cost_panel(p, by)
+        table, notes = made.table, made.notes
         total = table.iloc[-1]
-        idle = C.idle_share(runs)
+        idle = made.idle_pct
 
         def num(x, fmt="{:,.1f}"):  # short: a figure wraps past ~10 characters at laptop width
             return "n/a" if x is None or x != x else fmt.format(x)
@@ -227,8 +201,6 @@ def panel_cost(p: P.PageData) -> None:
             ("CPU energy", num(total["cpu_energy_wh"], "{:,.0f} Wh"),
              f"The runs' share of the CPU packages' RAPL energy; measured for {total['cpu_energy_runs']} runs "
              "(n/a: RAPL not readable by the agents; never estimated)")])
-        notes = [f"GPU energy: {s} ({n} runs)" for s, n in runs["gpu_energy_source"].dropna().value_counts().items()]
-        notes += [f"CPU energy: {s} ({n} runs)" for s, n in runs["cpu_energy_source"].dropna().value_counts().items()]
         W.heading(lines=["Allocated vs used over the range, by " + by + ". " + "; ".join(notes)])
         left, right = st.columns([2, 3])
         with left:
@@ -239,7 +211,7 @@ def panel_cost(p: P.PageData) -> None:
             W.table(table, "cost_table", digits={c: 1 for c in table.columns if c.endswith("_h")}, empty="unavailable")
         W.heading(lines=["Top wasters: runs that left the most of what they held idle (GPU-hours, then "
                                        "core-hours)"])
-        w = C.wasters(runs)
+        w = made.wasters
         if w.empty:
             st.success("No run left held hardware idle in this range.")
         else:

@@ -22,6 +22,7 @@ import pandas as pd
 from prefect_launch.settings import env_seconds
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard.cost_rows import CostRows
+from prefect_launch.dashboard import page_figures as PF
 from prefect_launch.dashboard import spec as S
 from prefect_launch.dashboard import view as V
 from prefect_launch.dashboard.page_keeper import PageKeeper
@@ -145,6 +146,7 @@ def _read(spec: S.ViewSpec) -> PageData:
             setattr(out, name, fut.result())
         except Exception as exc:
             setattr(out, f"{name}_error", _first_line(exc))
+    PF.prime(out)  # the figures over every cost row, made here (ahead of the step) rather than in a visit
     return out
 
 
