@@ -49,6 +49,8 @@ def fan_out(fn: Callable[[Any], Any], items: Iterable[Any]) -> list:
         return fn(x)
 
     return list(FAN_POOL.map(run, items))
+# the POST endpoints that only read (``/flow_runs/filter``, ``/flow_runs/count``, ``/flow_runs/history``, ...)
+READ_POSTS = frozenset({"filter", "count", "history"})
 # history requests are whole-range scans on the server: more than two at once only make
 # them contend there (measured: 7 in parallel cost 1.5x the server CPU of 7 in a row)
 HISTORY_SLOTS = threading.BoundedSemaphore(int(os.environ.get("LAUNCH_DASHBOARD_HISTORY_SLOTS", "2")))
@@ -74,14 +76,27 @@ class Api:
         self._server_id_lock = threading.Lock()
 
     def post(self, path: str, body: Optional[dict] = None) -> Any:
-        r = self.http.post(path.lstrip("/"), json=body or {})
+        read = path.rstrip("/").rsplit("/", 1)[-1] in READ_POSTS
+        r = self._send(lambda: self.http.post(path.lstrip("/"), json=body or {}), retry=read)
         r.raise_for_status()
         return r.json()
 
     def get(self, path: str) -> Any:
-        r = self.http.get(path.lstrip("/"))
+        r = self._send(lambda: self.http.get(path.lstrip("/")), retry=True)
         r.raise_for_status()
         return r.json()
+
+    @staticmethod
+    def _send(request: Callable[[], httpx.Response], retry: bool) -> httpx.Response:
+        """A read is sent once more when the server closed the connection without answering: a kept-alive
+        connection the server had just closed (seen at 1M runs after a long read), which Prefect's own client
+        also retries. Writes are not resent (one may have been applied)."""
+        try:
+            return request()
+        except httpx.RemoteProtocolError:
+            if not retry:
+                raise
+            return request()
 
     def server_id(self, fresh: bool = False) -> str:
         """This server's identity, steadier than the URL it is reached by: a UUID kept in the Prefect
