@@ -9,6 +9,7 @@ finds them made. Pure of Streamlit: tested without a server.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -16,6 +17,8 @@ import pandas as pd
 
 if TYPE_CHECKING:
     from prefect_launch.dashboard.view import View
+
+log = logging.getLogger("prefect_launch.dashboard")
 
 # ``p`` below is a :class:`prefect_launch.dashboard.page_data.PageData` (page_data imports this module)
 
@@ -90,9 +93,14 @@ def capacity_used(p: Any) -> dict:
 
 
 def prime(p: Any) -> None:
-    """Make the figures a visit with the page's default choices reads (called where the page is read)."""
-    if p.view.occupancy is not None:
-        capacity_used(p)
-    runs, _ = view_costs(p)
-    if runs is not None and not runs.empty:
-        cost_panel(p, default_by(p.view.spec.grouping))
+    """Make the figures a visit with the page's default choices reads (called where the page is read).
+    A failure here fails no read: it is logged, nothing is kept, and the panel that draws the figure
+    meets (and shows) the error itself, as it did before the figures were made ahead."""
+    try:
+        if p.view.occupancy is not None:
+            capacity_used(p)
+        runs, _ = view_costs(p)
+        if runs is not None and not runs.empty:
+            cost_panel(p, default_by(p.view.spec.grouping))
+    except Exception:
+        log.exception("making the page's cost figures ahead failed; the cost panel will make them")

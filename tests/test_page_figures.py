@@ -101,3 +101,12 @@ def test_once_builds_each_named_thing_once_and_unnamed_ones_each_time():
         PF.once(p.view, ("x",), lambda: made.append("x") or len(made))
         PF.once(p.view, None, lambda: made.append("brushed") or len(made))
     assert made == ["x", "brushed", "brushed", "brushed"] and p.view.drawn[("x",)] == 1
+
+
+def test_a_failure_making_the_figures_ahead_fails_no_read_and_the_panel_meets_it(caplog):
+    broken = _rows().drop(columns=["gpu_alloc_h"])  # a cost frame the table cannot be made from
+    p = _page(broken)
+    PF.prime(p)  # does not raise: the page read stands
+    assert ("cost_panel", "owner") not in p.view.drawn and "failed" in caplog.text
+    with pytest.raises(KeyError):  # the cost panel, drawing it, meets the error (and the page shows it there)
+        PF.cost_panel(p, "owner")
