@@ -49,8 +49,11 @@ def fan_out(fn: Callable[[Any], Any], items: Iterable[Any]) -> list:
         return fn(x)
 
     return list(FAN_POOL.map(run, items))
+
+
 # the POST endpoints that only read (``/flow_runs/filter``, ``/flow_runs/count``, ``/flow_runs/history``, ...)
 READ_POSTS = frozenset({"filter", "count", "history"})
+
 # history requests are whole-range scans on the server: more than two at once only make
 # them contend there (measured: 7 in parallel cost 1.5x the server CPU of 7 in a row)
 HISTORY_SLOTS = threading.BoundedSemaphore(int(os.environ.get("LAUNCH_DASHBOARD_HISTORY_SLOTS", "2")))

@@ -78,9 +78,6 @@ def panel_waiting(p: P.PageData) -> None:
             digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
-_once = PF.once  # payloads built once per view (dashboard/page_figures.py)
-
-
 def _linked(v: V.View, runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` (with their ``id``) and a ``link`` column: each run's page in Prefect's UI."""
     return runs.assign(link=[A.run_url(v.ui_base, i) for i in runs["id"]])
@@ -141,7 +138,7 @@ def panel_summary(p: P.PageData) -> None:
                                         "interval (red: the agents' GPUs). Idle stretches on fixed capacity are room for "
                                         "low-priority work." + ("" if occ.complete else " Only the span the newest runs "
                                         "read so far cover is drawn: the run index does not cover the range yet.")])
-            timeline.chart(_once(v, ("load_chart",), lambda: CD.load_payload(
+            timeline.chart(PF.once(v, ("load_chart",), lambda: CD.load_payload(
                 load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart",
                            fallback=load)
             if not occ.complete:
@@ -232,7 +229,7 @@ def panel_status(v: V.View) -> None:
         if counts.empty:
             st.info("No runs in this range.")
         else:
-            timeline.chart(_once(v, ("status_chart",), lambda: CD.status_payload(
+            timeline.chart(PF.once(v, ("status_chart",), lambda: CD.status_payload(
                 counts, v.spec.since, v.spec.until, v.interval_s).packed()), key="status_chart", fallback=counts)
 
 
@@ -246,7 +243,7 @@ def panel_queued(v: V.View) -> None:
         if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
-            timeline.chart(_once(v, ("queued_chart",), lambda: CD.queued_payload(
+            timeline.chart(PF.once(v, ("queued_chart",), lambda: CD.queued_payload(
                 qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).packed()), key="queued_chart", fallback=qt)
 
 
@@ -257,7 +254,7 @@ def _when(t: pd.Timestamp) -> str:
 
 def panel_runs(v: V.View) -> None:
     with st.container(key="panel-runs", border=True):
-        g = _once(v, ("gantt_frame",), lambda: F.gantt_frame(v.runs, v.now))
+        g = PF.once(v, ("gantt_frame",), lambda: F.gantt_frame(v.runs, v.now))
         lanes = v.occupancy.lanes
         if lanes is not None:
             _panel_lanes(v, lanes, g)
@@ -271,7 +268,7 @@ def panel_runs(v: V.View) -> None:
             return
         col = S.group_column(v.spec.grouping)
         shown = timeline.brush_of("gantt")
-        brush = timeline.chart(_once(v, None if shown else ("gantt",), lambda: CD.gantt_payload(
+        brush = timeline.chart(PF.once(v, None if shown else ("gantt",), lambda: CD.gantt_payload(
             g, col, v.spec.since, v.spec.until, shown).packed()), key="gantt")
         _runs_under_brush(v, g, brush, "runs")
 
@@ -291,7 +288,7 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
             ["name", "job", "owner", "launched_by", "queue", "priority", "preset", "state_name", "queued_s", "duration_s",
              "start", "end", "link"]], sel["id"], v.metrics)
 
-    W.table(_once(v, None if brush else ("runs_table",), build), "runs_table", rows_shown=12,
+    W.table(PF.once(v, None if brush else ("runs_table",), build), "runs_table", rows_shown=12,
             labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s", "launched_by": "launched by"},
             digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
 
@@ -315,7 +312,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
     W.heading("Job runs", [f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to select a span; "
                                       "the table lists the runs in it."])
     shown = timeline.brush_of("gantt")
-    brush = timeline.chart(_once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
+    brush = timeline.chart(PF.once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
         lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed()), key="gantt")
     _runs_under_brush(v, g, brush, f"of the newest {len(v.runs):,} runs")
 

@@ -235,12 +235,16 @@ def cost_table(df: pd.DataFrame, by: str = "owner") -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=[by, *TABLE_COLUMNS])
     parts = _table_parts(df)
-    sums = parts.drop(columns=["peak", "mem_req"]).groupby(df[by], sort=False, observed=True).sum()
-    peaks = parts[["peak", "mem_req"]].groupby(df[by], sort=False, observed=True).max()
-    rows = [dict({by: k}, **_table_row(sums.loc[k], peaks.loc[k])) for k in sums.index]
+    adds, peaks = parts.drop(columns=list(MAX_PARTS)), parts[list(MAX_PARTS)]
+    sums = adds.groupby(df[by], sort=False, observed=True).sum()
+    tops = peaks.groupby(df[by], sort=False, observed=True).max()
+    rows = [dict({by: k}, **_table_row(sums.loc[k], tops.loc[k])) for k in sums.index]
     rows.sort(key=lambda d: (-d["gpu_alloc_h"], -(d["cpu_alloc_h"] or 0.0), str(d[by])))
-    rows.append(dict({by: "total"}, **_table_row(parts.drop(columns=["peak", "mem_req"]).sum(), parts[["peak", "mem_req"]].max())))
+    rows.append(dict({by: "total"}, **_table_row(adds.sum(), peaks.max())))
     return pd.DataFrame(rows, columns=[by, *TABLE_COLUMNS])
+
+
+MAX_PARTS = ("peak", "mem_req")  # the parts of _table_parts taken as a maximum; every other one is summed
 
 
 def _table_parts(df: pd.DataFrame) -> pd.DataFrame:

@@ -65,7 +65,7 @@ class View:
     occupancy: Optional[OC.Occupancy] = None
     summary: Optional[pd.DataFrame] = None  # the queue-summary table (:func:`.summary.summary_frame`)
     # what the page built from this view to draw (components' payloads), by what it is: every visit within a
-    # step of the page's clock gets this same View, so only the first builds them (dashboard/app.py's _once)
+    # step of the page's clock gets this same View, so only the first builds them (dashboard/page_figures.once)
     drawn: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
