@@ -163,3 +163,23 @@ def test_costs_frame_by_key_labels_every_row_with_its_own_store_key(tmp_path):
     assert list(keyed.index) == [key_of[f] for f in keyed["id"]] == sorted(key_of.values())
     pd.testing.assert_frame_equal(keyed.reset_index(drop=True), C.costs_frame(x, agg, lo, hi, now_ms))
     assert list(C.costs_frame(x.iloc[:0], agg, lo, hi, now_ms, by_key=True).index) == []
+
+
+def test_merged_places_new_rows_in_key_order_as_a_sort_would():
+    """The reader's merge of held and new rows (pure): the same frame as concatenating and sorting by key,
+    for new keys before, among and after the held ones, and either side empty."""
+    import numpy as np
+
+    from prefect_launch.dashboard.cost_rows import merged
+
+    rng = np.random.default_rng(7)
+    keys = rng.choice(10_000, size=600, replace=False)
+    held_keys, new_keys = np.sort(keys[:500]), np.sort(keys[500:])
+    frame = lambda k: pd.DataFrame({"v": k * 2.0, "s": [f"r{i}" for i in k]}, index=pd.Index(k, dtype="int64"))  # noqa: E731
+    held, new = frame(held_keys), frame(new_keys)
+    want = pd.concat([held, new]).sort_index()
+    pd.testing.assert_frame_equal(merged(held, new), want)
+    pd.testing.assert_frame_equal(merged(new, held), want)
+    edges = frame(np.array([-1, 20_000]))  # before the first and after the last
+    pd.testing.assert_frame_equal(merged(held, edges), pd.concat([held, edges]).sort_index())
+    assert merged(held, new.iloc[:0]) is held and merged(None, new) is new
