@@ -37,6 +37,10 @@ COLUMNS = [c.name for c in T.columns]
 CORE = ["id", "deployment_id", "queue", "owner", "preset", "state_type", "state_us", "expected_start_us", "start_us",
         "end_us", "run_time_s", "synced_ms", "queued_us", "pending_us", "placement", "cpu", "gpu"]
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+# Prefect's other state types: a run in one of them can still change. Asked for by name (IN, which the
+# state_type index serves) rather than as NOT IN TERMINAL, which scans every row: ~1 s of each step of
+# the monitor's clock at 1M runs
+OPEN = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING")
 MESSAGE_CHARS = 2000  # a state message longer than this is cut (tracebacks): the index is for listing
 
 
@@ -238,7 +242,7 @@ class RunIndex:
         holds for them."""
         out: dict[str, list[str]] = {}
         with self.store._read() as conn:
-            for rid, stype in conn.execute(sa.select(T.c.id, T.c.state_type).where(T.c.state_type.not_in(TERMINAL))):
+            for rid, stype in conn.execute(sa.select(T.c.id, T.c.state_type).where(T.c.state_type.in_(OPEN))):
                 out.setdefault(stype, []).append(rid)
         return out
 

@@ -515,3 +515,23 @@ def test_the_run_tables_show_who_launched_a_run_for_its_owner():
     table = F.runs_frame(IV.prepare(raw, {}), raw, now).set_index("id")
     assert "launched_by" in F.RUN_COLUMNS
     assert table.loc["a", "launched_by"] == "root" and table.loc["b", "launched_by"] == ""
+
+
+def test_open_and_terminal_state_types_are_every_prefect_state_type(tmp_path):
+    """The index asks for the runs that can still change by name (``OPEN``, served by its state index);
+    with Prefect's terminal types they must be every type Prefect has, or runs in a new one would never be
+    read again. And the open runs it reads are exactly the non-terminal rows of a real store."""
+    from prefect.client.schemas.objects import StateType
+
+    from prefect_launch.blocks import run_index as RI
+
+    assert set(RI.OPEN) | set(RI.TERMINAL) == {t.value for t in StateType}
+    assert not set(RI.OPEN) & set(RI.TERMINAL)
+    idx = RunIndex(RunMetricsStore(url=f"sqlite:///{tmp_path / 'm.db'}"))
+    now = dt.datetime.now(dt.timezone.utc)
+    rows = [IndexRow(id=str(uuid.uuid4()), state_type=t.value, expected_start_us=RI.to_us(now))
+            for t in StateType]
+    idx.upsert(rows)
+    got = idx.open_ids_by_type()
+    assert {k: sorted(v) for k, v in got.items()} == {
+        r.state_type: [r.id] for r in rows if r.state_type not in RI.TERMINAL}
