@@ -479,6 +479,13 @@ def _source_note(v: V.View) -> str:
     return "from Prefect's API"
 
 
+def _step_note() -> str:
+    """Said where the page's clock moves in longer steps than usual (its reads take long: many runs)."""
+    step = S.page_step()
+    return "" if step <= S.PAGE_STEP_S else (f" · figures move on every {step} s (reading them takes long at this "
+                                             "size; the next step's are read ahead)")
+
+
 def _unreadable(spec: S.ViewSpec, exc: Exception) -> P.PageData:
     """The page when its reads fail: the reason and what to do, then the newest page read for this
     sidebar state with its age (or nothing more, when there is none)."""
@@ -537,7 +544,7 @@ def monitor() -> None:
         f"{v.spec.since:%Y-%m-%d %H:%M} – {v.spec.until:%Y-%m-%d %H:%M} UTC · interval {v.interval_s // 60} min · "
         f"grouping {v.spec.grouping} · " + (f"{filters} · " if filters else "")
         + f"read at {v.now:%H:%M:%S} UTC in {v.timings.get('total', 0):.2f} s"
-        + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}"])
+        + (" (incremental)" if v.incremental else "") + f" · {_source_note(v)}" + _step_note()])
     panel_summary(p)
     c1, c2 = st.columns(2)
     with c1:

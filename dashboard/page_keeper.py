@@ -130,6 +130,11 @@ class PageKeeper(Generic[K, V]):
                 if nxt is None:
                     continue
                 next_key, starts_at = nxt
+                for _ in range(10_000):  # a step over already is not read: on to the step now (the keeper fell behind)
+                    later = self._advance(next_key)
+                    if later is None or later[1] > now:
+                        break
+                    next_key, starts_at = later
                 cur = self._entries.get(key)
                 took = cur.took_s if cur else 0.0
                 lead = max(self.lead_s, 1.5 * took)

@@ -51,7 +51,11 @@ STATUS_COLORS = {
     "cancelled": "#6d4c41",
     "paused": "#00acc1",
 }
-PAGE_STEP_S = 10  # the page's clock moves in these steps (see page_now): figures stay at most 10 s old
+PAGE_STEP_S = 10  # the page's clock moves in these steps (see page_now): figures stay at most 10 s old ...
+# ... while a page is read in well under a step; where reading it takes longer (about 1M runs on two cores) the
+# clock moves in longer steps (step_for), so the next step's page can still be read before it begins
+PAGE_STEPS = (PAGE_STEP_S, 20, 30, 60)
+STEP_PER_READ = 2.5  # a step at least this many times the page's read: the read ahead has time and CPU to spare
 RANGES = {"Last 1 hour": dt.timedelta(hours=1), "Last 24 hours": dt.timedelta(days=1), "Last 7 days": dt.timedelta(days=7)}
 DEFAULT_RANGE = "Last 7 days"  # what the sidebar shows first
 DEFAULT_GROUPING = "job"
@@ -76,8 +80,8 @@ class ViewSpec:
     live: bool = False  # a range that ends at the page's clock ("last 7 days") and moves with it
 
     def next_step(self) -> "ViewSpec":
-        """The same live view one step of the page's clock later (see :func:`page_now`)."""
-        step = dt.timedelta(seconds=PAGE_STEP_S)
+        """The same live view at the page's clock's next step after its own end (see :func:`page_now`)."""
+        step = dt.timedelta(seconds=page_now(self.until + dt.timedelta(seconds=1)).timestamp() - self.until.timestamp())
         return replace(self, since=self.since + step, until=self.until + step)
 
     @property
@@ -113,12 +117,39 @@ def interval_for(since: dt.datetime, until: dt.datetime, target: int = 170) -> i
     return int(math.ceil(span / 500))
 
 
+_STEP = [PAGE_STEP_S]  # the page clock's step now (page_step), set from the reads' lengths (note_read)
+
+
+def page_step() -> int:
+    """Seconds the page's clock moves in now (one of :data:`PAGE_STEPS`)."""
+    return _STEP[0]
+
+
+def step_for(read_s: float, step: int) -> int:
+    """The step after a page read took ``read_s`` seconds, from ``step``: the shortest of :data:`PAGE_STEPS`
+    at least :data:`STEP_PER_READ` reads long, at once where that is longer; shorter one step at a time, and
+    only once a read takes two thirds of what the shorter step asks (no flapping around a threshold)."""
+    need = next((s for s in PAGE_STEPS if s >= STEP_PER_READ * read_s), PAGE_STEPS[-1])
+    if need >= step:
+        return need
+    shorter = max(s for s in PAGE_STEPS if s < step)  # one step shorter at a time, with room to spare
+    return shorter if read_s * STEP_PER_READ * 1.5 <= shorter else step
+
+
+def note_read(read_s: float) -> int:
+    """A live page was read in ``read_s`` seconds: the page's clock moves in :func:`step_for`'s steps from
+    now on (a visit and the read ahead then agree on the next step's range). Returns the step."""
+    _STEP[0] = step_for(read_s, _STEP[0])
+    return _STEP[0]
+
+
 def page_now(now: Optional[dt.datetime] = None) -> dt.datetime:
-    """The page's clock: ``now`` up to the next whole ``PAGE_STEP_S`` step. Every visit and rerun
-    within a step reads the same range, so the view and the cost rows of a range are computed once
-    per step (and kept 30 s), not once per visit."""
+    """The page's clock: ``now`` up to the next whole step (:func:`page_step`, :data:`PAGE_STEP_S` while
+    pages are read in well under it). Every visit and rerun within a step reads the same range, so the
+    view and the cost rows of a range are computed once per step, not once per visit."""
+    step = page_step()
     now = (now or dt.datetime.now(UTC)).replace(microsecond=0)
-    return now + dt.timedelta(seconds=PAGE_STEP_S - int(now.timestamp()) % PAGE_STEP_S)
+    return now + dt.timedelta(seconds=step - int(now.timestamp()) % step)
 
 
 def default_spec(now: Optional[dt.datetime] = None) -> "ViewSpec":

@@ -103,6 +103,19 @@ def test_the_next_step_is_read_ahead_of_the_clock_for_a_key_asked_lately():
     assert len(read_ahead) >= 28
 
 
+def test_a_keeper_behind_the_clock_reads_the_step_now_not_the_steps_gone_by():
+    """A read longer than several steps (a cold read at 1M runs): the keeper then reads the step the clock is
+    in, not each step that passed meanwhile (nobody can see those any more)."""
+    clock = Clock(95.0)
+    calls = []
+    keeper = PageKeeper(lambda k: calls.append(k) or k, _live(10), keep_s=300, lead_s=2, clock=clock)
+    keeper.get(10)
+    clock.t = 131.0  # steps 11-13 (to 130) are over; step 14 shows [130, 140)
+    assert keeper.keep_ahead() == 1 and calls == [10, 14]
+    clock.t = 138.5
+    assert keeper.keep_ahead() == 1 and calls == [10, 14, 15]  # and then ahead again as usual
+
+
 def test_a_slow_view_is_read_ahead_earlier():
     clock = Clock(90.0)
 
@@ -138,7 +151,7 @@ def test_clear_forgets_values_and_values_lists_them():
 
 
 def test_the_keeper_thread_reads_ahead_on_its_own():
-    keeper = PageKeeper(lambda k: k, lambda k: (k + 1, 0.0), keep_s=60)  # next step "begins" at once
+    keeper = PageKeeper(lambda k: k, lambda k: (k + 1, time.time() + 1.0), keep_s=60)  # each next step begins within the lead
     keeper.get(1)
     keeper.start(period_s=0.05)
     try:
@@ -160,6 +173,27 @@ def test_a_live_view_moves_with_the_page_clock_and_a_fixed_one_does_not():
     assert starts == spec.until.timestamp()
     fixed = S.ViewSpec(since=spec.since, until=spec.until)
     assert advance(fixed) is None
+
+
+def test_the_page_clock_steps_longer_while_pages_take_long_to_read(monkeypatch):
+    """A page read in well under a step keeps the 10-s step; a slower one makes the clock move in the
+    shortest step at least 2.5 reads long (at once), and it shortens one step at a time with room to spare."""
+    assert S.step_for(1.0, 10) == 10 and S.step_for(4.0, 10) == 10
+    assert S.step_for(5.0, 10) == 20 and S.step_for(9.0, 10) == 30 and S.step_for(40.0, 10) == 60
+    assert S.step_for(7.0, 60) == 30  # 7 x 2.5 x 1.5 = 26 s: room in 30
+    assert S.step_for(7.0, 30) == 30  # ... not in 20, though 17.5 s would fit it: no flapping
+    assert S.step_for(5.0, 30) == 20 and S.step_for(5.0, 20) == 20 and S.step_for(2.0, 20) == 10
+    monkeypatch.setattr(S, "_STEP", [S.PAGE_STEP_S])
+    assert S.note_read(9.0) == 30 and S.page_step() == 30
+    now = dt.datetime(2026, 12, 1, 10, 0, 3, tzinfo=S.UTC)
+    spec = S.default_spec(now)
+    assert spec.until == dt.datetime(2026, 12, 1, 10, 0, 30, tzinfo=S.UTC)
+    nxt, starts = advance(spec)
+    assert nxt == S.default_spec(now + dt.timedelta(seconds=30)) and starts == spec.until.timestamp()
+    # a key of the 10-s clock, asked just before the step grew: the read ahead goes to the new clock's next step
+    old = S.ViewSpec(since=spec.since - dt.timedelta(seconds=20), until=dt.datetime(2026, 12, 1, 10, 0, 10, tzinfo=S.UTC),
+                     live=True, grouping=spec.grouping, detail_limit=spec.detail_limit)
+    assert advance(old)[0] == spec and S.RANGES[S.DEFAULT_RANGE] == spec.until - spec.since
 
 
 def test_request_starts_one_read_in_the_background_and_does_not_wait():
@@ -298,3 +332,34 @@ def test_the_read_ahead_waits_while_a_visit_is_drawn_up_to_the_last_moment():
     keeper.get(11)  # a visit at 105
     clock.t = 107.6  # lead from 106, the visit 2.6 s ago
     assert keeper.keep_ahead() == 1 and calls == [10, 11, 12]
+
+
+def test_prepare_reads_the_step_its_first_read_ended_in(monkeypatch):
+    """The monitor's start: a first read that outlasts its step of the page's clock is followed by a read
+    of the step it ended in, so the first visits find the figures of their own step; a read within its
+    step is not repeated."""
+    from prefect_launch.dashboard import page_data as P
+
+    P.clear()
+    t0 = S.page_now(dt.datetime(2026, 11, 30, 12, 0, 5, tzinfo=S.UTC))
+    clock = [t0 - dt.timedelta(seconds=5)]
+    reads = []
+
+    def read(spec):
+        reads.append(spec.until)
+        clock[0] += dt.timedelta(seconds=40)  # a cold read at 1M runs: four steps
+        return _page(spec.until)
+
+    monkeypatch.setattr(P, "_read", read)
+    monkeypatch.setattr(P, "options", lambda: {})
+    monkeypatch.setattr(P, "PAGE", PageKeeper(P.compute, P.advance, ttl_s=30))
+    real = S.default_spec
+    monkeypatch.setattr(S, "default_spec", lambda now=None: real(now or clock[0]))
+    page = P.prepare()
+    assert reads == [t0, S.page_now(t0 + dt.timedelta(seconds=35))] and page.view.now == reads[-1]
+    reads.clear()
+    monkeypatch.setattr(P, "_read", lambda spec: reads.append(spec.until) or _page(spec.until))
+    P.PAGE.clear()
+    P.prepare()
+    assert reads == [S.page_now(clock[0])]  # within its step: read once
+    P.clear()
