@@ -30,8 +30,6 @@ from pathlib import Path
 from prefect_launch.dashboard import api as A
 from prefect_launch.dashboard import index_sync as X
 from prefect_launch.dashboard.caption_text import as_written
-from prefect_launch.dashboard import chart_data as CD
-from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import metrics_source as M
 from prefect_launch.dashboard import page_data as P
 from prefect_launch.dashboard import page_figures as PF
@@ -78,17 +76,12 @@ def panel_waiting(p: P.PageData) -> None:
             digits={"position": 0, "waited_s": 0, "eta_in_s": 0})
 
 
-def _linked(v: V.View, runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` (with their ``id``) and a ``link`` column: each run's page in Prefect's UI."""
-    return runs.assign(link=[A.run_url(v.ui_base, i) for i in runs["id"]])
-
-
 RUN_LINK = dict(labels={"link": "Prefect UI"}, links={"link": "open run"})  # how every runs table shows the link
 
 
 def _runs_table(v: V.View, runs: pd.DataFrame, key: str, drop_id: bool = False, **kw) -> None:
     """A table of runs (``runs`` has their ``id``) with a link to each in Prefect's UI."""
-    shown = _linked(v, runs)
+    shown = PF.linked(v, runs)
     W.table(shown.drop(columns=["id"]) if drop_id else shown, key,
             labels={**RUN_LINK["labels"], **kw.pop("labels", {})}, links=RUN_LINK["links"], **kw)
 
@@ -138,9 +131,7 @@ def panel_summary(p: P.PageData) -> None:
                                         "interval (red: the agents' GPUs). Idle stretches on fixed capacity are room for "
                                         "low-priority work." + ("" if occ.complete else " Only the span the newest runs "
                                         "read so far cover is drawn: the run index does not cover the range yet.")])
-            timeline.chart(PF.once(v, ("load_chart",), lambda: CD.load_payload(
-                load, occ.capacity.get("gpu"), v.spec.since, v.spec.until, v.interval_s).packed()), key="load_chart",
-                           fallback=load)
+            timeline.chart(PF.load_chart(v), key="load_chart", fallback=load)
             if not occ.complete:
                 W.heading(lines=["Idle periods: shown once the run index covers the range (an interval none "
                                             "of the newest runs touch is not known to be idle)."])
@@ -229,8 +220,7 @@ def panel_status(v: V.View) -> None:
         if counts.empty:
             st.info("No runs in this range.")
         else:
-            timeline.chart(PF.once(v, ("status_chart",), lambda: CD.status_payload(
-                counts, v.spec.since, v.spec.until, v.interval_s).packed()), key="status_chart", fallback=counts)
+            timeline.chart(PF.status_chart(v), key="status_chart", fallback=counts)
 
 
 def panel_queued(v: V.View) -> None:
@@ -243,8 +233,7 @@ def panel_queued(v: V.View) -> None:
         if qt.empty or total <= 0:
             st.info("No queued time in this range.")
         else:
-            timeline.chart(PF.once(v, ("queued_chart",), lambda: CD.queued_payload(
-                qt, v.spec.grouping, v.spec.since, v.spec.until, v.interval_s).packed()), key="queued_chart", fallback=qt)
+            timeline.chart(PF.queued_chart(v), key="queued_chart", fallback=qt)
 
 
 def _when(t: pd.Timestamp) -> str:
@@ -254,7 +243,7 @@ def _when(t: pd.Timestamp) -> str:
 
 def panel_runs(v: V.View) -> None:
     with st.container(key="panel-runs", border=True):
-        g = PF.once(v, ("gantt_frame",), lambda: F.gantt_frame(v.runs, v.now))
+        g = PF.gantt_rows(v)
         lanes = v.occupancy.lanes
         if lanes is not None:
             _panel_lanes(v, lanes, g)
@@ -266,10 +255,7 @@ def panel_runs(v: V.View) -> None:
         if g.empty:
             st.info("No run started in this range.")
             return
-        col = S.group_column(v.spec.grouping)
-        shown = timeline.brush_of("gantt")
-        brush = timeline.chart(PF.once(v, None if shown else ("gantt",), lambda: CD.gantt_payload(
-            g, col, v.spec.since, v.spec.until, shown).packed()), key="gantt")
+        brush = timeline.chart(PF.runs_chart(v, timeline.brush_of("gantt")), key="gantt")
         _runs_under_brush(v, g, brush, "runs")
 
 
@@ -282,25 +268,9 @@ def _runs_under_brush(v: V.View, g: pd.DataFrame, brush, counted: str) -> None:
         sel = g[(g["start"] <= hi) & (g["bar_end"] >= lo)]
         W.heading(lines=[f"Selected {_when(lo)} – {_when(hi)} UTC: {len(sel)} {counted}"])
 
-    def build() -> pd.DataFrame:
-        # the members column (cluster runs) after the link: the columns are chosen here, the link as every runs table's
-        return _with_members(_linked(v, sel)[
-            ["name", "job", "owner", "launched_by", "queue", "priority", "preset", "state_name", "queued_s", "duration_s",
-             "start", "end", "link"]], sel["id"], v.metrics)
-
-    W.table(PF.once(v, None if brush else ("runs_table",), build), "runs_table", rows_shown=12,
+    W.table(PF.runs_table(v, sel, bool(brush)), "runs_table", rows_shown=12,
             labels={**RUN_LINK["labels"], "queued_s": "queued s", "duration_s": "duration s", "launched_by": "launched by"},
             digits={"queued_s": 0, "duration_s": 0}, links=RUN_LINK["links"])
-
-
-def _with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
-    """A cluster run stays one row; its members (GPUs, CPU seconds, memory each) go in one more column,
-    shown only when a run in the table has members."""
-    if metrics is None or metrics.empty or "members" not in metrics:
-        return table
-    per_run = metrics.drop_duplicates("id").set_index("id")["members"]
-    shown = [per_run.get(i, "") or "" for i in ids]
-    return table.assign(members=shown) if any(shown) else table
 
 
 def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
@@ -311,9 +281,7 @@ def _panel_lanes(v: V.View, lanes: pd.DataFrame, g: pd.DataFrame) -> None:
            "(runs closer than a pixel merge)")
     W.heading("Job runs", [f"{v.occupancy.runs:,} runs in range: {how}. Drag across the chart to select a span; "
                                       "the table lists the runs in it."])
-    shown = timeline.brush_of("gantt")
-    brush = timeline.chart(PF.once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
-        lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed()), key="gantt")
+    brush = timeline.chart(PF.runs_chart(v, timeline.brush_of("gantt")), key="gantt")
     _runs_under_brush(v, g, brush, f"of the newest {len(v.runs):,} runs")
 
 

@@ -92,10 +92,89 @@ def capacity_used(p: Any) -> dict:
         runs, v.occupancy.capacity, (min(v.spec.until, v.now) - v.spec.since).total_seconds()))
 
 
+# ------------------------------------------------------------- the first page's charts and runs table
+# what the default page (the summary, status and queued panels, the "Job runs" section) sends of a view, built
+# once per view by whoever asks first: the page keeper (prime), else the first visit of the step
+
+RUN_TABLE_COLUMNS = ["name", "job", "owner", "launched_by", "queue", "priority", "preset", "state_name", "queued_s",
+                     "duration_s", "start", "end", "link"]
+
+
+def load_chart(v: "View") -> bytes:
+    """The load chart's payload (:func:`.chart_data.load_payload`)."""
+    from prefect_launch.dashboard import chart_data as CD
+
+    occ = v.occupancy
+    return once(v, ("load_chart",), lambda: CD.load_payload(occ.load, occ.capacity.get("gpu"), v.spec.since, v.spec.until,
+                                                             v.interval_s).packed())
+
+
+def status_chart(v: "View") -> bytes:
+    """The job status chart's payload (the view's status counts must not be empty)."""
+    from prefect_launch.dashboard import chart_data as CD
+
+    return once(v, ("status_chart",), lambda: CD.status_payload(v.occupancy.status, v.spec.since, v.spec.until,
+                                                                 v.interval_s).packed())
+
+
+def queued_chart(v: "View") -> bytes:
+    """The queued-time chart's payload (the view's queued time must not be empty)."""
+    from prefect_launch.dashboard import chart_data as CD
+
+    return once(v, ("queued_chart",), lambda: CD.queued_payload(v.occupancy.queued, v.spec.grouping, v.spec.since,
+                                                                 v.spec.until, v.interval_s).packed())
+
+
+def gantt_rows(v: "View") -> pd.DataFrame:
+    """The listed runs that started, one bar each (:func:`.frames.gantt_frame`)."""
+    from prefect_launch.dashboard import frames as F
+
+    return once(v, ("gantt_frame",), lambda: F.gantt_frame(v.runs, v.now))
+
+
+def runs_chart(v: "View", shown: Optional[list]) -> bytes:
+    """The Job runs chart's payload: lanes per agent and device (many runs), else a bar per run; ``shown``: the
+    brushed span (a brushed chart is one person's: made each time, not kept)."""
+    from prefect_launch.dashboard import chart_data as CD
+    from prefect_launch.dashboard import spec as S
+
+    what = None if shown else ("lanes",) if v.occupancy.lanes is not None else ("gantt",)
+    if v.occupancy.lanes is not None:
+        return once(v, what, lambda: CD.lanes_payload(v.occupancy.lanes, v.spec.grouping, v.spec.since, v.spec.until,
+                                                      shown).packed())
+    g = gantt_rows(v)
+    return once(v, what, lambda: CD.gantt_payload(g, S.group_column(v.spec.grouping), v.spec.since, v.spec.until,
+                                                  shown).packed())
+
+
+def linked(v: "View", runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (with their ``id``) and a ``link`` column: each run's page in Prefect's UI."""
+    from prefect_launch.dashboard.api import run_url
+
+    return runs.assign(link=[run_url(v.ui_base, i) for i in runs["id"]])
+
+
+def with_members(table: pd.DataFrame, ids: pd.Series, metrics: pd.DataFrame) -> pd.DataFrame:
+    """A cluster run stays one row; its members (GPUs, CPU seconds, memory each) go in one more column,
+    shown only when a run in the table has members."""
+    if metrics is None or metrics.empty or "members" not in metrics:
+        return table
+    per_run = metrics.drop_duplicates("id").set_index("id")["members"]
+    shown = [per_run.get(i, "") or "" for i in ids]
+    return table.assign(members=shown) if any(shown) else table
+
+
+def runs_table(v: "View", sel: pd.DataFrame, brushed: bool) -> pd.DataFrame:
+    """The runs table under the Gantt for the runs ``sel`` (all the listed runs that started, unless
+    ``brushed``), with a link to each run and, for cluster runs, their members."""
+    return once(v, None if brushed else ("runs_table",), lambda: with_members(
+        linked(v, sel)[RUN_TABLE_COLUMNS], sel["id"], v.metrics))
+
+
 def prime(p: Any) -> None:
-    """Make the figures a visit with the page's default choices reads (called where the page is read).
-    A failure here fails no read: it is logged, nothing is kept, and the panel that draws the figure
-    meets (and shows) the error itself, as it did before the figures were made ahead."""
+    """Make the figures and payloads a visit with the page's default choices reads (called where the page
+    is read). A failure here fails no read: it is logged, nothing is kept, and the panel that draws the
+    figure meets (and shows) the error itself, as it did before they were made ahead."""
     try:
         if p.view.occupancy is not None:
             capacity_used(p)
@@ -104,3 +183,18 @@ def prime(p: Any) -> None:
             cost_panel(p, default_by(p.view.spec.grouping))
     except Exception:
         log.exception("making the page's cost figures ahead failed; the cost panel will make them")
+    v = p.view
+    occ = v.occupancy
+    if occ is None or occ.load.empty:  # nothing the charts could be drawn from
+        return
+    try:  # the conditions are the panels' own (dashboard/app.py): what an empty panel does not draw is not made
+        load_chart(v)
+        if not occ.status.empty:
+            status_chart(v)
+        if not occ.queued.empty and float(occ.queued["queued_s"].sum()) > 0:
+            queued_chart(v)
+        if occ.lanes is not None or not gantt_rows(v).empty:
+            runs_chart(v, None)
+        runs_table(v, gantt_rows(v), False)
+    except Exception:
+        log.exception("making the page's charts ahead failed; the first visit will make them")

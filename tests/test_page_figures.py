@@ -110,3 +110,42 @@ def test_a_failure_making_the_figures_ahead_fails_no_read_and_the_panel_meets_it
     assert ("cost_panel", "owner") not in p.view.drawn and "failed" in caplog.text
     with pytest.raises(KeyError):  # the cost panel, drawing it, meets the error (and the page shows it there)
         PF.cost_panel(p, "owner")
+
+
+def test_prime_makes_the_first_pages_charts_and_runs_table_as_a_visit_would():
+    """The keeper also makes what the default page sends of a view (load, status and queued charts, the Job
+    runs chart, the runs table): each the same bytes / rows a visit would build from the view, and a visit
+    then gets that same object (nothing built twice)."""
+    from prefect_launch.blocks.run_index import IndexRow
+    from prefect_launch.dashboard import chart_data as CD
+    from prefect_launch.dashboard import frames as F
+    from prefect_launch.dashboard import index_view as IV
+    from prefect_launch.dashboard.api import run_url
+
+    t0 = NOW - dt.timedelta(hours=3)
+    at = lambda h: IV.us(t0 + dt.timedelta(hours=h))  # noqa: E731
+    runs = [dict(id=f"r{k}", name=f"run-{k}", queue="q1", owner=owner, state_type=state, expected_start_us=at(k),
+                 queued_us=at(k), pending_us=at(k + 0.1), start_us=at(k + 0.2), end_us=at(k + 1) if state == "COMPLETED" else None,
+                 gpu=1, cpu=2, placement=f"agent a1: cpu=2,memory=1Gi,gpu=1; gpus {k}; cores {k}")
+            for k, (owner, state) in enumerate([("ana", "COMPLETED"), ("bo", "COMPLETED"), ("ana", "RUNNING")])]
+    rows = IV.prepare(pd.DataFrame([dict(IndexRow(**r).model_dump(), synced_ms=0) for r in runs]), {})
+    spec = ViewSpec(since=NOW - dt.timedelta(hours=6), until=NOW, grouping="owner")
+    occ = OC.compute(rows, rows["owner"].astype(object), spec.since, spec.until, 600, NOW)
+    listed = pd.DataFrame(dict(id=[r["id"] for r in runs], name=[r["name"] for r in runs], job="train",
+                               owner=[r["owner"] for r in runs], launched_by="", queue="q1", priority="", preset="p",
+                               state_name=["Completed", "Completed", "Running"], queued_s=360.0, duration_s=2880.0,
+                               start=[pd.Timestamp(r["start_us"], unit="us", tz="UTC") for r in runs],
+                               end=[pd.Timestamp(r["end_us"], unit="us", tz="UTC") if r["end_us"] else pd.NaT for r in runs]))
+    view = View(spec=spec, now=NOW, interval_s=600, pools=EMPTY, hist=EMPTY, runs=listed, runs_total=3, errors=EMPTY,
+                now_counts=EMPTY, workers=EMPTY, agents=EMPTY, metrics=EMPTY, ui_base="http://ui", occupancy=occ)
+    p = PageData(view=view, costs=None, costs_error="not read")
+    PF.prime(p)
+    assert {("load_chart",), ("status_chart",), ("queued_chart",), ("gantt_frame",), ("gantt",), ("runs_table",)} <= set(view.drawn)
+    assert view.drawn[("load_chart",)] == CD.load_payload(occ.load, occ.capacity.get("gpu"), spec.since, spec.until, 600).packed()
+    assert view.drawn[("status_chart",)] == CD.status_payload(occ.status, spec.since, spec.until, 600).packed()
+    g = F.gantt_frame(listed, NOW)
+    assert view.drawn[("gantt",)] == CD.gantt_payload(g, "owner", spec.since, spec.until).packed()
+    table = view.drawn[("runs_table",)]
+    assert list(table["name"]) == list(g["name"]) and list(table["link"]) == [run_url("http://ui", i) for i in g["id"]]
+    assert PF.runs_table(view, PF.gantt_rows(view), False) is table and PF.load_chart(view) is view.drawn[("load_chart",)]
+    assert PF.runs_chart(view, [1.0, 2.0]) != view.drawn[("gantt",)]  # a brushed chart is made for its visit
