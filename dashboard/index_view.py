@@ -97,6 +97,8 @@ def select(rows: pd.DataFrame, spec: ViewSpec, *, time: bool = True) -> pd.DataF
             m &= isin(rows[col], vals)
     if spec.statuses:
         m &= isin(rows["state_type"], spec.state_types())
+    if m.all():  # nothing filtered out (the default view): not a copy of every column (~0.1-0.3 s at 1M runs,
+        return rows.copy(deep=False)  # twice a step); pandas copies a column only where the result is written
     return rows[m]
 
 

@@ -535,3 +535,18 @@ def test_open_and_terminal_state_types_are_every_prefect_state_type(tmp_path):
     got = idx.open_ids_by_type()
     assert {k: sorted(v) for k, v in got.items()} == {
         r.state_type: [r.id] for r in rows if r.state_type not in RI.TERMINAL}
+
+
+def test_select_without_filters_gives_every_row_and_writes_to_it_stay_its_own():
+    """The default view filters nothing: select then hands the rows on without copying them, and a write to
+    what it gave does not reach the rows it was given (pandas' copy-on-write)."""
+    rows = IV.prepare(_raw([dict(id="a", queue="q1", state_type="COMPLETED", expected_start_us=10),
+                            dict(id="b", queue="q2", state_type="RUNNING", expected_start_us=20)]), {})
+    spec = S.ViewSpec(since=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), until=dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
+    got = IV.select(rows, spec, time=False)
+    pd.testing.assert_frame_equal(got, rows)
+    got.loc[got.index[0], "queue"] = "q2"
+    got["extra"] = 1
+    assert rows["queue"].tolist() == ["q1", "q2"] and "extra" not in rows
+    assert IV.select(rows, S.ViewSpec(since=spec.since, until=spec.until, queues=("q2",)), time=False)["id"].tolist() == ["b"]
+    assert IV.select(rows, spec).empty  # expected starts far before the range
