@@ -172,7 +172,12 @@ _LAST_OPTIONS: list[dict] = []
 
 def options() -> dict[str, list[str]]:
     """The sidebar's choices (queues, jobs, owners, presets), read at most once a minute; while they
-    cannot be read, the last ones read (the page then says why its figures are old)."""
+    cannot be read, the last ones read (the page then says why its figures are old). Once a minute's
+    choices are out of date they are read again in the background and the visit gets the last ones: the
+    read is a second of a visit at 1M runs, for choices that change seldom (a new queue shows a visit later)."""
+    if _LAST_OPTIONS and not _OPTIONS.peek("options"):
+        _OPTIONS.request("options")
+        return _LAST_OPTIONS[0]
     try:
         opts = _OPTIONS.get("options")
     except Exception:

@@ -363,3 +363,30 @@ def test_prepare_reads_the_step_its_first_read_ended_in(monkeypatch):
     P.prepare()
     assert reads == [S.page_now(clock[0])]  # within its step: read once
     P.clear()
+
+
+def test_out_of_date_sidebar_choices_are_read_in_the_background_while_a_visit_gets_the_last(monkeypatch):
+    """The sidebar's choices once a minute old: the visit does not wait for them (the last ones), the read
+    runs beside it, and the next visit gets the new ones; the very first visit waits (nothing to show)."""
+    from prefect_launch.dashboard import page_data as P
+
+    P.clear()
+    release, reads = threading.Event(), []
+
+    def read(_k):
+        reads.append(1)
+        if len(reads) > 1:
+            release.wait(5)
+        return {"queues": [f"q{len(reads)}"]}
+
+    clock = Clock(0.0)
+    monkeypatch.setattr(P, "_OPTIONS", PageKeeper(read, lambda _k: None, ttl_s=60.0, clock=clock))
+    assert P.options() == {"queues": ["q1"]} and len(reads) == 1
+    clock.t = 61.0  # out of date
+    assert P.options() == {"queues": ["q1"]}  # at once, while the read waits
+    release.set()
+    deadline = time.monotonic() + 5
+    while not P._OPTIONS.peek("options") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert P.options() == {"queues": ["q2"]} and len(reads) == 2
+    P.clear()
