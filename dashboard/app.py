@@ -226,11 +226,11 @@ def panel_status(v: V.View) -> None:
 def panel_queued(v: V.View) -> None:
     with st.container(key="panel-queued", border=True):
         qt = v.occupancy.queued
-        total = float(qt["queued_s"].sum()) if not qt.empty else 0.0
+        total = PF.queued_total(v)
         W.heading("Queued time", [f"Seconds runs spent waiting inside each interval (a long wait spreads over the "
                                                f"intervals it spans), by {v.spec.grouping}; the tooltip shows how many waited "
                                                f"and their mean. Total: {total:,.0f} s." + _partial_note(v)])
-        if qt.empty or total <= 0:
+        if total <= 0:
             st.info("No queued time in this range.")
         else:
             timeline.chart(PF.queued_chart(v), key="queued_chart", fallback=qt)

@@ -74,12 +74,18 @@ def merged(a: Optional[pd.DataFrame], b: Optional[pd.DataFrame]) -> Optional[pd.
         return a
     ak, bk = a.index.to_numpy(dtype="int64"), b.index.to_numpy(dtype="int64")
     at = np.searchsorted(ak, bk) + np.arange(len(bk))  # b's rows' places in the result
-    from_b = np.zeros(len(ak) + len(bk), dtype=bool)
-    from_b[at] = True
+    from_b = _marked(len(ak) + len(bk), at)
     order = np.empty(len(from_b), dtype=np.int64)
     order[at] = len(ak) + np.arange(len(bk))
     order[~from_b] = np.arange(len(ak))
     return pd.concat([a, b]).iloc[order]
+
+
+def _marked(n: int, at: np.ndarray) -> np.ndarray:
+    """A mask of ``n`` rows, True at the places ``at``."""
+    out = np.zeros(n, dtype=bool)
+    out[at] = True
+    return out
 
 
 def _positions(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,9 +132,7 @@ class CostRows:
             elif len(changed) and made.frame is not None:
                 hit, at = _positions(made.keys, np.unique(changed))
                 if hit.any():
-                    drop = np.zeros(len(made.frame), dtype=bool)
-                    drop[at[hit]] = True
-                    made = self._made[key] = _Made(frame=made.frame[~drop], deps=deps)
+                    made = self._made[key] = _Made(frame=made.frame[~_marked(len(made.frame), at[hit])], deps=deps)
         # masks over the held rows, not the rows themselves: only the rows made afresh are gathered (at 1M
         # runs each full copy costs a step of the page's clock a tenth of a second or more)
         x = held.rows
@@ -149,11 +153,9 @@ class CostRows:
                 self._made[key] = _Made(frame=merged(made.frame, new_whole), deps=deps)
         part = None
         if kept.any():
-            use = np.zeros(len(made.frame), dtype=bool)
-            use[at[kept]] = True
+            use = _marked(len(made.frame), at[kept])
             part = made.frame if use.all() else made.frame[use]  # in key order, as held
-        out = merged(part, fresh)
-        return (out if out is not None else fresh).reset_index(drop=True)
+        return merged(part, fresh).reset_index(drop=True)
 
     def _update(self, conn: Any, key: tuple, lo: int, queues: Sequence[str]) -> tuple[_Held, Optional[np.ndarray]]:
         """The key's rows brought up to date, and the store keys of the rows read again (None: all were)."""

@@ -133,8 +133,7 @@ def compute(spec: S.ViewSpec) -> PageData:
         _READING[key] -= 1
         _FAILED.pop(key, None)
     if spec.live and getattr(page.view, "incremental", False):  # a first (cold) read is no measure of the reads each step
-        step = S.note_read(time.perf_counter() - t0)
-        PAGE.ttl_s = max(CACHE_TTL_S, 2.0 * step)  # a live page serves its whole step, however long
+        S.note_read(time.perf_counter() - t0)
     _remember(spec, page)
     return page
 
@@ -162,7 +161,12 @@ def advance(spec: S.ViewSpec) -> Optional[tuple[S.ViewSpec, float]]:
     return spec.next_step(), spec.until.timestamp()
 
 
-PAGE: PageKeeper[S.ViewSpec, PageData] = PageKeeper(compute, advance, ttl_s=CACHE_TTL_S, keep_s=KEEP_S, lead_s=LEAD_S,
+def page_ttl_s() -> float:
+    """How long a page serves: :data:`CACHE_TTL_S`, and a live page its whole step of the page's clock, however long."""
+    return max(CACHE_TTL_S, 2.0 * S.page_step())
+
+
+PAGE: PageKeeper[S.ViewSpec, PageData] = PageKeeper(compute, advance, ttl_s=page_ttl_s, keep_s=KEEP_S, lead_s=LEAD_S,
                                                  quiet_s=QUIET_S)
 _OPTIONS: PageKeeper[str, dict] = PageKeeper(lambda _k: V.options(), lambda _k: None, ttl_s=60.0)
 

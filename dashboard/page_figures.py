@@ -1,10 +1,11 @@
-"""The page's figures over every cost row of the range, made once per page and ahead of the visits.
+"""What a visit of the monitor's page draws from a page's data, made once per page and ahead of the visits.
 
 Why: the cost panel's table, idle share, energy notes and top wasters, and the summary's
 capacity-used figures each read every cost row of the range (1M rows at 1M runs: about a second
-of each visit's script). Built here, once per :class:`PageData` (``View.drawn``), and for the
-page's default choices already when the page keeper reads the page (:func:`prime`), a visit
-finds them made. Pure of Streamlit: tested without a server.
+of each visit's script); the first page's charts and runs table are megabytes at 1M runs. Built
+here, once per :class:`PageData` (``View.drawn``), and for the page's default choices already when
+the page keeper reads the page (:func:`prime`), a visit finds them made. Pure of Streamlit: tested
+without a server.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def status_chart(v: "View") -> bytes:
                                                                  v.interval_s).packed())
 
 
+def queued_total(v: "View") -> float:
+    """Seconds runs spent waiting over the range (the queued panel draws its chart only when above 0)."""
+    qt = v.occupancy.queued
+    return float(qt["queued_s"].sum()) if not qt.empty else 0.0
+
+
 def queued_chart(v: "View") -> bytes:
     """The queued-time chart's payload (the view's queued time must not be empty)."""
     from prefect_launch.dashboard import chart_data as CD
@@ -138,13 +145,12 @@ def runs_chart(v: "View", shown: Optional[list]) -> bytes:
     from prefect_launch.dashboard import chart_data as CD
     from prefect_launch.dashboard import spec as S
 
-    what = None if shown else ("lanes",) if v.occupancy.lanes is not None else ("gantt",)
     if v.occupancy.lanes is not None:
-        return once(v, what, lambda: CD.lanes_payload(v.occupancy.lanes, v.spec.grouping, v.spec.since, v.spec.until,
-                                                      shown).packed())
+        return once(v, None if shown else ("lanes",), lambda: CD.lanes_payload(
+            v.occupancy.lanes, v.spec.grouping, v.spec.since, v.spec.until, shown).packed())
     g = gantt_rows(v)
-    return once(v, what, lambda: CD.gantt_payload(g, S.group_column(v.spec.grouping), v.spec.since, v.spec.until,
-                                                  shown).packed())
+    return once(v, None if shown else ("gantt",), lambda: CD.gantt_payload(
+        g, S.group_column(v.spec.grouping), v.spec.since, v.spec.until, shown).packed())
 
 
 def linked(v: "View", runs: pd.DataFrame) -> pd.DataFrame:
@@ -191,7 +197,7 @@ def prime(p: Any) -> None:
         load_chart(v)
         if not occ.status.empty:
             status_chart(v)
-        if not occ.queued.empty and float(occ.queued["queued_s"].sum()) > 0:
+        if queued_total(v) > 0:
             queued_chart(v)
         if occ.lanes is not None or not gantt_rows(v).empty:
             runs_chart(v, None)

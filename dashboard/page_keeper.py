@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
+from typing import Any, Callable, Generic, Hashable, Optional, TypeVar, Union
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -41,17 +41,19 @@ class PageKeeper(Generic[K, V]):
 
     ``advance(key)`` gives the key the same view has in the next clock step, and when that step
     begins (``(next_key, starts_at)``), or None for a key that does not move (a fixed range).
-    ``ttl_s``: how long a value serves (a live key's value is replaced when its step ends anyway).
+    ``ttl_s``: how long a value serves (a live key's value is replaced when its step ends anyway), or a
+    function giving it (asked at each use: a TTL that follows the page clock's step).
     ``keep_s``: how long after its last request a key is kept ready. ``max_entries``: oldest
     entries beyond it are dropped. ``quiet_s``: how long after a :meth:`get` (a visit) the keeper
     holds back a read it could still start later (see the module doc).
     """
 
     def __init__(self, compute: Callable[[K], V], advance: Callable[[K], Optional[tuple[K, float]]], *,
-                 ttl_s: float = 30.0, keep_s: float = 300.0, lead_s: float = 2.0, max_entries: int = 16,
+                 ttl_s: Union[float, Callable[[], float]] = 30.0, keep_s: float = 300.0, lead_s: float = 2.0, max_entries: int = 16,
                  quiet_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         self._compute, self._advance = compute, advance
-        self.ttl_s, self.keep_s, self.lead_s, self.max_entries = ttl_s, keep_s, lead_s, max_entries
+        self._ttl = ttl_s if callable(ttl_s) else (lambda: float(ttl_s))
+        self.keep_s, self.lead_s, self.max_entries = keep_s, lead_s, max_entries
         self.quiet_s = quiet_s
         self._visited_at = float("-inf")  # clock of the last get: a visit being drawn
         self._clock = clock
@@ -201,7 +203,7 @@ class PageKeeper(Generic[K, V]):
 
     def _serves(self, entry: _Entry, now: float) -> bool:
         """Whether a finished entry's value may still be served (no error, within the TTL)."""
-        return entry.error is None and now - entry.computed_at < self.ttl_s
+        return entry.error is None and now - entry.computed_at < self._ttl()
 
     def _run(self, key: K, entry: _Entry) -> None:
         t = time.perf_counter()

@@ -390,3 +390,26 @@ def test_out_of_date_sidebar_choices_are_read_in_the_background_while_a_visit_ge
         time.sleep(0.01)
     assert P.options() == {"queues": ["q2"]} and len(reads) == 2
     P.clear()
+
+
+def test_a_ttl_given_as_a_function_is_asked_at_each_use(monkeypatch):
+    """The page's TTL follows the clock's step: a page read in a 60-s step still serves 100 s later, where
+    in a 10-s step it is read again after 30 s."""
+    from prefect_launch.dashboard import page_data as P
+
+    ttl = [30.0]
+    clock = Clock(0.0)
+    calls = []
+    keeper = PageKeeper(lambda k: calls.append(k) or k, lambda k: None, ttl_s=lambda: ttl[0], clock=clock)
+    keeper.get(1)
+    clock.t = 35.0
+    keeper.get(1)
+    assert calls == [1, 1]  # past 30 s: read again
+    ttl[0] = 120.0
+    clock.t = 135.0
+    keeper.get(1)
+    assert calls == [1, 1]  # 100 s later, within the longer TTL
+    monkeypatch.setattr(S, "_STEP", [S.PAGE_STEP_S])
+    assert P.page_ttl_s() == P.CACHE_TTL_S
+    monkeypatch.setattr(S, "_STEP", [60])
+    assert P.page_ttl_s() == 120.0
