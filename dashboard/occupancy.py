@@ -99,11 +99,11 @@ def label_codes(values: pd.Series) -> tuple[np.ndarray, list]:
     hashing of strings), missing values as a last label None."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         codes = values.cat.codes.to_numpy().astype("int64")
-        labels = list(values.cat.categories)
+        labels = values.cat.categories.tolist()  # not list(): an Arrow-backed Index iterates value by value
     else:
         # the column itself, not an object copy: pyarrow-backed text is factorised in Arrow (~5x faster)
         codes, uniq = pd.factorize(values, use_na_sentinel=True)
-        codes, labels = codes.astype("int64"), list(uniq)
+        codes, labels = codes.astype("int64"), uniq.tolist()
     if (codes < 0).any():
         codes = np.where(codes < 0, len(labels), codes)
         labels.append(None)
@@ -424,12 +424,32 @@ class LaneTables:
     one key per queue), the lanes (devices) each key held, and each lane's agent lane."""
 
     key: np.ndarray  # per run
-    lanes_of: list[list[int]]  # per key: lane ids
+    lane_flat: np.ndarray  # every key's lane ids, key after key
+    lane_count: np.ndarray  # per key: how many of ``lane_flat`` are its
     agent_of: list[str]  # per key
     lane_names: list[str]  # per lane: "agent · gpu 3"
     fold_of: list[int]  # per lane: its agent lane ("agent · GPUs" / "agent · cores")
     fold_names: list[str]
     fold_agent: list[str]
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _label_lanes(label: Optional[str]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """One placement label -> (agent, its lanes "agent · gpu 3", their agent lanes "agent · GPUs").
+
+    Cached like :func:`_parse`: at 1M runs a month holds ~50k distinct labels, each read
+    by every step of the page's clock; building their lane names in a Python loop each time
+    was a third of the Gantt's cost."""
+    agent, _, _, slots = _parse(label)
+    agent = agent or "unreadable placement"
+    return agent, *_slot_lanes(agent, slots)
+
+
+def _slot_lanes(agent: str, slots: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(lanes, their agent lanes) of an agent's slots; no slot: one "unplaced" lane."""
+    slots = slots or ("unplaced",)
+    fold = tuple(f"{agent} · " + ("GPUs" if x.startswith("gpu") else "cores" if x.startswith("core") else x) for x in slots)
+    return tuple(f"{agent} · {x}" for x in slots), fold
 
 
 def _lane_tables(rows: pd.DataFrame) -> LaneTables:
@@ -442,32 +462,19 @@ def _lane_tables(rows: pd.DataFrame) -> LaneTables:
     placed = np.array([bool(x) for x in plabels], dtype=bool)[pcodes] if n else np.zeros(0, dtype=bool)
     raw_key = np.where(placed, pcodes, len(plabels) + qcodes)
     used, key = np.unique(raw_key, return_inverse=True)
-    lane_ids: dict[str, int] = {}
-    fold_ids: dict[str, int] = {}
-    fold_of: list[int] = []
-    fold_agent: list[str] = []
-    lanes_of: list[list[int]] = []
-    agent_of: list[str] = []
-    for u in used:
-        if u < len(plabels):
-            agent, _, _, slots = _parse(str(plabels[u]))
-            agent = agent or "unreadable placement"
-        else:
-            agent, slots = str(qlabels[u - len(plabels)]), []
-        ids = []
-        for x in slots or ["unplaced"]:
-            name = f"{agent} · {x}"
-            if name not in lane_ids:
-                lane_ids[name] = len(lane_ids)
-                fold = f"{agent} · " + ("GPUs" if x.startswith("gpu") else "cores" if x.startswith("core") else x)
-                if fold not in fold_ids:
-                    fold_ids[fold] = len(fold_ids)
-                    fold_agent.append(agent)
-                fold_of.append(fold_ids[fold])
-            ids.append(lane_ids[name])
-        lanes_of.append(ids)
-        agent_of.append(agent)
-    return LaneTables(key.astype("int64"), lanes_of, agent_of, list(lane_ids), fold_of, list(fold_ids), fold_agent)
+    per_key = [_label_lanes(str(plabels[u])) if u < len(plabels)
+               else (str(qlabels[u - len(plabels)]), *_slot_lanes(str(qlabels[u - len(plabels)]), ())) for u in used]
+    # lanes and agent lanes numbered in order of first appearance (as the keys list them)
+    flat = [x for k in per_key for x in k[1]]
+    lane_code, lane_names = pd.factorize(np.asarray(flat, dtype=object)) if flat else (np.zeros(0, dtype="int64"), [])
+    fold_flat = [x for k in per_key for x in k[2]]
+    first = np.unique(lane_code, return_index=True)[1] if len(flat) else np.zeros(0, dtype="int64")
+    fold_code, fold_names = pd.factorize(np.asarray(fold_flat, dtype=object)[first]) if flat else (np.zeros(0, dtype="int64"), [])
+    agents = np.asarray([k[0] for k in per_key for _ in k[1]], dtype=object)[first]
+    fold_agent = agents[np.unique(fold_code, return_index=True)[1]].tolist() if flat else []
+    count = np.fromiter((len(k[1]) for k in per_key), dtype="int64", count=len(per_key))
+    return LaneTables(key.astype("int64"), np.asarray(lane_code, dtype="int64"), count, [k[0] for k in per_key], list(lane_names),
+                      np.asarray(fold_code, dtype="int64").tolist(), list(fold_names), fold_agent)
 
 
 def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, until_us: float,
@@ -492,8 +499,7 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
     r = rows.iloc[keep]
     t = _lane_tables(r)
     # one row per (run, lane it held): lane ids of a key are a slice of one flat table
-    per_key = np.array([len(x) for x in t.lanes_of], dtype="int64")
-    flat = np.array([i for ls in t.lanes_of for i in ls], dtype="int64")
+    per_key, flat = t.lane_count, t.lane_flat
     offs = np.concatenate([[0], np.cumsum(per_key)[:-1]])
     lens = per_key[t.key]
     rep = np.repeat(np.arange(len(r)), lens)
