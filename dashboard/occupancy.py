@@ -37,7 +37,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 import pandas as pd
 
-from prefect_launch.dashboard.spec import UNKNOWN, UTC, us
+from prefect_launch.dashboard.spec import UNKNOWN, UTC
 
 PHASES = ("queued", "pending", "running")
 PHASE_COLUMNS = ("q0", "q1", "p0", "p1", "r0", "r1", "h0", "h1", "end")
@@ -48,7 +48,7 @@ PLACEMENT_RE = r"^agent (?P<agent>[^:]+): (?P<res>[^;]*); gpus (?P<gpus>[^;]*); 
 PER_RUN_GANTT_MAX = 300  # more runs than this in range: the Gantt draws lanes per agent and device
 LANES_MAX = 64  # more devices than this (lanes under ~10 px at the chart's height): one lane per agent
 LANE_PIXELS = 600  # what a pixel of the Gantt's range is: 1/600 of it
-# what :func:`compute` reads of the rows besides their times (a narrow copy of the rows in range)
+# what :func:`.occupancy_panels.compute` reads of the rows besides their times (a narrow copy of the rows in range)
 ROW_COLUMNS = ("id", "name", "queue", "state_type", "placement", "gpu", "cpu")
 
 Phases = Union[pd.DataFrame, Mapping[str, np.ndarray]]  # phase columns: a frame from :func:`phases`, or its arrays
@@ -111,7 +111,7 @@ def label_codes(values: pd.Series) -> tuple[np.ndarray, list]:
 
 
 def phase_arrays(rows: pd.DataFrame, now_us: float) -> dict[str, np.ndarray]:
-    """:func:`phases` as plain arrays (what :func:`compute` works on)."""
+    """:func:`phases` as plain arrays (what :func:`.occupancy_panels.compute` works on)."""
     codes, types = label_codes(rows["state_type"]) if len(rows) else (np.zeros(0, dtype="int64"), [])
     terminal = np.array([t in END_STATUS for t in types], dtype=bool)[codes] if len(types) else np.zeros(len(rows), dtype=bool)
     exp, start, end, state_t = (_times(rows, c) for c in ("expected_start_us", "start_us", "end_us", "state_us"))
@@ -146,7 +146,7 @@ def _col(ph: Phases, c: str) -> np.ndarray:
     return np.asarray(ph[c], dtype="float64")
 
 
-def _span(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
+def span(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) moment of each run's phases and end (NaN: none)."""
     first = np.fmin(np.fmin(_col(ph, "q0"), _col(ph, "p0")), np.fmin(_col(ph, "r0"), _col(ph, "end")))
     last = np.fmax(np.fmax(_col(ph, "q1"), _col(ph, "p1")), np.fmax(_col(ph, "r1"), _col(ph, "end")))
@@ -155,14 +155,14 @@ def _span(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
 
 def overlapping(rows: pd.DataFrame, since_us: float, until_us: float, now_us: float) -> pd.DataFrame:
     """The rows with any phase (or their end) in [since, until)."""
-    first, last = _span(phase_arrays(rows, now_us))
+    first, last = span(phase_arrays(rows, now_us))
     return rows[(first < until_us) & (last >= since_us)]
 
 
 # ------------------------------------------------------------ interval maths
 
 
-def _group_codes(codes: Optional[np.ndarray], n: int) -> np.ndarray:
+def _codes_or_zero(codes: Optional[np.ndarray], n: int) -> np.ndarray:
     return np.zeros(n, dtype="int64") if codes is None else np.asarray(codes, dtype="int64")
 
 
@@ -174,7 +174,7 @@ def present(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, codes: Optional[np.n
     """
     s, e = b.rel(s_us), b.rel(e_us)
     ok = (e > s) & (e > 0) & (s < b.n * b.step_s)  # False for NaN
-    codes = _group_codes(codes, len(s))[ok]
+    codes = _codes_or_zero(codes, len(s))[ok]
     s, e = s[ok], e[ok]
     k0 = np.clip(np.floor(s / b.step_s), 0, b.n - 1).astype("int64")
     k1 = np.clip(np.ceil(e / b.step_s) - 1, 0, b.n - 1).astype("int64")
@@ -200,7 +200,7 @@ def seconds_in(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, weights: Optional
     span = float(b.n * b.step_s)
     s, e = np.clip(s, 0.0, span), np.clip(e, 0.0, span)
     ok = e > s  # False for NaN, empty, or wholly outside the range
-    codes = _group_codes(codes, len(s))[ok]
+    codes = _codes_or_zero(codes, len(s))[ok]
     s, e, w = s[ok], e[ok], w[:, ok]
     step = float(b.step_s)
     k0 = np.minimum(np.floor(s / step), b.n - 1).astype("int64")
@@ -222,7 +222,7 @@ def seconds_in(s_us: np.ndarray, e_us: np.ndarray, b: Buckets, weights: Optional
     return out if two_d else out[0]
 
 
-def _codes(groups: Optional[pd.Series], n: int) -> tuple[np.ndarray, list]:
+def group_codes(groups: Optional[pd.Series], n: int) -> tuple[np.ndarray, list]:
     if groups is None:
         return np.zeros(n, dtype="int64"), ["all"]
     codes, labels = label_codes(pd.Series(groups))
@@ -238,52 +238,70 @@ def _codes(groups: Optional[pd.Series], n: int) -> tuple[np.ndarray, list]:
 # --------------------------------------------------------------------- panels
 
 
-def _end_codes(rows: pd.DataFrame) -> np.ndarray:
+def end_codes(rows: pd.DataFrame) -> np.ndarray:
     """Per run, the index of its end state in :data:`FINISHED` (-1: not finished)."""
     codes, types = label_codes(rows["state_type"])
     lut = np.array([FINISHED.index(END_STATUS[t]) if t in END_STATUS else -1 for t in types] + [-1], dtype="int64")
     return lut[codes] if len(codes) else np.zeros(0, dtype="int64")
 
 
+PHASE_PAIRS = (("q0", "q1"), ("p0", "p1"), ("r0", "r1"))
+
+
+def status_sums(rows: pd.DataFrame, ph: Phases, b: Buckets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(present (3, n): runs queued / pending / running at any moment of each bucket,
+    seconds (3, n) in each phase inside it, finished (len(FINISHED), n) by end state):
+    sums over runs, so the sums of two sets of runs add."""
+    pres = np.vstack([present(_col(ph, a), _col(ph, z), b)[0] for a, z in PHASE_PAIRS])
+    secs = np.vstack([seconds_in(_col(ph, a), _col(ph, z), b)[0] for a, z in PHASE_PAIRS])
+    end = b.rel(_col(ph, "end"))
+    fin = end_codes(rows)
+    ok = (end >= 0) & (end < b.n * b.step_s) & (fin >= 0)  # False for NaN
+    nf = len(FINISHED)
+    per = np.bincount(fin[ok] * b.n + (end[ok] // b.step_s).astype("int64"), minlength=nf * b.n).reshape(nf, b.n)
+    return pres, secs, per
+
+
+def status_table(pres: np.ndarray, secs: np.ndarray, finished: np.ndarray, b: Buckets) -> pd.DataFrame:
+    """:func:`status_frame` from :func:`status_sums`."""
+    starts = b.starts()
+    buckets, status, count, avg = [], [], [], []
+    for j, name in enumerate(PHASES):
+        k = np.flatnonzero(pres[j] > 0)
+        buckets.append(starts[k])
+        status.append(np.full(len(k), name, dtype=object))
+        count.append(pres[j][k])
+        avg.append(secs[j][k] / b.step_s)
+    nf = len(FINISHED)
+    k = np.flatnonzero(finished.T)  # bucket after bucket, end states in FINISHED order
+    buckets.append(starts[k // nf])
+    status.append(np.asarray(FINISHED, dtype=object)[k % nf])
+    count.append(finished.T.ravel()[k])
+    avg.append(np.full(len(k), np.nan))
+    return pd.DataFrame({"bucket": _concat_times(buckets), "status": np.concatenate(status),
+                         "count": np.concatenate(count).astype("int64"), "avg": np.concatenate(avg)})
+
+
 def status_frame(rows: pd.DataFrame, ph: Phases, b: Buckets) -> pd.DataFrame:
     """Job status per interval: bucket, status, count (queued / pending / running at any
     moment of it; finished inside it, by end state), avg (time-weighted average number
     in that phase; NaN for finished)."""
-    starts = b.starts()
-    buckets, status, count, avg = [], [], [], []
-    for name, (a, z) in zip(PHASES, (("q0", "q1"), ("p0", "p1"), ("r0", "r1"))):
-        s, e = _col(ph, a), _col(ph, z)
-        c = present(s, e, b)[0]
-        k = np.flatnonzero(c > 0)
-        buckets.append(starts[k])
-        status.append(np.full(len(k), name, dtype=object))
-        count.append(c[k])
-        avg.append(seconds_in(s, e, b)[0][k] / b.step_s)
-    end = b.rel(_col(ph, "end"))
-    fin = _end_codes(rows)
-    ok = (end >= 0) & (end < b.n * b.step_s) & (fin >= 0)  # False for NaN
-    nf = len(FINISHED)
-    per = np.bincount((end[ok] // b.step_s).astype("int64") * nf + fin[ok], minlength=b.n * nf)
-    k = np.flatnonzero(per)
-    buckets.append(starts[k // nf])
-    status.append(np.asarray(FINISHED, dtype=object)[k % nf])
-    count.append(per[k])
-    avg.append(np.full(len(k), np.nan))
-    return pd.DataFrame({"bucket": _concat_times(buckets), "status": np.concatenate(status),
-                         "count": np.concatenate(count).astype("int64"), "avg": np.concatenate(avg)})
+    return status_table(*status_sums(rows, ph, b), b)
 
 
 def _concat_times(parts: list) -> pd.DatetimeIndex:
     return parts[0].append(parts[1:]) if parts else pd.DatetimeIndex([], tz=UTC)
 
 
-def queued_frame(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> pd.DataFrame:
-    """Queued time per interval: bucket, group, queued_s (waiting seconds inside the
-    bucket), runs (runs that waited in it), mean_s (queued_s / runs)."""
+def queued_sums(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> tuple[list, np.ndarray, np.ndarray]:
+    """(group labels, waiting seconds (G, n) inside each bucket, runs (G, n) that waited in it)."""
     s, e = _col(ph, "q0"), _col(ph, "q1")
-    codes, names = _codes(groups, len(s))
-    secs = seconds_in(s, e, b, codes=codes, n_groups=len(names))
-    cnt = present(s, e, b, codes=codes, n_groups=len(names))
+    codes, names = group_codes(groups, len(s))
+    return names, seconds_in(s, e, b, codes=codes, n_groups=len(names)), present(s, e, b, codes=codes, n_groups=len(names))
+
+
+def queued_table(names: list, secs: np.ndarray, cnt: np.ndarray, b: Buckets) -> pd.DataFrame:
+    """:func:`queued_frame` from :func:`queued_sums`."""
     g, k = np.nonzero(cnt > 0)
     out = pd.DataFrame({"bucket": b.starts()[k], "group": np.asarray(names, dtype=object)[g], "queued_s": secs[g, k],
                         "runs": cnt[g, k]})
@@ -291,19 +309,35 @@ def queued_frame(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> pd.Data
     return out
 
 
-def load_frame(rows: pd.DataFrame, ph: Phases, b: Buckets, held: Optional[tuple] = None) -> pd.DataFrame:
-    """Per bucket (every bucket of the range): runs holding a slot at any moment (held),
-    runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
-    held, and their time averages (busy, gpus, cpus)."""
+def queued_frame(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> pd.DataFrame:
+    """Queued time per interval: bucket, group, queued_s (waiting seconds inside the
+    bucket), runs (runs that waited in it), mean_s (queued_s / runs)."""
+    return queued_table(*queued_sums(ph, groups, b), b)
+
+
+def held_sums(ph: Phases, b: Buckets, held: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(runs holding a slot at any moment of each bucket (n,), run-, GPU- and CPU-seconds
+    held inside it (3, n)); ``held``: the runs' (GPUs, CPUs), :func:`resources`."""
     s, e = _col(ph, "h0"), _col(ph, "h1")
-    gpu, cpu = held if held is not None else resources(rows)
-    secs = seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu, cpu]))[:, 0]
-    out = pd.DataFrame({"bucket": b.starts(), "held": present(s, e, b)[0],
-                        "waiting": present(_col(ph, "q0"), _col(ph, "q1"), b)[0],
+    gpu, cpu = held
+    return present(s, e, b)[0], seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu, cpu]))[:, 0]
+
+
+def load_table(held: np.ndarray, waiting: np.ndarray, secs: np.ndarray, b: Buckets) -> pd.DataFrame:
+    """:func:`load_frame` from :func:`held_sums` and the runs waiting (:func:`status_sums`' queued)."""
+    out = pd.DataFrame({"bucket": b.starts(), "held": held, "waiting": waiting,
                         "run_s": secs[0], "gpu_s": secs[1], "cpu_s": secs[2]})
     for c, src in (("busy", "run_s"), ("gpus", "gpu_s"), ("cpus", "cpu_s")):
         out[c] = out[src] / b.step_s
     return out
+
+
+def load_frame(rows: pd.DataFrame, ph: Phases, b: Buckets, held: Optional[tuple] = None) -> pd.DataFrame:
+    """Per bucket (every bucket of the range): runs holding a slot at any moment (held),
+    runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
+    held, and their time averages (busy, gpus, cpus)."""
+    h, secs = held_sums(ph, b, held if held is not None else resources(rows))
+    return load_table(h, present(_col(ph, "q0"), _col(ph, "q1"), b)[0], secs, b)
 
 
 def idle_periods(load: pd.DataFrame, step_s: int, until: Optional[pd.Timestamp] = None) -> pd.DataFrame:
@@ -344,6 +378,25 @@ def capacity_share(load: pd.DataFrame, cap: dict, span_s: float) -> dict[str, Op
     return out
 
 
+def hour_sums(ph: Phases, hours: Buckets, gpu: np.ndarray) -> np.ndarray:
+    """(2, hours.n): run- and GPU-seconds held inside each hour (the heatmap's sums)."""
+    return seconds_in(_col(ph, "h0"), _col(ph, "h1"), hours, np.vstack([np.ones(len(gpu)), gpu]))[:, 0]
+
+
+def heatmap_table(hours: Buckets, busy: np.ndarray, gpus: np.ndarray) -> pd.DataFrame:
+    """:func:`heatmap` from the mean runs and GPUs held in each hour of ``hours``."""
+    b = hours
+    hrs = b.lo_us // 3_600_000_000 + np.arange(b.n, dtype="int64")
+    weekday = (hrs // 24 + 3) % 7  # 1970-01-01 was a Thursday
+    cell = weekday * 24 + hrs % 24
+    n = np.bincount(cell, minlength=168)
+    k = np.flatnonzero(n)
+    out = pd.DataFrame({"weekday": np.asarray(DAYS, dtype=object)[k // 24], "hour": (k % 24).astype("int64"),
+                        "busy": np.bincount(cell, busy, minlength=168)[k] / n[k],
+                        "gpus": np.bincount(cell, gpus, minlength=168)[k] / n[k], "hours": n[k].astype("int64")})
+    return out.sort_values(["weekday", "hour"], ignore_index=True)
+
+
 def heatmap(rows: pd.DataFrame, ph: Phases, since: dt.datetime, until: dt.datetime,
             held: Optional[tuple] = None, load: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Hour of day x weekday (UTC): mean runs holding a slot (busy) and mean GPUs held,
@@ -351,21 +404,9 @@ def heatmap(rows: pd.DataFrame, ph: Phases, since: dt.datetime, until: dt.dateti
     :func:`load_frame` when its buckets are those hours, reused)."""
     b = Buckets.aligned(since, until, 3600)
     if load is not None and len(load) == b.n and len(load) and load["bucket"].iloc[0] == b.starts()[0]:
-        busy, gpus = load["busy"].to_numpy(), load["gpus"].to_numpy()
-    else:
-        gpu = (held if held is not None else resources(rows))[0]
-        s, e = _col(ph, "h0"), _col(ph, "h1")
-        secs = seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu]))[:, 0]
-        busy, gpus = secs[0] / 3600.0, secs[1] / 3600.0
-    hours = b.lo_us // 3_600_000_000 + np.arange(b.n, dtype="int64")
-    weekday = (hours // 24 + 3) % 7  # 1970-01-01 was a Thursday
-    cell = weekday * 24 + hours % 24
-    n = np.bincount(cell, minlength=168)
-    k = np.flatnonzero(n)
-    out = pd.DataFrame({"weekday": np.asarray(DAYS, dtype=object)[k // 24], "hour": (k % 24).astype("int64"),
-                        "busy": np.bincount(cell, busy, minlength=168)[k] / n[k],
-                        "gpus": np.bincount(cell, gpus, minlength=168)[k] / n[k], "hours": n[k].astype("int64")})
-    return out.sort_values(["weekday", "hour"], ignore_index=True)
+        return heatmap_table(b, load["busy"].to_numpy(), load["gpus"].to_numpy())
+    secs = hour_sums(ph, b, (held if held is not None else resources(rows))[0])
+    return heatmap_table(b, secs[0] / 3600.0, secs[1] / 3600.0)
 
 
 # ---------------------------------------------------------------------- gantt
@@ -505,7 +546,7 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
     rep = np.repeat(np.arange(len(r)), lens)
     within = np.arange(len(rep)) - np.repeat(np.cumsum(lens) - lens, lens)
     lane = flat[offs[t.key][rep] + within]
-    gcodes, gnames = _codes(pd.Series(groups).iloc[keep] if len(groups) == len(rows) else pd.Series(groups), len(r))
+    gcodes, gnames = group_codes(pd.Series(groups).iloc[keep] if len(groups) == len(rows) else pd.Series(groups), len(r))
     grp = gcodes[rep]
     names = rows["name"] if "name" in rows else rows["id"]
     cat = pd.Categorical.from_codes  # labels repeat: codes into their few names, no string per segment
@@ -601,63 +642,3 @@ def folded_lanes(fold: np.ndarray, grp: np.ndarray, s_us: np.ndarray, e_us: np.n
     })[LANE_COLUMNS]
     out.attrs["folded"] = True
     return out
-
-
-# ----------------------------------------------------------------- whole view
-
-
-@dataclass
-class Occupancy:
-    """The occupancy panels of one view."""
-
-    interval_s: int
-    status: pd.DataFrame
-    queued: pd.DataFrame
-    load: pd.DataFrame
-    idle: pd.DataFrame
-    heatmap: pd.DataFrame
-    runs: int  # runs with any phase in the range
-    share: dict
-    capacity: dict
-    lanes: Optional[pd.DataFrame] = None  # None: few enough runs for one bar per run
-    complete: bool = True  # False: computed from the newest runs only (API path)
-
-
-def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime, until: dt.datetime, interval_s: int,
-            now: dt.datetime, agents: Optional[pd.DataFrame] = None, complete: bool = True) -> Occupancy:
-    """Every occupancy panel for prepared ``rows`` (already filtered by the sidebar, any
-    expected start) and their group labels (same index)."""
-    now_us = float(us(now))
-    b = Buckets.aligned(since, until, interval_s)
-    ph_all = phase_arrays(rows, now_us)
-    first, last = _span(ph_all)
-    keep = (first < b.hi_us) & (last >= b.lo_us)
-    ph = {k: v[keep] for k, v in ph_all.items()}
-    sel = rows[[c for c in ROW_COLUMNS if c in rows]][keep]  # a narrow copy: only what the panels read
-    g = pd.Series(groups)[keep] if groups is not None else None
-    held = resources(sel)
-    load = load_frame(sel, ph, b, held)
-    span_s = (min(us(until), now_us) - us(since)) / 1e6
-    cap = capacity(agents) if agents is not None else dict(gpu=None, cpu=None)
-    s_us, u_us = float(us(since)), float(min(us(until), now_us))
-    n_held = int((~np.isnan(ph["h0"])).sum())
-    if complete:
-        idle = idle_periods(load, interval_s, until=pd.Timestamp(min(until, now)))
-        hm = heatmap(sel, ph, since, until, held, load=load if interval_s == 3600 else None)
-        share = capacity_share(load, cap, span_s)
-    else:
-        # only the newest runs were read: before the oldest of them nothing is known, so no bucket there is
-        # called idle (it would read as hours of idle hardware that were busy); the load shows the known
-        # span, and idle periods, heatmap and capacity share wait for every run of the range
-        known = float(np.nanmin(first)) if len(first) and not np.isnan(first).all() else float(b.hi_us)
-        known_from = pd.Timestamp(int(known // (interval_s * 1e6) * interval_s * 1e6), unit="us", tz="UTC")
-        load = load[load["bucket"] >= known_from].reset_index(drop=True)
-        idle = pd.DataFrame(columns=["from", "to", "hours", "waiting"])
-        hm = pd.DataFrame(columns=["weekday", "hour", "busy", "gpus", "hours"])
-        share = {"gpu": None, "cpu": None}
-    return Occupancy(
-        interval_s=interval_s, status=status_frame(sel, ph, b), queued=queued_frame(ph, g, b), load=load,
-        idle=idle, heatmap=hm, runs=len(sel), share=share, capacity=cap,
-        lanes=lanes(sel, ph, g if g is not None else sel["queue"], s_us, u_us) if n_held > PER_RUN_GANTT_MAX else None,
-        complete=complete,
-    )

@@ -26,7 +26,8 @@ import pandas as pd
 from prefect_launch.dashboard import frames as F
 from prefect_launch.dashboard import index_sync
 from prefect_launch.dashboard import index_view as IV
-from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_panels as OP
+from prefect_launch.dashboard.occupancy_memo import SettledMemo
 from prefect_launch.dashboard.api import (
     IO_POOL, PAGE, Api, fetch_agents, fetch_deployments, fetch_error_logs, fetch_errors, fetch_now_counts, fetch_pools,
     fetch_recent_labels, fetch_workers, get_api,
@@ -62,7 +63,7 @@ class View:
     totals: dict = field(default_factory=dict)
     metrics_available: bool = False
     source: str = "api"  # where the run panels came from: api | index
-    occupancy: Optional[OC.Occupancy] = None
+    occupancy: Optional[OP.Occupancy] = None
     summary: Optional[pd.DataFrame] = None  # the queue-summary table (:func:`.summary.summary_frame`)
     # what the page built from this view to draw (components' payloads), by what it is: every visit within a
     # step of the page's clock gets this same View, so only the first builds them (dashboard/page_figures.once)
@@ -176,15 +177,19 @@ def api_inputs(api: Api, spec: ViewSpec, deps: dict, interval_s: int, pool_names
 # -------------------------------------------------------------- assembly
 
 
+SETTLED = SettledMemo()  # the settled runs' occupancy sums per view, kept across steps of the page's clock
+
+
 def occupancy_view(rows: pd.DataFrame, spec: ViewSpec, interval_s: int, now: dt.datetime, agents: pd.DataFrame,
-                   pool_names: Sequence[str], complete: bool = True) -> OC.Occupancy:
+                   pool_names: Sequence[str], complete: bool = True) -> OP.Occupancy:
     """The occupancy panels (:mod:`.occupancy`) for the sidebar's filtered rows."""
     if spec.grouping == "status":
         groups = rows["status"].astype(object)
     else:
         groups = IV.group_values(rows, spec.grouping, spec.chosen_groups()) if len(rows) else pd.Series([], dtype=object)
     shown = agents[agents["queue"].isin(list(pool_names))] if not agents.empty else agents
-    return OC.compute(rows, groups, spec.since, spec.until, interval_s, now, shown, complete=complete)
+    key = (spec.filter_key(), spec.grouping, spec.chosen_groups(), interval_s)
+    return OP.compute(rows, groups, spec.since, spec.until, interval_s, now, shown, complete=complete, memo=SETTLED, key=key)
 
 
 def run_frames(inputs: RunInputs, spec: ViewSpec, pools: pd.DataFrame, workers: pd.DataFrame, agents: pd.DataFrame,

@@ -12,6 +12,7 @@ import pytest
 from prefect_launch.blocks.run_index import IndexRow
 from prefect_launch.dashboard import index_view as IV
 from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_panels as OP
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 5, 10, 0, tzinfo=UTC)  # a Monday
@@ -202,8 +203,8 @@ def test_newest_runs_only_never_call_the_unread_past_idle():
     nothing there is called idle, and averages over the range (heatmap, capacity share) are withheld."""
     newest = frame([SHORT, WAITING, RUNNING])  # LONG (0-130) was not read: it is older than the newest three
     since = T0 - dt.timedelta(seconds=40)
-    whole = OC.compute(frame([LONG, SHORT, WAITING, RUNNING]), None, since, NOW, 20, NOW)
-    part = OC.compute(newest, None, since, NOW, 20, NOW, complete=False)
+    whole = OP.compute(frame([LONG, SHORT, WAITING, RUNNING]), None, since, NOW, 20, NOW)
+    part = OP.compute(newest, None, since, NOW, 20, NOW, complete=False)
     assert not whole.idle.empty and not whole.heatmap.empty  # with every run: -40..20 really was idle
     assert part.idle.empty and part.heatmap.empty and part.share == {"gpu": None, "cpu": None}
     # the load starts at the bucket of the oldest moment a read run was seen (SHORT queued at 95: bucket 80-100)

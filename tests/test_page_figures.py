@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from prefect_launch.dashboard import cost as C
-from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_panels as OP
 from prefect_launch.dashboard import page_figures as PF
 from prefect_launch.dashboard.page_data import PageData
 from prefect_launch.dashboard.spec import ViewSpec
@@ -49,7 +49,7 @@ def _rows() -> pd.DataFrame:
 
 def _page(costs, owners=(), grouping="owner", error=None) -> PageData:
     spec = ViewSpec(since=NOW - dt.timedelta(days=1), until=NOW, grouping=grouping, owners=owners)
-    occ = OC.Occupancy(interval_s=3600, status=EMPTY, queued=EMPTY, load=EMPTY, idle=EMPTY, heatmap=EMPTY, runs=0,
+    occ = OP.Occupancy(interval_s=3600, status=EMPTY, queued=EMPTY, load=EMPTY, idle=EMPTY, heatmap=EMPTY, runs=0,
                        share={}, capacity={"gpu": 8.0, "cpu": 16.0})
     view = View(spec=spec, now=NOW, interval_s=3600, pools=EMPTY, hist=EMPTY, runs=EMPTY, runs_total=0, errors=EMPTY,
                 now_counts=EMPTY, workers=EMPTY, agents=EMPTY, metrics=EMPTY, ui_base="", occupancy=occ)
@@ -130,7 +130,7 @@ def test_prime_makes_the_first_pages_charts_and_runs_table_as_a_visit_would():
             for k, (owner, state) in enumerate([("ana", "COMPLETED"), ("bo", "COMPLETED"), ("ana", "RUNNING")])]
     rows = IV.prepare(pd.DataFrame([dict(IndexRow(**r).model_dump(), synced_ms=0) for r in runs]), {})
     spec = ViewSpec(since=NOW - dt.timedelta(hours=6), until=NOW, grouping="owner")
-    occ = OC.compute(rows, rows["owner"].astype(object), spec.since, spec.until, 600, NOW)
+    occ = OP.compute(rows, rows["owner"].astype(object), spec.since, spec.until, 600, NOW)
     listed = pd.DataFrame(dict(id=[r["id"] for r in runs], name=[r["name"] for r in runs], job="train",
                                owner=[r["owner"] for r in runs], launched_by="", queue="q1", priority="", preset="p",
                                state_name=["Completed", "Completed", "Running"], queued_s=360.0, duration_s=2880.0,

@@ -1,0 +1,146 @@
+"""The settled runs' occupancy sums, kept per view between steps of the page's clock.
+
+At 1M runs a month's view sums ~1M runs' phases into its buckets at every step, yet all
+but the last few minutes' runs have ended and will not change. A view's entry keeps the
+sums (:class:`.occupancy_sums.Sums`) of its *settled* runs: ended (terminal) before a
+cut-off ``T`` a margin behind the clock when the entry was made, overlapping its range.
+Each step adds the sums of the other runs in range (open, or ended after ``T``) to the
+kept ones moved onto the step's buckets.
+
+An entry is used only while the settled runs are provably the same: as many as when it
+was made, none written to the index since (``synced_ms`` at most the entry's
+watermark), the same order-free checksum of their state times and end states, and the
+same count per queued-panel group label (a renamed job). Anything else, an earlier
+range, other buckets, or a cut-off older than ``renew_s`` (the unsettled part grows),
+makes the entry again from every run: slower once, never a different figure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable, Optional
+
+import numpy as np
+import pandas as pd
+
+from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_sums as OS
+
+MARGIN_S = 600  # runs that ended this recently are summed afresh (their index rows may still be written)
+RENEW_S = 1800  # an entry older than this is made again, so the part summed afresh stays small
+CHECKSUM_COLUMNS = OC.PHASE_COLUMNS
+
+
+@dataclass(frozen=True)
+class _Entry:
+    sums: OS.Sums  # on the buckets of the view when the entry was made
+    cut_us: float  # settled: terminal, ended before this
+    lo_us: float  # and reaching this (the start of the entry's buckets and hours)
+    count: int
+    watermark_ms: int  # no settled row was written after this
+    checksum: int
+    groups: tuple  # per group label, settled runs with it
+    made_us: float
+
+
+class SettledMemo:
+    """Settled runs' sums per view key (a few views: the default and the ones visited)."""
+
+    def __init__(self, maxsize: int = 4, margin_s: float = MARGIN_S, renew_s: float = RENEW_S) -> None:
+        self.maxsize, self.margin_s, self.renew_s = maxsize, margin_s, renew_s
+        self._entries: "OrderedDict[Hashable, _Entry]" = OrderedDict()
+        self._lock = threading.Lock()
+        self.made = 0  # entries made (from every run), for tests and the bench's notes
+        self.reused = 0
+
+    def sums(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
+             groups: Optional[pd.Series], keep: np.ndarray, b: OC.Buckets, hours: Optional[OC.Buckets],
+             now_us: float) -> OS.Sums:
+        """The sums of every run that reaches ``b`` or ``hours`` (``keep``): the kept settled
+        sums plus the rest's, or, when the entry cannot be used, made again."""
+        with self._lock:
+            entry = self._entries.get(key)
+        synced = rows["synced_ms"].to_numpy(dtype="int64") if "synced_ms" in rows else None
+        if synced is None:  # rows without the index's write times (the API path): nothing can be kept
+            return _part(rows, ph, groups, keep, b, hours)
+        settled = None
+        if entry is not None and self._usable(entry, b, hours, now_us):
+            settled = _settled(ph, last, entry.cut_us, entry.lo_us)
+            if not self._same(entry, settled, synced, ph, rows, groups):
+                settled = None
+        if settled is None:
+            cut = np.floor((min(now_us, b.hi_us) - self.margin_s * 1e6) / 1e6) * 1e6
+            lo = min(b.lo_us, hours.lo_us) if hours is not None else b.lo_us
+            settled = _settled(ph, last, cut, lo)
+            entry = _Entry(sums=_part(rows, ph, groups, settled, b, hours), cut_us=cut, lo_us=lo, count=int(settled.sum()),
+                           watermark_ms=int(synced.max()) if len(synced) else 0,
+                           checksum=_checksum(ph, rows, settled), groups=_group_counts(groups, settled), made_us=now_us)
+            with self._lock:
+                self._entries[key] = entry
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.maxsize:
+                    self._entries.popitem(last=False)
+                self.made += 1
+        else:
+            with self._lock:
+                self.reused += 1
+        return entry.sums.window(b, hours).plus(_part(rows, ph, groups, keep & ~settled, b, hours))
+
+    def _usable(self, e: _Entry, b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> bool:
+        """The entry's buckets can be moved onto ``b`` (and its hours onto ``hours``) and it is not too old."""
+        k = e.sums.b
+        ok = b.step_s == k.step_s and b.lo_us >= k.lo_us and (b.lo_us - k.lo_us) % (k.step_s * 1_000_000) == 0
+        if hours is not None:
+            ok = ok and e.sums.hours is not None and hours.lo_us >= e.sums.hours.lo_us
+        return ok and now_us - e.made_us < self.renew_s * 1e6 and e.cut_us <= b.hi_us
+
+    @staticmethod
+    def _same(e: _Entry, settled: np.ndarray, synced: np.ndarray, ph: dict, rows: pd.DataFrame,
+              groups: Optional[pd.Series]) -> bool:
+        """Are the rows now settled the ones the entry summed, unchanged?"""
+        if int(settled.sum()) != e.count:
+            return False
+        if e.count and int(synced[settled].max()) > e.watermark_ms:
+            return False
+        return _checksum(ph, rows, settled) == e.checksum and _group_counts(groups, settled) == e.groups
+
+
+def _settled(ph: dict[str, np.ndarray], last: np.ndarray, cut_us: float, lo_us: float) -> np.ndarray:
+    """Runs that ended (terminal) before ``cut_us`` and reach ``lo_us``: every phase of theirs is over."""
+    end = ph["end"]
+    return (end < cut_us) & (last >= lo_us)  # False for NaN: open runs have no end
+
+
+def _part(rows: pd.DataFrame, ph: dict[str, np.ndarray], groups: Optional[pd.Series], mask: np.ndarray,
+          b: OC.Buckets, hours: Optional[OC.Buckets]) -> OS.Sums:
+    at = np.flatnonzero(mask)
+    g = None if groups is None else pd.Series(groups).iloc[at]
+    return OS.sums(rows.iloc[at], {k: v[at] for k, v in ph.items()}, g, b, hours)
+
+
+def _checksum(ph: dict[str, np.ndarray], rows: pd.DataFrame, mask: np.ndarray) -> int:
+    """An order-free checksum of the masked runs' phase times (whole microseconds), end states,
+    and asked resources: integer sums wrap the same whatever order the rows are in."""
+    total = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for i, c in enumerate(CHECKSUM_COLUMNS):
+            v = np.nan_to_num(ph[c][mask], nan=-1.0).astype("int64").view("uint64")
+            total += (v * np.uint64(2 * i + 1)).sum(dtype="uint64")
+        for j, c in enumerate(("gpu", "cpu")):
+            if c in rows:
+                v = np.nan_to_num(rows[c].to_numpy(dtype="float64")[mask] * 1000, nan=-1.0).astype("int64").view("uint64")
+                total += (v * np.uint64(101 + j)).sum(dtype="uint64")
+        fin = OC.end_codes(rows)[mask].astype("int64").view("uint64")
+        total += (fin * np.uint64(97)).sum(dtype="uint64")
+    return int(total)
+
+
+def _group_counts(groups: Optional[pd.Series], mask: np.ndarray) -> tuple:
+    """(label, runs) of the masked runs' queued-panel groups, by label."""
+    if groups is None:
+        return ()
+    codes, names = OC.group_codes(pd.Series(groups), len(mask))
+    n = np.bincount(codes[mask], minlength=len(names))
+    return tuple(sorted((str(names[i]), int(n[i])) for i in np.flatnonzero(n)))

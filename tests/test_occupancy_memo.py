@@ -1,0 +1,174 @@
+"""The settled runs' sums kept between steps (:mod:`.occupancy_memo`) give the same panels
+as summing every run afresh, step after step, while runs move through their states, and
+when the index changes under them: a settled run retried, one deleted, an old run synced
+late, a job renamed. Pure: hand-made index rows, no server."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from prefect_launch.blocks.run_index import IndexRow
+from prefect_launch.dashboard import index_view as IV
+from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_memo as OM
+from prefect_launch.dashboard import occupancy_panels as OP
+from prefect_launch.dashboard import occupancy_sums as OSU
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+S = 1_000_000
+ENDS = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def at(sec: float) -> int:
+    return IV.us(T0) + int(sec * S)
+
+
+class History:
+    """Runs with fixed times (seconds from T0); the index as it reads at a moment."""
+
+    def __init__(self, n: int, seed: int = 5) -> None:
+        rng = np.random.default_rng(seed)
+        self.q0 = rng.uniform(0, 1500, n)
+        self.p = self.q0 + rng.exponential(30, n)
+        self.pending_seen = rng.random(n) > 0.3
+        self.st = self.p + rng.uniform(0, 5, n)
+        self.en = self.st + rng.exponential(90, n)
+        self.never_started = rng.random(n) < 0.05  # cancelled while waiting
+        self.end_type = rng.choice(ENDS, n)
+        self.gpu = rng.integers(0, 3, n)
+        self.agent = rng.integers(0, 4, n)
+        self.dep = rng.integers(0, 3, n)
+        self.owner = rng.choice(["ana", "bo", "cy"], n)
+        self.deleted: set[int] = set()
+        self.late_from: dict[int, float] = {}  # run -> when its row first reached the index
+        self.retried: dict[int, float] = {}  # run -> when it was rescheduled after ending
+
+    def row(self, i: int, t: float) -> tuple[dict, float]:
+        """(index row of run ``i`` at ``t``, when that row was last written)."""
+        q0, p, st, en = self.q0[i], self.p[i], self.st[i], self.en[i]
+        r = dict(id=f"r{i}", name=f"run-{i}", queue="q", owner=str(self.owner[i]), deployment_id=f"d{self.dep[i]}",
+                 expected_start_us=at(q0), queued_us=at(q0), gpu=float(self.gpu[i]), cpu=1.0)
+        if i in self.retried and t >= self.retried[i]:  # back in the queue after its end
+            r.update(state_type="SCHEDULED", queued_us=at(self.retried[i]), expected_start_us=at(self.retried[i]))
+            return r, self.retried[i]
+        if self.never_started[i]:
+            if t >= p:
+                r.update(state_type="CANCELLED", end_us=at(p), state_us=at(p))
+                return r, p
+            return dict(r, state_type="SCHEDULED"), q0
+        label = f"agent a{self.agent[i]}: cpu=1,memory=1Gi,gpu={self.gpu[i]}; gpus {','.join(str(g) for g in range(self.gpu[i])) or 'none'}; cores {i % 8}"
+        if t < p:
+            return dict(r, state_type="SCHEDULED"), q0
+        r.update(placement=label, pending_us=at(p) if self.pending_seen[i] else None)
+        if t < st:
+            return dict(r, state_type="PENDING"), p
+        r.update(start_us=at(st))
+        if t < en:
+            return dict(r, state_type="RUNNING"), st
+        r.update(state_type=str(self.end_type[i]), end_us=at(en), state_us=at(en))
+        return r, en
+
+    def index(self, t: float, deployments: dict) -> pd.DataFrame:
+        recs = []
+        for i in range(len(self.q0)):
+            if self.q0[i] > t or i in self.deleted or self.late_from.get(i, -1) > t:
+                continue
+            r, written = self.row(i, t)
+            written = max(written, self.late_from.get(i, written))
+            recs.append(dict(IndexRow(**r).model_dump(), synced_ms=int(at(written) // 1000)))
+        return IV.prepare(pd.DataFrame(recs), deployments)
+
+
+def panels_equal(a: OP.Occupancy, b: OP.Occupancy) -> None:
+    for f in ("status", "load", "idle", "heatmap"):
+        pd.testing.assert_frame_equal(getattr(a, f).reset_index(drop=True), getattr(b, f).reset_index(drop=True),
+                                      check_exact=False, rtol=1e-9, atol=1e-6)
+    order = lambda q: q.sort_values(["bucket", "group"], ignore_index=True)  # noqa: E731  (groups may come in another order)
+    pd.testing.assert_frame_equal(order(a.queued), order(b.queued), check_exact=False, rtol=1e-9, atol=1e-6)
+    assert (a.runs, a.share) == (b.runs, b.share)
+
+
+@pytest.mark.parametrize("interval_s, step_s", [(60, 40), (3600, 80)])
+def test_kept_sums_give_the_same_panels_as_summing_every_run_step_after_step(interval_s, step_s):
+    h = History(300)
+    memo = OM.SettledMemo(margin_s=60, renew_s=400)
+    deployments = {f"d{k}": {"name": f"job-{k}"} for k in range(3)}
+    events = {900: "retry", 1100: "delete", 1300: "late", 1500: "rename"}  # each at the first step from then on
+    n_events = len(events)
+    first_settled = h.en < 700  # runs that end early: candidates for the faults below
+    checked = 0
+    for t in range(600, 2200, step_s):
+        what = next((events.pop(k) for k in sorted(events) if k <= t), None)
+        if what == "retry":
+            h.retried[int(np.flatnonzero(first_settled & ~h.never_started)[0])] = t
+        elif what == "delete":
+            h.deleted.add(int(np.flatnonzero(first_settled)[3]))
+        elif what == "late":  # an old run's row reaches the index only now (a sync that was behind)
+            i = int(np.flatnonzero(first_settled)[5])
+            h.late_from[i] = t
+        elif what == "rename":
+            deployments = dict(deployments, d1={"name": "job-1-renamed"})
+        rows = h.index(t, deployments)
+        groups = IV.group_values(rows, "job")
+        now = T0 + dt.timedelta(seconds=t)
+        since = now - dt.timedelta(seconds=1200)
+        whole = OP.compute(rows, groups, since, now, interval_s, now)
+        kept = OP.compute(rows, groups, since, now, interval_s, now, memo=memo, key="view")
+        panels_equal(whole, kept)
+        checked += 1
+    # the kept sums were used most steps, and made again after each change and as the cut-off aged
+    assert memo.reused > memo.made and memo.made >= 1 + n_events and not events
+    assert checked == len(range(600, 2200, step_s))
+
+
+def test_an_entry_is_made_again_when_a_settled_run_changes_and_not_otherwise():
+    h = History(120, seed=9)
+    memo = OM.SettledMemo(margin_s=60, renew_s=10_000)
+    deployments: dict = {}
+    t = 1800
+    now = T0 + dt.timedelta(seconds=t)
+    since = now - dt.timedelta(seconds=1200)
+
+    def step(rows: pd.DataFrame) -> None:
+        OP.compute(rows, IV.group_values(rows, "owner"), since, now, 60, now, memo=memo, key="v")
+
+    rows = h.index(t, deployments)
+    step(rows)
+    step(rows.iloc[::-1].reset_index(drop=True))  # the same runs in another order (the index's splice moves rows)
+    assert (memo.made, memo.reused) == (1, 1)
+    settled = np.flatnonzero((rows["state_type"].astype(str) == "COMPLETED").to_numpy() & (rows["end_us"] < at(t - 600)).to_numpy())
+    changed = rows.copy()
+    changed.loc[settled[0], "end_us"] += 1 * S  # the same write time, another end: the checksum sees it
+    step(changed)
+    assert memo.made == 2
+    moved = rows.copy()
+    moved.loc[settled[1], "owner"] = "cy" if moved.loc[settled[1], "owner"] != "cy" else "ana"  # its group changes
+    step(moved)
+    assert memo.made == 3
+
+
+def test_sums_add_and_move_to_a_later_range():
+    h = History(200, seed=2)
+    rows = h.index(2000, {})
+    now_us = float(at(2000))
+    ph = OC.phase_arrays(rows, now_us)
+    b = OC.Buckets(lo_us=at(0), step_s=60, n=40)
+    later = OC.Buckets(lo_us=at(600), step_s=60, n=35)  # starts 10 buckets later, ends 5 later
+    ended = ~np.isnan(ph["end"]) & (ph["end"] < at(2000))
+    a, z = np.flatnonzero(ended), np.flatnonzero(~ended)
+    part = lambda idx, grid: OSU.sums(rows.iloc[idx], {k: v[idx] for k, v in ph.items()}, rows["owner"].iloc[idx], grid)  # noqa: E731
+    whole = OSU.sums(rows, ph, rows["owner"], later)
+    both = part(a, b).window(later, None).plus(part(z, later))
+    for f in ("present", "seconds", "finished", "held", "held_s"):
+        np.testing.assert_allclose(getattr(both, f), getattr(whole, f), rtol=1e-9, atol=1e-6)
+    by_group = lambda s: {g: s.queued_s[i] for i, g in enumerate(s.groups)}  # noqa: E731
+    assert by_group(both).keys() == by_group(whole).keys()
+    for g, v in by_group(whole).items():
+        np.testing.assert_allclose(by_group(both)[g], v, rtol=1e-9, atol=1e-6)
+    with pytest.raises(ValueError):
+        part(a, later).window(b, None)  # an earlier range: the sums do not reach back
