@@ -205,7 +205,7 @@ def _rows_height(n: int, per_row: int, lo: int, hi: int) -> int:
 
 
 def lanes_payload(seg: pd.DataFrame, grouping: str, since, until, selected: Optional[Sequence[float]] = None) -> Payload:
-    """The Gantt over a long range (:func:`.occupancy.lanes`): one row per agent and device, a bar per
+    """The Gantt over a long range (:func:`.occupancy_lanes.lanes`): one row per agent and device, a bar per
     segment coloured by the group that held it; a brush on time selects a span."""
     folded = bool(seg.attrs.get("folded"))
     rows = sorted(map(str, set(seg["lane"]))) if not seg.empty else []

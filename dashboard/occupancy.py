@@ -32,7 +32,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -46,8 +46,6 @@ FINISHED = ("cancelled", "completed", "crashed", "failed")  # the order finished
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 PLACEMENT_RE = r"^agent (?P<agent>[^:]+): (?P<res>[^;]*); gpus (?P<gpus>[^;]*); cores (?P<cores>.*)$"
 PER_RUN_GANTT_MAX = 300  # more runs than this in range: the Gantt draws lanes per agent and device
-LANES_MAX = 64  # more devices than this (lanes under ~10 px at the chart's height): one lane per agent
-LANE_PIXELS = 600  # what a pixel of the Gantt's range is: 1/600 of it
 # what :func:`.occupancy_panels.compute` reads of the rows besides their times (a narrow copy of the rows in range)
 ROW_COLUMNS = ("id", "name", "queue", "state_type", "placement", "gpu", "cpu")
 
@@ -413,7 +411,7 @@ def heatmap(rows: pd.DataFrame, ph: Phases, since: dt.datetime, until: dt.dateti
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _parse(label: Optional[str]) -> tuple[Optional[str], float, float, tuple[str, ...]]:
+def parse_placement(label: Optional[str]) -> tuple[Optional[str], float, float, tuple[str, ...]]:
     """One placement label -> (agent, gpus held, cpus held, slots: "gpu k" each, else "core k" each).
 
     Cached: a 100k-run week holds ~8k distinct labels and every view (each filter change)
@@ -438,7 +436,7 @@ def placements(label: pd.Series) -> tuple[np.ndarray, list[tuple]]:
     """(code per run, parsed label per code): labels repeat (agents x allocations), so each
     distinct one is parsed once (a categorical column's categories are those)."""
     codes, labels = label_codes(label)
-    return codes, [_parse(None if u is None else str(u)) for u in labels]
+    return codes, [parse_placement(None if u is None else str(u)) for u in labels]
 
 
 def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -454,191 +452,3 @@ def resources(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     placed_cpu = np.array([p[2] for p in parsed], dtype="float64")[codes]
     return (np.nan_to_num(np.where(np.isnan(placed_gpu), asked_gpu, placed_gpu)),
             np.nan_to_num(np.where(np.isnan(placed_cpu), asked_cpu, placed_cpu)))
-
-
-LANE_COLUMNS = ["lane", "agent", "start", "end", "group", "runs", "id", "name"]
-
-
-@dataclass
-class LaneTables:
-    """How runs map to Gantt lanes: a key per distinct placement label (runs no agent placed:
-    one key per queue), the lanes (devices) each key held, and each lane's agent lane."""
-
-    key: np.ndarray  # per run
-    lane_flat: np.ndarray  # every key's lane ids, key after key
-    lane_count: np.ndarray  # per key: how many of ``lane_flat`` are its
-    agent_of: list[str]  # per key
-    lane_names: list[str]  # per lane: "agent · gpu 3"
-    fold_of: list[int]  # per lane: its agent lane ("agent · GPUs" / "agent · cores")
-    fold_names: list[str]
-    fold_agent: list[str]
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def _label_lanes(label: Optional[str]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """One placement label -> (agent, its lanes "agent · gpu 3", their agent lanes "agent · GPUs").
-
-    Cached like :func:`_parse`: at 1M runs a month holds ~50k distinct labels, each read
-    by every step of the page's clock; building their lane names in a Python loop each time
-    was a third of the Gantt's cost."""
-    agent, _, _, slots = _parse(label)
-    agent = agent or "unreadable placement"
-    return agent, *_slot_lanes(agent, slots)
-
-
-def _slot_lanes(agent: str, slots: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(lanes, their agent lanes) of an agent's slots; no slot: one "unplaced" lane."""
-    slots = slots or ("unplaced",)
-    fold = tuple(f"{agent} · " + ("GPUs" if x.startswith("gpu") else "cores" if x.startswith("core") else x) for x in slots)
-    return tuple(f"{agent} · {x}" for x in slots), fold
-
-
-def _lane_tables(rows: pd.DataFrame) -> LaneTables:
-    n = len(rows)
-    if "placement" in rows:
-        pcodes, plabels = label_codes(rows["placement"])
-    else:
-        pcodes, plabels = np.zeros(n, dtype="int64"), [None]
-    qcodes, qlabels = label_codes(rows["queue"])
-    placed = np.array([bool(x) for x in plabels], dtype=bool)[pcodes] if n else np.zeros(0, dtype=bool)
-    raw_key = np.where(placed, pcodes, len(plabels) + qcodes)
-    used, key = np.unique(raw_key, return_inverse=True)
-    per_key = [_label_lanes(str(plabels[u])) if u < len(plabels)
-               else (str(qlabels[u - len(plabels)]), *_slot_lanes(str(qlabels[u - len(plabels)]), ())) for u in used]
-    # lanes and agent lanes numbered in order of first appearance (as the keys list them)
-    flat = [x for k in per_key for x in k[1]]
-    lane_code, lane_names = pd.factorize(np.asarray(flat, dtype=object)) if flat else (np.zeros(0, dtype="int64"), [])
-    fold_flat = [x for k in per_key for x in k[2]]
-    first = np.unique(lane_code, return_index=True)[1] if len(flat) else np.zeros(0, dtype="int64")
-    fold_code, fold_names = pd.factorize(np.asarray(fold_flat, dtype=object)[first]) if flat else (np.zeros(0, dtype="int64"), [])
-    agents = np.asarray([k[0] for k in per_key for _ in k[1]], dtype=object)[first]
-    fold_agent = agents[np.unique(fold_code, return_index=True)[1]].tolist() if flat else []
-    count = np.fromiter((len(k[1]) for k in per_key), dtype="int64", count=len(per_key))
-    return LaneTables(key.astype("int64"), np.asarray(lane_code, dtype="int64"), count, [k[0] for k in per_key], list(lane_names),
-                      np.asarray(fold_code, dtype="int64").tolist(), list(fold_names), fold_agent)
-
-
-def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, until_us: float,
-          gap_s: Optional[float] = None, max_lanes: Optional[int] = None) -> pd.DataFrame:
-    """The Gantt over a long range: one lane per agent and GPU (CPU-only runs: per agent
-    and core) with the runs that held it; runs in the same lane and group closer than
-    ``gap_s`` (default: 1/600 of the range, below a pixel) merge into one segment.
-
-    More devices than ``max_lanes`` (default :data:`LANES_MAX`) cannot be told apart at the
-    chart's height: then each agent's GPUs (and its cores) fold into one lane that shows,
-    per pixel of the range (``gap_s``), the group that held most of its devices' time
-    (:func:`folded_lanes`; the frame's ``attrs["folded"]`` says so).
-
-    Columns: lane, agent, start, end, group, runs (in the segment), id and name (its first run).
-    """
-    s = np.maximum(_col(ph, "h0"), since_us)  # NaN (never held) stays NaN
-    e = np.minimum(_col(ph, "h1"), until_us)
-    keep = np.flatnonzero(~np.isnan(s) & (e > s))
-    if not len(keep):
-        return pd.DataFrame(columns=LANE_COLUMNS)
-    gap_s = gap_s if gap_s is not None else (until_us - since_us) / 1e6 / LANE_PIXELS
-    r = rows.iloc[keep]
-    t = _lane_tables(r)
-    # one row per (run, lane it held): lane ids of a key are a slice of one flat table
-    per_key, flat = t.lane_count, t.lane_flat
-    offs = np.concatenate([[0], np.cumsum(per_key)[:-1]])
-    lens = per_key[t.key]
-    rep = np.repeat(np.arange(len(r)), lens)
-    within = np.arange(len(rep)) - np.repeat(np.cumsum(lens) - lens, lens)
-    lane = flat[offs[t.key][rep] + within]
-    gcodes, gnames = group_codes(pd.Series(groups).iloc[keep] if len(groups) == len(rows) else pd.Series(groups), len(r))
-    grp = gcodes[rep]
-    names = rows["name"] if "name" in rows else rows["id"]
-    cat = pd.Categorical.from_codes  # labels repeat: codes into their few names, no string per segment
-    if len(t.lane_names) > (max_lanes if max_lanes is not None else LANES_MAX):
-        fold = np.asarray(t.fold_of, dtype="int64")[lane]
-        # one row per (run, agent lane), weighted by the devices of that lane it held
-        _, first_of, devices = np.unique(rep * len(t.fold_names) + fold, return_index=True, return_counts=True)
-        at = keep[rep[first_of]]  # as positions in ``rows``
-        return folded_lanes(fold[first_of], grp[first_of], _col(ph, "h0")[at], _col(ph, "h1")[at], devices,
-                            [str(x) for x in gnames], t.fold_names, t.fold_agent, rows["id"].iloc[at].array,
-                            names.iloc[at].array, since_us, until_us, gap_s)
-    # relative integer microseconds: a lane's offset above every time of the lanes before it
-    # turns one running maximum over all rows into one per lane (rows sorted by lane, start)
-    base = int(since_us)
-    gap_us = gap_s * 1e6
-    st = (s[keep][rep] - base).astype("int64")
-    en = (e[keep][rep] - base).astype("int64")
-    order = np.lexsort((st, lane))
-    lane, grp, st, en, rep = lane[order], grp[order], st[order], en[order], rep[order]
-    width = int(en.max()) + 1
-    reach = np.maximum.accumulate(en + lane * width) - lane * width
-    prev_reach = np.r_[np.iinfo("int64").min // 2, reach[:-1]]
-    new = np.r_[True, (lane[1:] != lane[:-1]) | (grp[1:] != grp[:-1])] | (st > prev_reach + gap_us)
-    first = np.flatnonzero(new)
-    starts = np.minimum.reduceat(st, first) + base
-    ends = np.maximum.reduceat(en, first) + base
-    counts = np.diff(np.r_[first, len(st)])
-    lead = keep[rep[first]]  # the segments' first runs, as positions in ``rows``
-    agent_names, agent_code = np.unique(np.asarray(t.agent_of, dtype=object), return_inverse=True)
-    out = pd.DataFrame({
-        "lane": cat(lane[first], t.lane_names), "agent": cat(agent_code[t.key[rep[first]]], list(agent_names)),
-        "start": pd.to_datetime(starts, unit="us", utc=True), "end": pd.to_datetime(ends, unit="us", utc=True),
-        "group": cat(grp[first], [str(x) for x in gnames]), "runs": counts,
-        "id": rows["id"].iloc[lead].array, "name": names.iloc[lead].array,
-    })[LANE_COLUMNS]
-    out.attrs["folded"] = False
-    return out
-
-
-def folded_lanes(fold: np.ndarray, grp: np.ndarray, s_us: np.ndarray, e_us: np.ndarray, devices: np.ndarray,
-                 group_names: list[str], fold_names: list[str], fold_agent: list[str], ids: Any, names: Any,
-                 since_us: float, until_us: float, step_s: float) -> pd.DataFrame:
-    """Agent lanes: per lane and pixel (``step_s`` of the range), the group that held most
-    of its devices' time there (device-seconds); consecutive pixels of one group are one
-    segment. Inputs: one row per (run, agent lane) with the devices it held there.
-
-    runs = the runs holding a device of the lane at any moment of the segment; id / name:
-    a run of the segment's group holding in it (of those, the one that holds longest)."""
-    nf, ng = len(fold_names), len(group_names)
-    n = max(1, int(math.ceil((until_us - since_us) / 1e6 / step_s - 1e-9)))
-    b = Buckets(lo_us=int(since_us), step_s=step_s, n=n)  # type: ignore[arg-type]  (a float step: pixels)
-    secs = seconds_in(s_us, e_us, b, weights=devices.astype("float64"), codes=fold * ng + grp, n_groups=nf * ng)
-    secs = secs.reshape(nf, ng, n)
-    lab = np.where(secs.sum(axis=1) > 0, secs.argmax(axis=1), -1).ravel()  # (lane, pixel) -> group, -1: none held
-    new = np.r_[True, lab[1:] != lab[:-1]]
-    new[::n] = True  # a lane's first pixel starts a segment
-    seg = np.flatnonzero(new)
-    seg_end = np.r_[seg[1:], len(lab)]
-    held = lab[seg] >= 0
-    seg, seg_end = seg[held], seg_end[held]
-    f, k0, k1 = seg // n, seg % n, (seg_end - 1) % n + 1
-    step_us = step_s * 1e6
-    a_us = since_us + k0 * step_us
-    z_us = np.minimum(since_us + k1 * step_us, until_us)
-    # runs holding in [a, z) of lane f: started before z minus ended by a, within the lane (keys
-    # offset by lane above every time, so one sorted array serves all lanes)
-    width = int(until_us - since_us) + 2
-
-    def key(t: np.ndarray, lane: np.ndarray) -> np.ndarray:
-        return np.clip(t - since_us, 0, width - 1).astype("int64") + lane * width
-
-    ks = np.sort(key(s_us, fold))
-    ke = np.sort(key(e_us, fold))
-    lo, hi = key(a_us, f), key(z_us, f)
-    runs = np.searchsorted(ks, hi, "left") - np.searchsorted(ke, lo, "right")
-    # id / name: of the segment's group, the run started before its end that holds longest
-    # (it holds in the segment: that group held time in each of its pixels); sorted by
-    # (lane, group, start), a running maximum of the ends per (lane, group) block finds it
-    block = fold * ng + grp
-    by_start = np.argsort(key(s_us, block), kind="stable")
-    ends = key(e_us, block)[by_start]
-    top = np.maximum.accumulate(ends)
-    at_top = np.maximum.accumulate(np.where(ends == top, np.arange(len(ends)), 0))
-    last = np.searchsorted(key(s_us, block)[by_start], key(z_us, f * ng + lab[seg]), "left") - 1
-    who = by_start[at_top[np.maximum(last, 0)]]
-    agent_names, agent_code = np.unique(np.asarray(fold_agent, dtype=object), return_inverse=True)
-    cat = pd.Categorical.from_codes
-    out = pd.DataFrame({
-        "lane": cat(f, fold_names), "agent": cat(agent_code[f], list(agent_names)),
-        "start": pd.to_datetime(a_us, unit="us", utc=True), "end": pd.to_datetime(z_us, unit="us", utc=True),
-        "group": cat(lab[seg], group_names), "runs": runs.astype("int64"),
-        "id": pd.array(ids)[who], "name": pd.array(names)[who],
-    })[LANE_COLUMNS]
-    out.attrs["folded"] = True
-    return out

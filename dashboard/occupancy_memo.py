@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Optional
 
 import numpy as np
 import pandas as pd
 
 from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_lanes as OL
 from prefect_launch.dashboard import occupancy_sums as OS
 
 MARGIN_S = 600  # runs that ended this recently are summed afresh (their index rows may still be written)
@@ -43,6 +44,44 @@ class _Entry:
     checksum: int
     groups: tuple  # per group label, settled runs with it
     made_us: float
+    lane_parts: dict = field(default_factory=dict, compare=False)  # pixel width (us) -> the folded Gantt's part
+
+
+@dataclass
+class Settled:
+    """A view's settled runs at one step: its entry and which of the step's rows it holds."""
+
+    entry: _Entry
+    mask: np.ndarray  # per row: in the entry
+    rows: pd.DataFrame
+    ph: dict
+    groups: Optional[pd.Series]
+    lock: threading.Lock
+
+    def sums(self, keep: np.ndarray, b: OC.Buckets, hours: Optional[OC.Buckets]) -> OS.Sums:
+        """The sums of every run in ``keep``: the entry's moved onto ``b`` plus the others'."""
+        return self.entry.sums.window(b, hours).plus(_part(self.rows, self.ph, self.groups, keep & ~self.mask, b, hours))
+
+    def lanes(self) -> OL.KeptLanes:
+        """What :func:`.occupancy_lanes.lanes` (given the step's rows) needs to use the entry."""
+        return OL.KeptLanes(held=self.mask, part=self._lane_part)
+
+    def _lane_part(self, grid: OC.Buckets, until_us: float) -> Optional[OL.FoldedPart]:
+        """The settled runs' folded Gantt part on pixels of ``grid``'s width, made once per width;
+        None where a settled run may reach past ``until_us`` (a range that ends in the past)."""
+        if self.entry.cut_us > until_us:
+            return None
+        px = int(round(grid.step_s * 1e6))
+        with self.lock:
+            got = self.entry.lane_parts.get(px)
+        if got is not None and got.grid.lo_us <= grid.lo_us:
+            return got
+        at = np.flatnonzero(self.mask)
+        groups = self.groups if self.groups is not None else self.rows["queue"]
+        got = OL.folded_part(self.rows.iloc[at], {k: v[at] for k, v in self.ph.items()}, pd.Series(groups).iloc[at], grid, until_us)
+        with self.lock:
+            self.entry.lane_parts[px] = got
+        return got
 
 
 class SettledMemo:
@@ -55,38 +94,41 @@ class SettledMemo:
         self.made = 0  # entries made (from every run), for tests and the bench's notes
         self.reused = 0
 
+    def settled(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
+                groups: Optional[pd.Series], b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> Optional["Settled"]:
+        """The view's settled runs this step (its entry, made again when it cannot be used);
+        None for rows without the index's write times (the API path): nothing can be kept."""
+        if "synced_ms" not in rows:
+            return None
+        synced = rows["synced_ms"].to_numpy(dtype="int64")
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is not None and self._usable(entry, b, hours, now_us):
+            mask = _settled(ph, last, entry.cut_us, entry.lo_us)
+            if self._same(entry, mask, synced, ph, rows, groups):
+                with self._lock:
+                    self.reused += 1
+                return Settled(entry, mask, rows, ph, groups, self._lock)
+        cut = np.floor((min(now_us, b.hi_us) - self.margin_s * 1e6) / 1e6) * 1e6
+        lo = min(b.lo_us, hours.lo_us) if hours is not None else b.lo_us
+        mask = _settled(ph, last, cut, lo)
+        entry = _Entry(sums=_part(rows, ph, groups, mask, b, hours), cut_us=cut, lo_us=lo, count=int(mask.sum()),
+                       watermark_ms=int(synced.max()) if len(synced) else 0,
+                       checksum=_checksum(ph, rows, mask), groups=_group_counts(groups, mask), made_us=now_us)
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+            self.made += 1
+        return Settled(entry, mask, rows, ph, groups, self._lock)
+
     def sums(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
              groups: Optional[pd.Series], keep: np.ndarray, b: OC.Buckets, hours: Optional[OC.Buckets],
              now_us: float) -> OS.Sums:
-        """The sums of every run that reaches ``b`` or ``hours`` (``keep``): the kept settled
-        sums plus the rest's, or, when the entry cannot be used, made again."""
-        with self._lock:
-            entry = self._entries.get(key)
-        synced = rows["synced_ms"].to_numpy(dtype="int64") if "synced_ms" in rows else None
-        if synced is None:  # rows without the index's write times (the API path): nothing can be kept
-            return _part(rows, ph, groups, keep, b, hours)
-        settled = None
-        if entry is not None and self._usable(entry, b, hours, now_us):
-            settled = _settled(ph, last, entry.cut_us, entry.lo_us)
-            if not self._same(entry, settled, synced, ph, rows, groups):
-                settled = None
-        if settled is None:
-            cut = np.floor((min(now_us, b.hi_us) - self.margin_s * 1e6) / 1e6) * 1e6
-            lo = min(b.lo_us, hours.lo_us) if hours is not None else b.lo_us
-            settled = _settled(ph, last, cut, lo)
-            entry = _Entry(sums=_part(rows, ph, groups, settled, b, hours), cut_us=cut, lo_us=lo, count=int(settled.sum()),
-                           watermark_ms=int(synced.max()) if len(synced) else 0,
-                           checksum=_checksum(ph, rows, settled), groups=_group_counts(groups, settled), made_us=now_us)
-            with self._lock:
-                self._entries[key] = entry
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.maxsize:
-                    self._entries.popitem(last=False)
-                self.made += 1
-        else:
-            with self._lock:
-                self.reused += 1
-        return entry.sums.window(b, hours).plus(_part(rows, ph, groups, keep & ~settled, b, hours))
+        """The sums of every run that reaches ``b`` or ``hours`` (``keep``)."""
+        got = self.settled(key, rows, ph, last, groups, b, hours, now_us)
+        return got.sums(keep, b, hours) if got is not None else _part(rows, ph, groups, keep, b, hours)
 
     def _usable(self, e: _Entry, b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> bool:
         """The entry's buckets can be moved onto ``b`` (and its hours onto ``hours``) and it is not too old."""

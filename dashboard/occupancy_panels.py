@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_lanes as OL
 from prefect_launch.dashboard import occupancy_sums as OS
 from prefect_launch.dashboard.occupancy_memo import SettledMemo
 from prefect_launch.dashboard.spec import us
@@ -60,8 +61,9 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     # the runs the sums read: those in range, and those in the first hour's part before it (the heatmap's hours
     # are whole hours; a run that ended before the range but held in that hour counts there)
     reach = keep if hours is None else keep | ((first < hours.hi_us) & (last >= hours.lo_us))
-    if memo is not None and complete:
-        sums = memo.sums(key, rows, ph_all, last, groups, reach, b, hours, now_us)
+    settled = memo.settled(key, rows, ph_all, last, groups, b, hours, now_us) if memo is not None and complete else None
+    if settled is not None:
+        sums = settled.sums(reach, b, hours)
     elif reach is keep:
         sums = OS.sums(sel, ph, g, b, hours)
     else:
@@ -89,6 +91,7 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     return Occupancy(
         interval_s=interval_s, status=status, queued=queued, load=load, idle=idle,
         heatmap=hm if hm is not None else pd.DataFrame(columns=HEATMAP_COLUMNS), runs=len(sel), share=share, capacity=cap,
-        lanes=OC.lanes(sel, ph, g if g is not None else sel["queue"], s_us, u_us) if n_held > OC.PER_RUN_GANTT_MAX else None,
+        lanes=OL.lanes(rows, ph_all, groups if groups is not None else rows["queue"], s_us, u_us,
+                       kept=settled.lanes() if settled is not None else None) if n_held > OC.PER_RUN_GANTT_MAX else None,
         complete=complete,
     )

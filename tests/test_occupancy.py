@@ -12,6 +12,7 @@ import pytest
 from prefect_launch.blocks.run_index import IndexRow
 from prefect_launch.dashboard import index_view as IV
 from prefect_launch.dashboard import occupancy as OC
+from prefect_launch.dashboard import occupancy_lanes as OL
 from prefect_launch.dashboard import occupancy_panels as OP
 
 UTC = dt.timezone.utc
@@ -139,14 +140,14 @@ def test_interval_maths_against_a_brute_force_count():
 
 def test_lanes_per_agent_and_device_merge_below_the_gap(rows):
     ph = OC.phases(rows, IV.us(NOW))
-    seg = OC.lanes(rows, ph, rows["owner"], IV.us(T0), IV.us(NOW), gap_s=1)
+    seg = OL.lanes(rows, ph, rows["owner"], IV.us(T0), IV.us(NOW), gap_s=1)
     got = {(r.lane, r.name) for r in seg.itertuples()}
     assert got == {("a1 · gpu 1", "long"), ("a1 · core 2", "short"), ("a2 · gpu 0", "run"), ("a2 · gpu 1", "run")}
     # two back-to-back runs of one owner on one GPU merge into a segment of 2 runs; another owner's does not
     more = frame([dict(LONG, id=f"r{i}", name=f"r{i}", owner="alice" if i < 2 else "bob", pending_us=None,
                        queued_us=at(10 * i), expected_start_us=at(10 * i), start_us=at(10 * i + 1), end_us=at(10 * i + 10))
                   for i in range(3)])
-    seg = OC.lanes(more, OC.phases(more, IV.us(NOW)), more["owner"], IV.us(T0), IV.us(NOW), gap_s=2)
+    seg = OL.lanes(more, OC.phases(more, IV.us(NOW)), more["owner"], IV.us(T0), IV.us(NOW), gap_s=2)
     assert seg[["group", "runs"]].values.tolist() == [["alice", 2], ["bob", 1]]
 
 
@@ -188,9 +189,9 @@ def test_lanes_fold_per_agent_when_devices_outnumber_the_rows_a_chart_can_show()
     ])
     now = T0 + dt.timedelta(seconds=200)
     ph = OC.phases(runs, IV.us(now))
-    per_device = OC.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10)
+    per_device = OL.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10)
     assert per_device.attrs["folded"] is False and per_device["lane"].nunique() == 4
-    seg = OC.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10, max_lanes=3)
+    seg = OL.lanes(runs, ph, runs["owner"], at(0), at(100), gap_s=10, max_lanes=3)
     assert seg.attrs["folded"] is True
     got = [(r.lane, r.group, (r.start - pd.Timestamp(T0)).total_seconds(), (r.end - pd.Timestamp(T0)).total_seconds(), r.runs, r.name)
            for r in seg.itertuples()]
