@@ -46,8 +46,8 @@ FINISHED = ("cancelled", "completed", "crashed", "failed")  # the order finished
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 PLACEMENT_RE = r"^agent (?P<agent>[^:]+): (?P<res>[^;]*); gpus (?P<gpus>[^;]*); cores (?P<cores>.*)$"
 PER_RUN_GANTT_MAX = 300  # more runs than this in range: the Gantt draws lanes per agent and device
-# what :func:`.occupancy_panels.compute` reads of the rows besides their times (a narrow copy of the rows in range)
-ROW_COLUMNS = ("id", "name", "queue", "state_type", "placement", "gpu", "cpu")
+# what a run's sums read of its row besides its times (:func:`.occupancy_sums.sums`)
+SUM_COLUMNS = ("state_type", "placement", "gpu", "cpu")
 
 Phases = Union[pd.DataFrame, Mapping[str, np.ndarray]]  # phase columns: a frame from :func:`phases`, or its arrays
 

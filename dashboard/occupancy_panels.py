@@ -55,26 +55,22 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     ph_all = OC.phase_arrays(rows, now_us)
     first, last = OC.span(ph_all)
     keep = (first < b.hi_us) & (last >= b.lo_us)
-    ph = {k: v[keep] for k, v in ph_all.items()}
-    sel = rows[[c for c in OC.ROW_COLUMNS if c in rows]][keep]  # a narrow copy: only what the panels read
-    g = pd.Series(groups)[keep] if groups is not None else None
     # the runs the sums read: those in range, and those in the first hour's part before it (the heatmap's hours
     # are whole hours; a run that ended before the range but held in that hour counts there)
     reach = keep if hours is None else keep | ((first < hours.hi_us) & (last >= hours.lo_us))
     settled = memo.settled(key, rows, ph_all, last, groups, b, hours, now_us) if memo is not None and complete else None
     if settled is not None:
         sums = settled.sums(reach, b, hours)
-    elif reach is keep:
-        sums = OS.sums(sel, ph, g, b, hours)
     else:
         at = np.flatnonzero(reach)
-        sums = OS.sums(rows.iloc[at], {k: v[at] for k, v in ph_all.items()}, None if groups is None else pd.Series(groups).iloc[at],
+        narrow = rows[[c for c in OC.SUM_COLUMNS if c in rows]]
+        sums = OS.sums(narrow.iloc[at], {k: v[at] for k, v in ph_all.items()}, None if groups is None else pd.Series(groups).iloc[at],
                        b, hours)
     status, queued, load, hm = sums.panels()
     span_s = (min(us(until), now_us) - us(since)) / 1e6
     cap = OC.capacity(agents) if agents is not None else dict(gpu=None, cpu=None)
     s_us, u_us = float(us(since)), float(min(us(until), now_us))
-    n_held = int((~np.isnan(ph["h0"])).sum())
+    n_held = int((keep & ~np.isnan(ph_all["h0"])).sum())
     if complete:
         idle = OC.idle_periods(load, interval_s, until=pd.Timestamp(min(until, now)))
         share = OC.capacity_share(load, cap, span_s)
@@ -90,8 +86,10 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
         share = {"gpu": None, "cpu": None}
     return Occupancy(
         interval_s=interval_s, status=status, queued=queued, load=load, idle=idle,
-        heatmap=hm if hm is not None else pd.DataFrame(columns=HEATMAP_COLUMNS), runs=len(sel), share=share, capacity=cap,
+        heatmap=hm if hm is not None else pd.DataFrame(columns=HEATMAP_COLUMNS), runs=int(keep.sum()), share=share, capacity=cap,
+        # pixels of the range chosen (not cut at now): a live range's pixels stay the same width step after step
         lanes=OL.lanes(rows, ph_all, groups if groups is not None else rows["queue"], s_us, u_us,
+                       gap_s=(us(until) - us(since)) / 1e6 / OL.LANE_PIXELS,
                        kept=settled.lanes() if settled is not None else None) if n_held > OC.PER_RUN_GANTT_MAX else None,
         complete=complete,
     )

@@ -43,12 +43,14 @@ def test_folded_lanes_kept_between_steps_are_the_lanes_made_from_every_run(monke
         rows = h.index(t, {})
         groups = IV.group_values(rows, "owner")
         now = T0 + dt.timedelta(seconds=t)
-        since = now - dt.timedelta(seconds=1200)
-        whole = OP.compute(rows, groups, since, now, 60, now)
-        kept = OP.compute(rows, groups, since, now, 60, now, memo=memo, key="view")
+        until = T0 + dt.timedelta(seconds=-(-t // 30) * 30)  # a live range ends at its clock's step, after now
+        since = until - dt.timedelta(seconds=1200)
+        whole = OP.compute(rows, groups, since, until, 60, now)
+        kept = OP.compute(rows, groups, since, until, 60, now, memo=memo, key="view")
         assert whole.lanes is not None and not whole.lanes.empty and whole.lanes.attrs["folded"]
         lanes_equal(whole.lanes, kept.lanes)
         kept_parts = max(kept_parts, max((len(e.lane_parts) for e in memo._entries.values()), default=0))
+    # one kept part per entry: the pixels keep their width while now moves inside the clock's step
     assert kept_parts == 1 and memo.reused > memo.made and not events
 
 
