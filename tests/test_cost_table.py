@@ -93,3 +93,11 @@ def test_wasters_are_the_runs_with_most_idle_time_in_order():
     assert list(got["id"]) == [k[3] for k in keyed[:25]]
     assert np.allclose(got["gpu_idle_h"], [k[4] for k in keyed[:25]], equal_nan=True)
     assert C.wasters(df.iloc[:0]).empty and len(C.wasters(df, 3)) == 3
+
+
+def test_filter_runs_keeps_the_runs_with_every_label_chosen_and_all_rows_without_a_choice():
+    df = _rows()
+    assert C.filter_runs(df) is df  # nothing chosen: the rows themselves, not a copy of a month of them
+    got = C.filter_runs(df, owners=["ana", "bo"], jobs=["train"])
+    want = [r.id for r in df.itertuples() if r.owner in ("ana", "bo") and r.job == "train"]
+    assert list(got["id"]) == want and 0 < len(want) < len(df)
