@@ -183,3 +183,8 @@ def test_merged_places_new_rows_in_key_order_as_a_sort_would():
     edges = frame(np.array([-1, 20_000]))  # before the first and after the last
     pd.testing.assert_frame_equal(merged(held, edges), pd.concat([held, edges]).sort_index())
     assert merged(held, new.iloc[:0]) is held and merged(None, new) is new
+    # only some of the held rows (ascending positions), in the same gather
+    some = np.sort(rng.choice(len(held), size=300, replace=False))
+    pd.testing.assert_frame_equal(merged(held, new, some), pd.concat([held.iloc[some], new]).sort_index())
+    pd.testing.assert_frame_equal(merged(held, new.iloc[:0], some), held.iloc[some])
+    assert merged(held, new, some[:0]) is new
