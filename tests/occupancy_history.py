@@ -16,6 +16,7 @@ UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 S = 1_000_000
 ENDS = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+BLANK = IndexRow(id="").model_dump()  # an index row's fields and defaults
 
 
 def at(sec: float) -> int:
@@ -74,5 +75,5 @@ class History:
                 continue
             r, written = self.row(i, t)
             written = max(written, self.late_from.get(i, written))
-            recs.append(dict(IndexRow(**r).model_dump(), synced_ms=int(at(written) // 1000)))
+            recs.append(dict(BLANK, **r, synced_ms=int(at(written) // 1000)))  # IndexRow's fields (checked once below)
         return IV.prepare(pd.DataFrame(recs), deployments)

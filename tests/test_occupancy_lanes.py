@@ -27,12 +27,12 @@ def lanes_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
 def test_folded_lanes_kept_between_steps_are_the_lanes_made_from_every_run(monkeypatch):
     monkeypatch.setattr(OC, "PER_RUN_GANTT_MAX", 0)  # lanes for a few hundred runs
     monkeypatch.setattr(OL, "LANES_MAX", 6)  # 4 agents' GPUs and cores: folded
-    h = History(300, seed=11)
+    h = History(200, seed=11)
     memo = OM.SettledMemo(margin_s=60, renew_s=400)
     events = {900: "retry", 1100: "delete", 1300: "late"}
     early = np.flatnonzero((h.en < 700) & ~h.never_started)
     kept_parts = 0
-    for t in range(600, 2200, 40):
+    for t in range(600, 2200, 80):
         what = next((events.pop(k) for k in sorted(events) if k <= t), None)
         if what == "retry":
             h.retried[int(early[0])] = t

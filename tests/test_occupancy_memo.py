@@ -29,9 +29,9 @@ def panels_equal(a: OP.Occupancy, b: OP.Occupancy) -> None:
     assert (a.runs, a.share) == (b.runs, b.share)
 
 
-@pytest.mark.parametrize("interval_s, step_s", [(60, 40), (3600, 80)])
+@pytest.mark.parametrize("interval_s, step_s", [(60, 60), (3600, 100)])
 def test_kept_sums_give_the_same_panels_as_summing_every_run_step_after_step(interval_s, step_s):
-    h = History(300)
+    h = History(200)
     memo = OM.SettledMemo(margin_s=60, renew_s=400)
     deployments = {f"d{k}": {"name": f"job-{k}"} for k in range(3)}
     events = {900: "retry", 1100: "delete", 1300: "late", 1500: "rename"}  # each at the first step from then on
