@@ -123,13 +123,6 @@ class SettledMemo:
             self.made += 1
         return Settled(entry, mask, rows, ph, groups, self._lock)
 
-    def sums(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
-             groups: Optional[pd.Series], keep: np.ndarray, b: OC.Buckets, hours: Optional[OC.Buckets],
-             now_us: float) -> OS.Sums:
-        """The sums of every run that reaches ``b`` or ``hours`` (``keep``)."""
-        got = self.settled(key, rows, ph, last, groups, b, hours, now_us)
-        return got.sums(keep, b, hours) if got is not None else _part(rows, ph, groups, keep, b, hours)
-
     def _usable(self, e: _Entry, b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> bool:
         """The entry's buckets can be moved onto ``b`` (and its hours onto ``hours``) and it is not too old."""
         k = e.sums.b
