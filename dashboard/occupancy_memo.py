@@ -87,17 +87,22 @@ class Settled:
 class SettledMemo:
     """Settled runs' sums per view key (a few views: the default and the ones visited)."""
 
-    def __init__(self, maxsize: int = 4, margin_s: float = MARGIN_S, renew_s: float = RENEW_S) -> None:
-        self.maxsize, self.margin_s, self.renew_s = maxsize, margin_s, renew_s
+    def __init__(self, maxsize: int = 4, margin_s: float = MARGIN_S, renew_s: float = RENEW_S, eager: bool = False) -> None:
+        """``eager``: make a view's entry the first time it is read; else the second time (a view read once,
+        a filter tried and left, is made from every run: keeping it would cost that one read ~0.1-0.3 s
+        at 1M runs for nothing)."""
+        self.maxsize, self.margin_s, self.renew_s, self.eager = maxsize, margin_s, renew_s, eager
         self._entries: "OrderedDict[Hashable, _Entry]" = OrderedDict()
+        self._seen: "OrderedDict[Hashable, None]" = OrderedDict()  # views read once, no entry yet
         self._lock = threading.Lock()
         self.made = 0  # entries made (from every run), for tests and the bench's notes
         self.reused = 0
 
     def settled(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
                 groups: Optional[pd.Series], b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> Optional["Settled"]:
-        """The view's settled runs this step (its entry, made again when it cannot be used);
-        None for rows without the index's write times (the API path): nothing can be kept."""
+        """The view's settled runs this step (its entry, made again when it cannot be used); None for
+        rows without the index's write times (the API path: nothing can be kept) and for a view read
+        for the first time (unless ``eager``)."""
         if "synced_ms" not in rows:
             return None
         synced = rows["synced_ms"].to_numpy(dtype="int64")
@@ -109,6 +114,15 @@ class SettledMemo:
                 with self._lock:
                     self.reused += 1
                 return Settled(entry, mask, rows, ph, groups, self._lock)
+        if entry is None and not self.eager:
+            with self._lock:
+                first = key not in self._seen
+                self._seen[key] = None
+                self._seen.move_to_end(key)
+                while len(self._seen) > 4 * self.maxsize:
+                    self._seen.popitem(last=False)
+            if first:
+                return None
         cut = np.floor((min(now_us, b.hi_us) - self.margin_s * 1e6) / 1e6) * 1e6
         lo = min(b.lo_us, hours.lo_us) if hours is not None else b.lo_us
         mask = _settled(ph, last, cut, lo)

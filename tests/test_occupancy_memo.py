@@ -64,7 +64,7 @@ def test_kept_sums_give_the_same_panels_as_summing_every_run_step_after_step(int
 
 def test_an_entry_is_made_again_when_a_settled_run_changes_and_not_otherwise():
     h = History(120, seed=9)
-    memo = OM.SettledMemo(margin_s=60, renew_s=10_000)
+    memo = OM.SettledMemo(margin_s=60, renew_s=10_000, eager=True)
     deployments: dict = {}
     t = 1800
     now = T0 + dt.timedelta(seconds=t)
@@ -86,6 +86,23 @@ def test_an_entry_is_made_again_when_a_settled_run_changes_and_not_otherwise():
     moved.loc[settled[1], "owner"] = "cy" if moved.loc[settled[1], "owner"] != "cy" else "ana"  # its group changes
     step(moved)
     assert memo.made == 3
+
+
+def test_a_view_read_once_is_made_from_every_run_and_kept_from_its_second_read():
+    h = History(120, seed=9)
+    memo = OM.SettledMemo(margin_s=60)
+    rows = h.index(1800, {})
+    now = T0 + dt.timedelta(seconds=1800)
+    since = now - dt.timedelta(seconds=1200)
+    read = lambda key: OP.compute(rows, IV.group_values(rows, "owner"), since, now, 60, now, memo=memo, key=key)  # noqa: E731
+    whole = OP.compute(rows, IV.group_values(rows, "owner"), since, now, 60, now)
+    panels_equal(read("default"), whole)
+    assert (memo.made, memo.reused) == (0, 0)  # read once: nothing kept
+    panels_equal(read("default"), whole)
+    assert (memo.made, memo.reused) == (1, 0)  # read again: kept from now on
+    panels_equal(read("default"), whole)
+    panels_equal(read("a filter tried once"), whole)
+    assert (memo.made, memo.reused) == (1, 1)
 
 
 def test_sums_add_and_move_to_a_later_range():
