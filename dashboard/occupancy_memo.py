@@ -99,7 +99,8 @@ class SettledMemo:
         self.reused = 0
 
     def settled(self, key: Hashable, rows: pd.DataFrame, ph: dict[str, np.ndarray], last: np.ndarray,
-                groups: Optional[pd.Series], b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float) -> Optional["Settled"]:
+                groups: Optional[pd.Series], b: OC.Buckets, hours: Optional[OC.Buckets], now_us: float,
+                until_us: Optional[float] = None) -> Optional["Settled"]:
         """The view's settled runs this step (its entry, made again when it cannot be used); None for
         rows without the index's write times (the API path: nothing can be kept) and for a view read
         for the first time (unless ``eager``)."""
@@ -123,7 +124,10 @@ class SettledMemo:
                     self._seen.popitem(last=False)
             if first:
                 return None
-        cut = np.floor((min(now_us, b.hi_us) - self.margin_s * 1e6) / 1e6) * 1e6
+        # a margin before the clock, or before the range's end when it ends in the past (the Gantt's kept part
+        # needs every settled run to end inside the range)
+        end = min(now_us, b.hi_us if until_us is None else until_us)
+        cut = np.floor((end - self.margin_s * 1e6) / 1e6) * 1e6
         lo = min(b.lo_us, hours.lo_us) if hours is not None else b.lo_us
         mask = _settled(ph, last, cut, lo)
         entry = _Entry(sums=_part(rows, ph, groups, mask, b, hours), cut_us=cut, lo_us=lo, count=int(mask.sum()),

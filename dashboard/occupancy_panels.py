@@ -58,7 +58,8 @@ def compute(rows: pd.DataFrame, groups: Optional[pd.Series], since: dt.datetime,
     # the runs the sums read: those in range, and those in the first hour's part before it (the heatmap's hours
     # are whole hours; a run that ended before the range but held in that hour counts there)
     reach = keep if hours is None else keep | ((first < hours.hi_us) & (last >= hours.lo_us))
-    settled = memo.settled(key, rows, ph_all, last, groups, b, hours, now_us) if memo is not None and complete else None
+    settled = (memo.settled(key, rows, ph_all, last, groups, b, hours, now_us, float(us(until)))
+               if memo is not None and complete else None)
     if settled is not None:
         sums = settled.sums(reach, b, hours)
     else:

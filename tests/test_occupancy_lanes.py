@@ -54,6 +54,24 @@ def test_folded_lanes_kept_between_steps_are_the_lanes_made_from_every_run(monke
     assert kept_parts == 1 and memo.reused > memo.made and not events
 
 
+def test_a_range_that_ended_in_the_past_keeps_its_gantt_part(monkeypatch):
+    """A fixed range ending before now (last week's view): the settled runs are those ended a margin
+    before the range's end, so the Gantt's kept part serves it (a cut-off at the clock would not)."""
+    monkeypatch.setattr(OC, "PER_RUN_GANTT_MAX", 0)
+    monkeypatch.setattr(OL, "LANES_MAX", 6)
+    h = History(200, seed=3)
+    memo = OM.SettledMemo(margin_s=10, eager=True)
+    # the range ends inside a bucket (buckets to 1560 s): settled means ended before 1495 s, not 1550 s
+    since, until = T0 + dt.timedelta(seconds=300), T0 + dt.timedelta(seconds=1505)
+    for t in (2400, 2460, 2520):
+        rows = h.index(t, {})
+        groups = IV.group_values(rows, "owner")
+        now = T0 + dt.timedelta(seconds=t)
+        lanes_equal(OP.compute(rows, groups, since, until, 60, now).lanes,
+                    OP.compute(rows, groups, since, until, 60, now, memo=memo, key="last week").lanes)
+    assert memo.reused == 2 and len(memo._entries["last week"].lane_parts) == 1
+
+
 def test_the_folded_frame_of_two_parts_is_the_frame_of_their_runs_together():
     h = History(250, seed=4)
     rows = h.index(1800, {})
