@@ -5,6 +5,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Python's default: processes write and reuse bytecode caches. Where the environment sets
+# PYTHONDONTWRITEBYTECODE, every agent, flow and CLI process the tests start compiles the project's
+# sources again (~0.3 s of CPU each) and pytest rewrites every test module on each run.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-fast venv system-deps bench dashboard clean
 

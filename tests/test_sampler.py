@@ -53,14 +53,14 @@ def _rec(**kw) -> RunRecord:
 
 
 def test_burner_reads_one_core(store):
-    p = _child(BURN.format(secs=3.0, tail=0.5))
+    p = _child(BURN.format(secs=2.0, tail=0.5))
     t0 = time.monotonic()
-    s = RunSampler(store, _rec(), p.pid, [], allocated_cpus=2, allocated_memory_bytes=None, interval_s=0.25).start()
+    s = RunSampler(store, _rec(), p.pid, [], allocated_cpus=2, allocated_memory_bytes=None, interval_s=0.15).start()
     truth_cpu = _wait(p)
     wall = time.monotonic() - t0
     summary = s.stop("COMPLETED")
     # what the child really used, as the kernel accounts it
-    assert truth_cpu >= 2.9
+    assert truth_cpu >= 1.9
     assert summary.cpu_seconds == pytest.approx(truth_cpu, abs=0.35)
     # samples while it burned read about one core (the 0.5 s sleep at the end reads ~0)
     busy = [x.cpu_pct for x in s.recent if x.cpu_pct is not None and x.cpu_pct > 20]
