@@ -80,6 +80,19 @@ class Buckets:
             object.__setattr__(self, "_starts", got)
         return got
 
+    def moved(self, a: np.ndarray, onto: "Buckets") -> np.ndarray:
+        """The columns (last axis) of ``a``, one per bucket of this grid, on the buckets of ``onto``: the
+        same width, starting a whole number of buckets later (or here); buckets past this grid's end are
+        zero. Kept sums and kept Gantt parts move onto a later range this way."""
+        w = int(round(self.step_s * 1_000_000))
+        if int(round(onto.step_s * 1_000_000)) != w or onto.lo_us < self.lo_us or (onto.lo_us - self.lo_us) % w:
+            raise ValueError("buckets move only onto the same width, a whole number of buckets later")
+        k = int((onto.lo_us - self.lo_us) // w)
+        out = np.zeros(a.shape[:-1] + (onto.n,), dtype=a.dtype)
+        take = a[..., k: k + onto.n]
+        out[..., : take.shape[-1]] = take
+        return out
+
     def rel(self, t_us: np.ndarray) -> np.ndarray:
         """Epoch microseconds -> seconds from the first bucket's start (float, small: exact sums)."""
         return (np.asarray(t_us, dtype="float64") - self.lo_us) / 1e6
@@ -140,14 +153,15 @@ def phases(rows: pd.DataFrame, now_us: float) -> pd.DataFrame:
     return pd.DataFrame(phase_arrays(rows, now_us), index=rows.index)
 
 
-def _col(ph: Phases, c: str) -> np.ndarray:
+def phase_col(ph: Phases, c: str) -> np.ndarray:
+    """One phase column as float64 epoch microseconds (NaN: none), whether ``ph`` is a frame or arrays."""
     return np.asarray(ph[c], dtype="float64")
 
 
 def span(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) moment of each run's phases and end (NaN: none)."""
-    first = np.fmin(np.fmin(_col(ph, "q0"), _col(ph, "p0")), np.fmin(_col(ph, "r0"), _col(ph, "end")))
-    last = np.fmax(np.fmax(_col(ph, "q1"), _col(ph, "p1")), np.fmax(_col(ph, "r1"), _col(ph, "end")))
+    first = np.fmin(np.fmin(phase_col(ph, "q0"), phase_col(ph, "p0")), np.fmin(phase_col(ph, "r0"), phase_col(ph, "end")))
+    last = np.fmax(np.fmax(phase_col(ph, "q1"), phase_col(ph, "p1")), np.fmax(phase_col(ph, "r1"), phase_col(ph, "end")))
     return first, last
 
 
@@ -250,9 +264,9 @@ def status_sums(rows: pd.DataFrame, ph: Phases, b: Buckets) -> tuple[np.ndarray,
     """(present (3, n): runs queued / pending / running at any moment of each bucket,
     seconds (3, n) in each phase inside it, finished (len(FINISHED), n) by end state):
     sums over runs, so the sums of two sets of runs add."""
-    pres = np.vstack([present(_col(ph, a), _col(ph, z), b)[0] for a, z in PHASE_PAIRS])
-    secs = np.vstack([seconds_in(_col(ph, a), _col(ph, z), b)[0] for a, z in PHASE_PAIRS])
-    end = b.rel(_col(ph, "end"))
+    pres = np.vstack([present(phase_col(ph, a), phase_col(ph, z), b)[0] for a, z in PHASE_PAIRS])
+    secs = np.vstack([seconds_in(phase_col(ph, a), phase_col(ph, z), b)[0] for a, z in PHASE_PAIRS])
+    end = b.rel(phase_col(ph, "end"))
     fin = end_codes(rows)
     ok = (end >= 0) & (end < b.n * b.step_s) & (fin >= 0)  # False for NaN
     nf = len(FINISHED)
@@ -293,7 +307,7 @@ def _concat_times(parts: list) -> pd.DatetimeIndex:
 
 def queued_sums(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> tuple[list, np.ndarray, np.ndarray]:
     """(group labels, waiting seconds (G, n) inside each bucket, runs (G, n) that waited in it)."""
-    s, e = _col(ph, "q0"), _col(ph, "q1")
+    s, e = phase_col(ph, "q0"), phase_col(ph, "q1")
     codes, names = group_codes(groups, len(s))
     return names, seconds_in(s, e, b, codes=codes, n_groups=len(names)), present(s, e, b, codes=codes, n_groups=len(names))
 
@@ -316,7 +330,7 @@ def queued_frame(ph: Phases, groups: Optional[pd.Series], b: Buckets) -> pd.Data
 def held_sums(ph: Phases, b: Buckets, held: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(runs holding a slot at any moment of each bucket (n,), run-, GPU- and CPU-seconds
     held inside it (3, n)); ``held``: the runs' (GPUs, CPUs), :func:`resources`."""
-    s, e = _col(ph, "h0"), _col(ph, "h1")
+    s, e = phase_col(ph, "h0"), phase_col(ph, "h1")
     gpu, cpu = held
     return present(s, e, b)[0], seconds_in(s, e, b, np.vstack([np.ones(len(s)), gpu, cpu]))[:, 0]
 
@@ -335,7 +349,7 @@ def load_frame(rows: pd.DataFrame, ph: Phases, b: Buckets, held: Optional[tuple]
     runs waiting at any moment (waiting), run-seconds held (run_s), GPU- and CPU-seconds
     held, and their time averages (busy, gpus, cpus)."""
     h, secs = held_sums(ph, b, held if held is not None else resources(rows))
-    return load_table(h, present(_col(ph, "q0"), _col(ph, "q1"), b)[0], secs, b)
+    return load_table(h, present(phase_col(ph, "q0"), phase_col(ph, "q1"), b)[0], secs, b)
 
 
 def idle_periods(load: pd.DataFrame, step_s: int, until: Optional[pd.Timestamp] = None) -> pd.DataFrame:
@@ -378,7 +392,7 @@ def capacity_share(load: pd.DataFrame, cap: dict, span_s: float) -> dict[str, Op
 
 def hour_sums(ph: Phases, hours: Buckets, gpu: np.ndarray) -> np.ndarray:
     """(2, hours.n): run- and GPU-seconds held inside each hour (the heatmap's sums)."""
-    return seconds_in(_col(ph, "h0"), _col(ph, "h1"), hours, np.vstack([np.ones(len(gpu)), gpu]))[:, 0]
+    return seconds_in(phase_col(ph, "h0"), phase_col(ph, "h1"), hours, np.vstack([np.ones(len(gpu)), gpu]))[:, 0]
 
 
 def heatmap_table(hours: Buckets, busy: np.ndarray, gpus: np.ndarray) -> pd.DataFrame:

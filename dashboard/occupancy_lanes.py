@@ -22,15 +22,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from prefect_launch.dashboard.occupancy import Buckets, Phases, group_codes, label_codes, parse_placement, seconds_in
+from prefect_launch.dashboard.occupancy import Buckets, Phases, group_codes, label_codes, parse_placement, phase_col, seconds_in
 
 LANES_MAX = 64  # more devices than this (lanes under ~10 px at the chart's height): one lane per agent
 LANE_PIXELS = 600  # what a pixel of the Gantt's range is: 1/600 of it
 LANE_COLUMNS = ["lane", "agent", "start", "end", "group", "runs", "id", "name"]
-
-
-def _col(ph: Phases, c: str) -> np.ndarray:
-    return np.asarray(ph[c], dtype="float64")
 
 
 # ---------------------------------------------------------------- lane tables
@@ -88,13 +84,14 @@ def _keys(rows: pd.DataFrame, at: Optional[np.ndarray] = None) -> tuple[np.ndarr
     return key.astype("int64"), per_key
 
 
-def device_lanes(rows: pd.DataFrame, at: np.ndarray) -> int:
-    """How many device lanes the rows at ``at`` held (what decides whether the Gantt folds)."""
-    return len(set().union(*(k[1] for k in _keys(rows, at)[1]))) if len(at) else 0
+def _device_count(per_key: list[tuple[str, tuple[str, ...], tuple[str, ...]]]) -> int:
+    """How many device lanes the keys held (what decides whether the Gantt folds)."""
+    return len(set().union(*(k[1] for k in per_key)))
 
 
-def _lane_tables(rows: pd.DataFrame) -> LaneTables:
-    key, per_key = _keys(rows)
+def _lane_tables(rows: pd.DataFrame, keys: Optional[tuple[np.ndarray, list]] = None) -> LaneTables:
+    """``keys``: :func:`_keys` of ``rows`` where the caller has them already."""
+    key, per_key = keys if keys is not None else _keys(rows)
     # lanes and agent lanes numbered in order of first appearance (as the keys list them)
     flat = [x for k in per_key for x in k[1]]
     if not flat:
@@ -177,7 +174,7 @@ class FoldedPart:
 def folded_part(rows: pd.DataFrame, ph: Phases, groups: Optional[pd.Series], grid: Buckets, until_us: float) -> FoldedPart:
     """The folded Gantt's part of ``rows`` (the runs that held a slot; their phases and group
     labels aligned with them) on the pixels ``grid``, up to ``until_us``."""
-    h0, h1 = _col(ph, "h0"), _col(ph, "h1")
+    h0, h1 = phase_col(ph, "h0"), phase_col(ph, "h1")
     held = np.flatnonzero(~np.isnan(h0) & (h1 > h0))
     r = rows.iloc[held]
     t = _lane_tables(r)
@@ -211,21 +208,12 @@ def folded_part(rows: pd.DataFrame, ph: Phases, groups: Optional[pd.Series], gri
         who=by_start[at_top] if len(be) else be, ids=r["id"].to_numpy(dtype=object)[run], names=names.to_numpy(dtype=object)[run])
 
 
-def _on(a: np.ndarray, old: Buckets, new: Buckets) -> np.ndarray:
-    """Pixels (last axis) of ``old`` on ``new`` (same width, not earlier)."""
-    px = int(round(old.step_s * 1e6))
-    k = (new.lo_us - old.lo_us) // px
-    out = np.zeros(a.shape[:-1] + (new.n,), dtype=a.dtype)
-    take = a[..., k: k + new.n]
-    out[..., : take.shape[-1]] = take
-    return out
-
-
 def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, until_us: float) -> pd.DataFrame:
     """The folded Gantt from the parts of disjoint sets of runs: per agent lane and pixel, the
     group that held most of its devices' time (device-seconds; consecutive pixels of one group
     are one segment); runs = the runs holding a device of the lane at any moment of the
-    segment; id / name: of the segment's group, the run started before its end that holds
+    segment's pixels (the first pixel whole, as its group was chosen, though drawn from
+    ``since``); id / name: of the segment's group, the run started before its end that holds
     longest. Lanes and groups in name order, so the parts' order does not matter."""
     lanes = sorted({x for p in parts for x in p.lanes})
     agent = {x: a for p in parts for x, a in zip(p.lanes, p.lane_agent)}
@@ -235,7 +223,7 @@ def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, un
     secs = np.zeros((nl, ng, n))
     for p in parts:
         if p.secs.size:
-            secs[np.ix_([li[x] for x in p.lanes], [gi[x] for x in p.groups])] += _on(p.secs, p.grid, grid)
+            secs[np.ix_([li[x] for x in p.lanes], [gi[x] for x in p.groups])] += p.grid.moved(p.secs, grid)
     lab = np.where(secs.sum(axis=1) > 0, secs.argmax(axis=1), -1).ravel()  # (lane, pixel) -> group, -1: none held
     new = np.r_[True, lab[1:] != lab[:-1]] if len(lab) else np.zeros(0, dtype=bool)
     new[::n] = True  # a lane's first pixel starts a segment
@@ -245,7 +233,8 @@ def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, un
     seg, seg_end = seg[held], seg_end[held]
     f, k0, k1 = seg // n, seg % n, (seg_end - 1) % n + 1
     px = int(round(grid.step_s * 1e6))
-    a_us = np.maximum(grid.lo_us + k0 * px, since_us).astype("float64")
+    pixel_us = (grid.lo_us + k0 * px).astype("float64")  # the first pixel is whole: its runs count, as its time did
+    a_us = np.maximum(pixel_us, since_us)  # drawn from the range's start
     z_us = np.minimum(grid.lo_us + k1 * px, until_us).astype("float64")
     g = lab[seg]
     runs = np.zeros(len(seg), dtype="int64")
@@ -256,7 +245,7 @@ def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, un
         p_lane, p_group = {x: i for i, x in enumerate(p.lanes)}, {x: i for i, x in enumerate(p.groups)}
         pl = np.array([p_lane.get(x, -1) for x in lanes] or [-1], dtype="int64")[f]
         pg = np.array([p_group.get(x, -1) for x in groups] or [-1], dtype="int64")[g]
-        runs += p.runs_holding(pl, a_us, z_us)
+        runs += p.runs_holding(pl, pixel_us, z_us)
         end, row = p.longest(pl, pg, z_us)
         better = end > best
         best = np.where(better, end, best)
@@ -299,7 +288,7 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
 
     Columns: lane, agent, start, end, group, runs (in the segment), id and name (its first run).
     """
-    h0, h1 = _col(ph, "h0"), _col(ph, "h1")
+    h0, h1 = phase_col(ph, "h0"), phase_col(ph, "h1")
     s = np.maximum(h0, since_us)  # NaN (never held) stays NaN
     e = np.minimum(h1, until_us)
     keep = np.flatnonzero(~np.isnan(s) & (e > s))
@@ -307,9 +296,10 @@ def lanes(rows: pd.DataFrame, ph: Phases, groups: pd.Series, since_us: float, un
         return pd.DataFrame(columns=LANE_COLUMNS)
     gap_s = gap_s if gap_s is not None else (until_us - since_us) / 1e6 / LANE_PIXELS
     groups = pd.Series(groups)  # aligned with rows
-    if device_lanes(rows, keep) <= (max_lanes if max_lanes is not None else LANES_MAX):
+    keys = _keys(rows, keep)  # the placement keys of the runs in range: they decide whether the Gantt folds
+    if _device_count(keys[1]) <= (max_lanes if max_lanes is not None else LANES_MAX):
         r = rows.iloc[keep]
-        return _device_lanes(rows, r, _lane_tables(r), keep, s, e, groups, gap_s, since_us)
+        return _device_lanes(rows, r, _lane_tables(r, keys), keep, s, e, groups, gap_s, since_us)
     grid = pixel_grid(since_us, until_us, gap_s)
     # the first pixel is whole: runs that held in it before ``since`` count there too
     wide = ~np.isnan(h0) & (np.minimum(h1, until_us) > np.maximum(h0, grid.lo_us))

@@ -40,11 +40,11 @@ class Sums:
         """The same sums on a later range of the same step (``b`` may start later and end
         later): buckets before ``b`` dropped, buckets after the sums' own end are zero.
         Only right for runs that end inside the sums' own range (settled runs)."""
-        return replace(self, b=b, present=_moved(self.present, self.b, b), seconds=_moved(self.seconds, self.b, b),
-                       finished=_moved(self.finished, self.b, b), held=_moved(self.held[None], self.b, b)[0],
-                       held_s=_moved(self.held_s, self.b, b), queued_s=_moved(self.queued_s, self.b, b),
-                       queued_n=_moved(self.queued_n, self.b, b), hours=hours,
-                       hour_s=None if hours is None or self.hours is None else _moved(self.hour_s, self.hours, hours))
+        return replace(self, b=b, present=self.b.moved(self.present, b), seconds=self.b.moved(self.seconds, b),
+                       finished=self.b.moved(self.finished, b), held=self.b.moved(self.held[None], b)[0],
+                       held_s=self.b.moved(self.held_s, b), queued_s=self.b.moved(self.queued_s, b),
+                       queued_n=self.b.moved(self.queued_n, b), hours=hours,
+                       hour_s=None if hours is None or self.hours is None else self.hours.moved(self.hour_s, hours))
 
     def plus(self, other: "Sums") -> "Sums":
         """Both sets of runs' sums (the same buckets); group labels united by name."""
@@ -79,17 +79,6 @@ class Sums:
             hm = None
         return (OC.status_table(self.present, self.seconds, self.finished, b),
                 OC.queued_table(list(self.groups), self.queued_s, self.queued_n, b), load, hm)
-
-
-def _moved(a: np.ndarray, old: OC.Buckets, new: OC.Buckets) -> np.ndarray:
-    """Columns of ``a`` (buckets of ``old``) on the buckets of ``new`` (same step, not earlier)."""
-    if new.step_s != old.step_s or new.lo_us < old.lo_us or (new.lo_us - old.lo_us) % (old.step_s * 1_000_000):
-        raise ValueError("the sums' buckets cannot be moved there: same step and a later whole bucket only")
-    k = (new.lo_us - old.lo_us) // (old.step_s * 1_000_000)
-    out = np.zeros(a.shape[:-1] + (new.n,), dtype=a.dtype)
-    take = a[..., k: k + new.n]
-    out[..., : take.shape[-1]] = take
-    return out
 
 
 def sums(rows: pd.DataFrame, ph: OC.Phases, groups: Optional[pd.Series], b: OC.Buckets,

@@ -199,6 +199,27 @@ def test_lanes_fold_per_agent_when_devices_outnumber_the_rows_a_chart_can_show()
                    ("b · GPUs", "carol", 50, 70, 1, "ca")]
 
 
+def test_the_folded_gantts_first_pixel_is_whole_when_the_range_starts_inside_it():
+    """A range starting 5 s into a 10-s pixel: the first pixel's group is chosen from all of it. Dave's
+    three GPUs held 0-4 s (12 device-seconds, ended before the range) outweigh alice's one GPU from 3 s
+    (7); the segment is drawn from the range's start, and counts and names the runs of its pixel."""
+    place = "agent a: cpu=1,memory=1Gi,gpu={n}; gpus {g}; cores 0"
+    runs = frame([
+        dict(id="dv", name="dv", queue="q", owner="dave", state_type="COMPLETED", expected_start_us=at(0), start_us=at(0),
+             end_us=at(4), placement=place.format(n=3, g="0,1,2")),
+        dict(id="al", name="al", queue="q", owner="alice", state_type="COMPLETED", expected_start_us=at(3), start_us=at(3),
+             end_us=at(40), placement=place.format(n=1, g="3")),
+        dict(id="bo", name="bo", queue="q", owner="bob", state_type="COMPLETED", expected_start_us=at(20), start_us=at(20),
+             end_us=at(25), placement=place.format(n=1, g="4")),  # 5 device-seconds in 20-30: alice's 10 win
+    ])
+    ph = OC.phases(runs, at(100))
+    seg = OL.lanes(runs, ph, runs["owner"], at(5), at(40), gap_s=10, max_lanes=1)
+    assert seg.attrs["folded"] is True
+    got = [(r.lane, r.group, (r.start - pd.Timestamp(T0)).total_seconds(), (r.end - pd.Timestamp(T0)).total_seconds(), r.runs, r.name)
+           for r in seg.itertuples()]
+    assert got == [("a · GPUs", "dave", 5, 10, 2, "dv"), ("a · GPUs", "alice", 10, 40, 2, "al")]
+
+
 def test_newest_runs_only_never_call_the_unread_past_idle():
     """The API path reads the newest runs only: the buckets before the oldest of them are unknown, so
     nothing there is called idle, and averages over the range (heatmap, capacity share) are withheld."""

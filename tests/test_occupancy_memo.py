@@ -125,3 +125,18 @@ def test_sums_add_and_move_to_a_later_range():
         np.testing.assert_allclose(by_group(both)[g], v, rtol=1e-9, atol=1e-6)
     with pytest.raises(ValueError):
         part(a, later).window(b, None)  # an earlier range: the sums do not reach back
+    with pytest.raises(ValueError):
+        part(a, b).window(OC.Buckets(lo_us=at(630), step_s=60, n=30), None)  # half a bucket later: not whole buckets
+
+
+def test_buckets_move_columns_onto_a_later_grid_of_the_same_width():
+    """What kept sums and kept Gantt parts use (pixels of fractional seconds too): columns move by
+    whole buckets, those past the old grid's end are zero, and any other grid is refused."""
+    px = OC.Buckets(lo_us=at(0), step_s=1.5, n=4)  # type: ignore[arg-type]  # a Gantt pixel of 1.5 s
+    a = np.arange(8.0).reshape(2, 4)
+    moved = px.moved(a, OC.Buckets(lo_us=at(3), step_s=1.5, n=3))  # type: ignore[arg-type]  # two pixels on
+    assert moved.tolist() == [[2.0, 3.0, 0.0], [6.0, 7.0, 0.0]]
+    for other in (OC.Buckets(lo_us=at(3), step_s=3, n=3), OC.Buckets(lo_us=at(2), step_s=1.5, n=3),  # type: ignore[arg-type]
+                  OC.Buckets(lo_us=at(-1.5), step_s=1.5, n=3)):  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            px.moved(a, other)
