@@ -57,7 +57,11 @@ monitor measured against Streamlit itself in the same run (goals at 100k runs: <
 page_floor_return_s likewise in one profile: compare with page_return_s;
 page_floor_controls_s / page_floor_controls_return_s: the same with the monitor's own sidebar (its filters offering the
 seed's queues, jobs, owners and presets), section switch and links toggle, and no data: what a page with these controls
-costs before it draws any figure; --page-only times only these, after building the index, the other figures null); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
+costs before it draws any figure; --page-only times only these, after building the index, the other figures null);
+page_server_cpu_cores: the CPU the Prefect server used while the page was timed, in cores (its own services count:
+on a seed whose last day holds ~800 cancelled runs, stock Prefect's cancellation cleanup reads each again every
+20 s, ~0.5 of this box's 2 cores, whatever the monitor does; --no-cancellation-cleanup turns that service off
+for the bench's server, to show what the page costs without it; server_cancellation_cleanup says which); loadavg_start / loadavg_end: the machine's load averages (on a shared box every
 figure is an upper bound); cpu_probe_s: [start, end] seconds of a fixed pure-Python loop on one core (the
 speed the machine gave; it varies by nearly 2x within minutes on a shared virtual machine). Progress lines carry the elapsed time and the load average.
 """
@@ -79,6 +83,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
+
+import psutil
 
 from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, free_port, local_prefect_server
 
@@ -522,10 +528,26 @@ def page_times(home: Path, repeat: int = 2) -> tuple[list[float], list[float], l
     return colds, warms, returns, laptops
 
 
+def server_cpu_s() -> float:
+    """CPU seconds so far of the Prefect server(s) this benchmark started (its own services included)."""
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "server" in p.cmdline() and "start" in p.cmdline():
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:  # gone between the listing and the read
+            pass
+    return total
+
+
 def page_figures(home: Path, repeat: int) -> dict:
     """Time the page (:func:`page_times`) and the Streamlit floor, print them, and return their figures
     for the JSON line (None where not timed)."""
+    cpu0, t0 = server_cpu_s(), time.perf_counter()
     cold, warm, back, laptop = page_times(home, repeat)
+    server_cores = round((server_cpu_s() - cpu0) / (time.perf_counter() - t0), 2)
+    print(f"Prefect server CPU while the page was timed: {server_cores:.2f} cores (of {os.cpu_count()})")
     floor, floor_back = page_floor(home, floor=BARE) if cold else ([], [])
     print(floor_line(floor, floor_back, BARE.what))
     controls, controls_back = page_floor(home, floor=CONTROLS) if cold else ([], [])
@@ -545,7 +567,7 @@ def page_figures(home: Path, repeat: int) -> dict:
                 page_prepare_s=round(statistics.median(PREPARE_S), 1) if PREPARE_S else None, page_floor_s=med(floor),
                 page_floor_return_s=med(floor_back), page_floor_controls_s=med(controls),
                 page_floor_controls_return_s=med(controls_back), page_warm_over_floor_s=over(warm),
-                page_cold_over_floor_s=over(cold))
+                page_cold_over_floor_s=over(cold), page_server_cpu_cores=server_cores)
 
 
 def main() -> None:
@@ -562,6 +584,8 @@ def main() -> None:
     ap.add_argument("--no-page", action="store_true", help="skip the browser timing (page_cold_s, page_warm_s)")
     ap.add_argument("--page-only", action="store_true",
                     help="time only the page (after the run index is built); the data-layer figures are null")
+    ap.add_argument("--no-cancellation-cleanup", action="store_true",
+                    help="turn stock Prefect's cancellation-cleanup service off in the bench's server (see page_server_cpu_cores)")
     args = ap.parse_args()
     stop_on_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: the server and the monitors it started are stopped
     t_start = time.perf_counter()
@@ -578,6 +602,9 @@ def main() -> None:
     port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    if args.no_cancellation_cleanup:
+        os.environ["PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED"] = "false"
+        stage("Prefect's cancellation-cleanup service is off in this run's server (--no-cancellation-cleanup)")
     if args.home:
         now = dt.datetime.fromisoformat((home / "bench-now.txt").read_text().strip())
         stage(f"reusing {home} (seeded at {now:%Y-%m-%d %H:%M} UTC)")
@@ -650,7 +677,7 @@ def main() -> None:
                     *page, "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end", "cpu_probe_s"]
             out = dict.fromkeys(keys)
             out.update(runs=args.runs, index_build_s=round(t_build, 1) if t_build is not None else None, **page, loadavg_start=load_start, loadavg_end=loadavg(),
-                       cpu_probe_s=[probe_start, cpu_probe()])
+                       cpu_probe_s=[probe_start, cpu_probe()], server_cancellation_cleanup=not args.no_cancellation_cleanup)
             if args.keep or args.home:
                 print(f"kept {home} (its server stops now)")
             print(json.dumps(out))
@@ -731,7 +758,8 @@ def main() -> None:
               + (f" (API-aggregation path: cold {naive / api['cold']:.1f}x, filter {naive / api['filt']:.1f}x)" if api else ""))
         page = page_figures(home, args.page_repeat) if not args.no_page else dict.fromkeys(
             ["page_cold_s", "page_warm_s", "page_return_s", "page_warm_laptop_s", "page_prepare_s", "page_floor_s", "page_floor_return_s",
-             "page_floor_controls_s", "page_floor_controls_return_s", "page_warm_over_floor_s", "page_cold_over_floor_s"])
+             "page_floor_controls_s", "page_floor_controls_return_s", "page_warm_over_floor_s", "page_cold_over_floor_s",
+             "page_server_cpu_cores"])
         stage("page timed" if page["page_cold_s"] else "page not timed")
         if args.keep or args.home:
             print(f"kept {home} (its server stops now)")
@@ -747,7 +775,8 @@ def main() -> None:
                      occupancy_s=round(occupancy_s, 3), **page,
                      cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
                      filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
-                     loadavg_start=load_start, loadavg_end=loadavg(), cpu_probe_s=[probe_start, cpu_probe()])
+                     loadavg_start=load_start, loadavg_end=loadavg(), cpu_probe_s=[probe_start, cpu_probe()],
+                     server_cancellation_cleanup=not args.no_cancellation_cleanup)
             )
         )
     finally:
