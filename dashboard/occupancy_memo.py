@@ -9,8 +9,9 @@ kept ones moved onto the step's buckets.
 
 An entry is used only while the settled runs are provably the same: as many as when it
 was made, none written to the index since (``synced_ms`` at most the entry's
-watermark), the same order-free checksum of their state times and end states, and the
-same count per queued-panel group label (a renamed job). Anything else, an earlier
+watermark), the same order-free checksum of each run's state times, end state, resources
+and labels (queue, placement, queued-panel group: two runs swapping an end or an owner
+change it, though no column's sum does), and the same count per group label (a renamed job). Anything else, an earlier
 range, other buckets, or a cut-off older than ``renew_s`` (the unsettled part grows),
 makes the entry again from every run: slower once, never a different figure.
 """
@@ -132,7 +133,7 @@ class SettledMemo:
         mask = _settled(ph, last, cut, lo)
         entry = _Entry(sums=_part(rows, ph, groups, mask, b, hours), cut_us=cut, lo_us=lo, count=int(mask.sum()),
                        watermark_ms=int(synced.max()) if len(synced) else 0,
-                       checksum=_checksum(ph, rows, mask), groups=_group_counts(groups, mask), made_us=now_us)
+                       checksum=_checksum(ph, rows, mask, groups), groups=_group_counts(groups, mask), made_us=now_us)
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
@@ -157,7 +158,7 @@ class SettledMemo:
             return False
         if e.count and int(synced[settled].max()) > e.watermark_ms:
             return False
-        return _checksum(ph, rows, settled) == e.checksum and _group_counts(groups, settled) == e.groups
+        return _checksum(ph, rows, settled, groups) == e.checksum and _group_counts(groups, settled) == e.groups
 
 
 def _settled(ph: dict[str, np.ndarray], last: np.ndarray, cut_us: float, lo_us: float) -> np.ndarray:
@@ -173,21 +174,50 @@ def _part(rows: pd.DataFrame, ph: dict[str, np.ndarray], groups: Optional[pd.Ser
     return OS.sums(rows.iloc[at], {k: v[at] for k, v in ph.items()}, g, b, hours)
 
 
-def _checksum(ph: dict[str, np.ndarray], rows: pd.DataFrame, mask: np.ndarray) -> int:
-    """An order-free checksum of the masked runs' phase times (whole microseconds), end states,
-    and asked resources: integer sums wrap the same whatever order the rows are in."""
-    total = np.uint64(0)
+def _checksum(ph: dict[str, np.ndarray], rows: pd.DataFrame, mask: np.ndarray, groups: Optional[pd.Series] = None) -> int:
+    """An order-free checksum of the masked runs: per run, its phase times (whole microseconds), end
+    state, asked resources and labels (queued-panel group, queue, placement) folded into one value and
+    mixed (splitmix64's finaliser), then summed (wrapping) over runs. The sum does not depend on the
+    rows' order, and a value that moves from one run to another (two runs swapping their ends, or their
+    groups) changes it: a plain sum per column would not see either."""
+    acc = np.zeros(int(mask.sum()), dtype="uint64")
     with np.errstate(over="ignore"):
         for i, c in enumerate(CHECKSUM_COLUMNS):
-            v = np.nan_to_num(ph[c][mask], nan=-1.0).astype("int64").view("uint64")
-            total += (v * np.uint64(2 * i + 1)).sum(dtype="uint64")
+            acc += np.nan_to_num(ph[c][mask], nan=-1.0).astype("int64").view("uint64") * _ODD[i]
+        k = len(CHECKSUM_COLUMNS)
         for j, c in enumerate(("gpu", "cpu")):
             if c in rows:
                 v = np.nan_to_num(rows[c].to_numpy(dtype="float64")[mask] * 1000, nan=-1.0).astype("int64").view("uint64")
-                total += (v * np.uint64(101 + j)).sum(dtype="uint64")
-        fin = OC.end_codes(rows)[mask].astype("int64").view("uint64")
-        total += (fin * np.uint64(97)).sum(dtype="uint64")
-    return int(total)
+                acc += v * _ODD[k + j]
+        acc += OC.end_codes(rows)[mask].astype("int64").view("uint64") * _ODD[k + 2]
+        labels = (rows["queue"] if "queue" in rows else None, rows["placement"] if "placement" in rows else None,
+                  None if groups is None else pd.Series(groups))
+        for j, col in enumerate(labels):
+            if col is not None and len(col):
+                acc += _label_hashes(col, mask) * _ODD[k + 3 + j]
+        return int(_mix(acc).sum(dtype="uint64"))
+
+
+_ODD = np.array([((0x9E3779B97F4A7C15 * (2 * i + 1)) & (2**64 - 1)) | 1 for i in range(16)], dtype="uint64")  # a weight per field
+
+
+def _mix(v: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on each value (uint64, wrapping): nearby inputs give unrelated outputs."""
+    v = v ^ (v >> np.uint64(30))
+    v = v * np.uint64(0xBF58476D1CE4E5B9)
+    v = v ^ (v >> np.uint64(27))
+    v = v * np.uint64(0x94D049BB133111EB)
+    return v ^ (v >> np.uint64(31))
+
+
+def _label_hashes(col: pd.Series, mask: np.ndarray) -> np.ndarray:
+    """Each masked row's label as Python's hash of it (missing: None's), hashing each distinct label once.
+    Python's string hashes differ between processes but not within one, where the memo lives, and a
+    string keeps its hash once made (a month's ~50k placement labels: ~3 ms, against ~90 ms to hash
+    their text again each step)."""
+    codes, labels = OC.label_codes(col)
+    lut = np.fromiter((hash(x) for x in labels), dtype="int64", count=len(labels)).view("uint64")
+    return lut[codes[mask]] if len(lut) else np.zeros(int(mask.sum()), dtype="uint64")
 
 
 def _group_counts(groups: Optional[pd.Series], mask: np.ndarray) -> tuple:

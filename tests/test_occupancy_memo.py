@@ -88,6 +88,44 @@ def test_an_entry_is_made_again_when_a_settled_run_changes_and_not_otherwise():
     assert memo.made == 3
 
 
+def test_runs_swapping_ends_or_owners_make_the_entry_again_though_every_sum_and_count_stays():
+    """Writes the index's watermark may not show (a writer whose clock is behind): two settled runs swap
+    their ends, then their owners. Every column's sum and every group's count stay the same; the panels
+    do not, and the kept sums must not be used."""
+    h = History(160, seed=5)
+    memo = OM.SettledMemo(margin_s=60, renew_s=10_000, eager=True)
+    t = 1800
+    now = T0 + dt.timedelta(seconds=t)
+    since = now - dt.timedelta(seconds=1200)
+
+    def step(rows: pd.DataFrame) -> None:
+        groups = IV.group_values(rows, "owner")
+        kept = OP.compute(rows, groups, since, now, 60, now, memo=memo, key="v")
+        panels_equal(kept, OP.compute(rows, groups, since, now, 60, now))
+
+    rows = h.index(t, {})
+    step(rows)
+    done = rows[(rows["state_type"].astype(str) == "COMPLETED").to_numpy() & (rows["end_us"] < at(t - 600)).to_numpy()
+                & (rows["start_us"] > at(t - 1100)).to_numpy()]
+    # two settled runs in range, each ending after the other started, holding different GPUs, of different owners
+    pair = next((a, b) for a in done.index for b in done.index
+                if a < b and max(done.at[a, "start_us"], done.at[b, "start_us"]) < min(done.at[a, "end_us"], done.at[b, "end_us"])
+                and done.at[a, "end_us"] != done.at[b, "end_us"] and done.at[a, "gpu"] != done.at[b, "gpu"]
+                and done.at[a, "owner"] != done.at[b, "owner"])
+    swapped = rows.copy()
+    swapped.loc[list(pair), "end_us"] = rows.loc[list(pair[::-1]), "end_us"].to_numpy()
+    step(swapped)
+    assert (memo.made, memo.reused) == (2, 0)
+    regrouped = swapped.copy()
+    regrouped["owner"] = regrouped["owner"].astype(object)
+    regrouped.loc[list(pair), "owner"] = swapped.loc[list(pair[::-1]), "owner"].astype(object).to_numpy()
+    regrouped["owner"] = regrouped["owner"].astype("category")
+    step(regrouped)
+    assert (memo.made, memo.reused) == (3, 0)
+    step(regrouped)
+    assert (memo.made, memo.reused) == (3, 1)
+
+
 def test_a_view_read_once_is_made_from_every_run_and_kept_from_its_second_read():
     h = History(120, seed=9)
     memo = OM.SettledMemo(margin_s=60)
