@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from pandas.api.extensions import ExtensionArray
 
 from prefect_launch.dashboard.occupancy import Buckets, Phases, group_codes, label_codes, parse_placement, phase_col, seconds_in
 
@@ -144,8 +145,10 @@ class FoldedPart:
     block_starts: np.ndarray  # sorted (lane * groups + group) * width + start
     block_top: np.ndarray  # running maximum of the same blocks' ends, in that order
     who: np.ndarray  # per position of block_starts: the row (of ids / names) holding that maximum
-    ids: np.ndarray
-    names: np.ndarray
+    # per row of the arrays above, the run's id and name: the rows' own arrays (at 1M runs Arrow strings, about a
+    # third of the memory of a Python string per run; a kept part holds a row per run and agent lane)
+    ids: ExtensionArray
+    names: ExtensionArray
 
     def rel(self, t_us: np.ndarray) -> np.ndarray:
         return np.clip(np.asarray(t_us, dtype="float64") - self.origin, 0, self.width - 1).astype("int64")
@@ -205,7 +208,7 @@ def folded_part(rows: pd.DataFrame, ph: Phases, groups: Optional[pd.Series], gri
         grid=grid, lanes=tuple(t.fold_names), lane_agent=tuple(t.fold_agent), groups=tuple(str(x) for x in gnames),
         secs=secs.reshape(nf, ng, grid.n), origin=origin, width=width,
         starts=np.sort(fold * width + rel(s)), ends=np.sort(fold * width + rel(e)), block_starts=bs[by_start], block_top=top,
-        who=by_start[at_top] if len(be) else be, ids=r["id"].to_numpy(dtype=object)[run], names=names.to_numpy(dtype=object)[run])
+        who=by_start[at_top] if len(be) else be, ids=r["id"].array.take(run), names=names.array.take(run))
 
 
 def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, until_us: float) -> pd.DataFrame:
@@ -249,7 +252,8 @@ def folded_frame(parts: Sequence[FoldedPart], grid: Buckets, since_us: float, un
         end, row = p.longest(pl, pg, z_us)
         better = end > best
         best = np.where(better, end, best)
-        ids[better], names[better] = p.ids[row[better]], p.names[row[better]]
+        sel = row[better]
+        ids[better], names[better] = np.asarray(p.ids.take(sel), dtype=object), np.asarray(p.names.take(sel), dtype=object)
     agent_names, agent_code = np.unique(np.asarray([agent[x] for x in lanes] or [""], dtype=object), return_inverse=True)
     cat = pd.Categorical.from_codes
     out = pd.DataFrame({
