@@ -2,6 +2,12 @@
 
     python bench/dashboard.py                 # 10k runs over 7 days
     python bench/dashboard.py --runs 100000   # the target size
+    python bench/dashboard.py --runs 1000000 --days 30 --database postgresql   # issue 41's size: PostgreSQL under it all
+
+--database postgresql puts the Prefect server's database and the run metrics store (with the monitor's run
+index) on a private PostgreSQL (fsync off, as in the tests); --days spreads the seeded runs over that many
+days (the view timed stays the monitor's default, the last 7 days, so with --days 30 it holds about a
+quarter of them).
 
 It starts its own Prefect server (SQLite, throw-away PREFECT_HOME), creates pools,
 queues, a flow and deployments through the API, then stops the server and bulk-inserts
@@ -86,7 +92,8 @@ from typing import Callable, NamedTuple, Optional
 
 import psutil
 
-from prefect_launch.local_server import CHROMIUM, CHROMIUM_ARGS, free_port, local_prefect_server
+from prefect_launch.local_server import (CHROMIUM, CHROMIUM_ARGS, create_database, free_port, local_postgres,
+                                         local_prefect_server, pg_url)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stack import stop_on_signals, streamlit_app  # noqa: E402
@@ -189,8 +196,10 @@ def _load_shape(t: dt.datetime) -> float:
     return base
 
 
-def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, seed: int = 7) -> list[dict]:
-    """Insert n flow runs with one current-state row each into the server's SQLite DB.
+def bulk_insert_runs(db_url: str, objects: dict, n: int, now: dt.datetime, seed: int = 7, days: int = 7) -> list[dict]:
+    """Insert n flow runs over the last ``days`` with one current-state row each into the server's database
+    (``db_url``, a synchronous SQLAlchemy URL: SQLite or PostgreSQL), foreign keys unchecked while it runs
+    (a run and its state row point at each other).
 
     Runs of the launch-process pools are placed on simulated agents (:class:`Cluster`):
     their start waits for free GPUs and cores, and they carry the agent's placement label
@@ -201,7 +210,7 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
     from prefect.server.schemas.states import StateType
 
     rng = random.Random(seed)
-    start = now - dt.timedelta(days=7)
+    start = now - dt.timedelta(days=days)
     span = (now - start).total_seconds()
     now_s = now.timestamp()
     expected: list[float] = []
@@ -263,9 +272,12 @@ def bulk_insert_runs(db_path: Path, objects: dict, n: int, now: dt.datetime, see
         )
         states.append(dict(id=sid, flow_run_id=rid, type=stype, name=sname, timestamp=ts, message=message, created=ts, updated=ts))
         summary.append(dict(id=str(rid), pool=pool, job=job, owner=owner, preset=preset, start=st_start, end=st_end, duration=duration))
-    engine = sa.create_engine(f"sqlite:///{db_path}")
+    engine = sa.create_engine(db_url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        else:  # PostgreSQL: the bench's own superuser skips the FK triggers for this transaction
+            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
         for i in range(0, n, 5000):
             conn.execute(sa.insert(orm_models.FlowRun.__table__), runs[i : i + 5000])
             conn.execute(sa.insert(orm_models.FlowRunState.__table__), states[i : i + 5000])
@@ -295,7 +307,7 @@ def seed_metrics(summary: list[dict], seed: int = 11) -> bool:
     except Exception:
         return False
     rng = random.Random(seed)
-    store = RunMetricsStore()
+    store = RunMetricsStore(url=os.environ.get("LAUNCH_METRICS_URL"))  # the bench's PostgreSQL one, else the default
     runs, sums = [], []
     for i, r in enumerate(summary, start=1):
         p = PRESETS[r["preset"]]
@@ -578,6 +590,10 @@ def main() -> None:
     ap.add_argument("--naive-max-runs", type=int, default=None,
                     help="read at most this many runs the naive way and extrapolate its time to every run in range")
     ap.add_argument("--sources", default="index,api", help="data paths to time: index, api or both (the JSON's figures are the index's)")
+    ap.add_argument("--days", type=int, default=7, help="days the seeded runs are spread over (the view timed is the last 7)")
+    ap.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite",
+                    help="the Prefect server's database and the metrics store's (with the run index): SQLite files "
+                         "under PREFECT_HOME, or a private PostgreSQL (kept with --keep, reused with --home)")
     ap.add_argument("--keep", action="store_true", help="keep the server's PREFECT_HOME")
     ap.add_argument("--home", help="reuse a PREFECT_HOME kept by --keep (its runs and metrics; no seeding)")
     ap.add_argument("--page-repeat", type=int, default=2, help="fresh `streamlit run`s timed in the browser")
@@ -597,11 +613,26 @@ def main() -> None:
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     if args.home and (home / "bench-runs.txt").exists():  # the runs the kept home was seeded with, not --runs
         args.runs = int((home / "bench-runs.txt").read_text())
+    if args.home and (home / "bench-seed.json").exists():  # ... and its days and database
+        args.days, args.database = (json.loads((home / "bench-seed.json").read_text())[k] for k in ("days", "database"))
     stage(f"bench/dashboard.py --runs {args.runs}: load average at start {load_start} ({os.cpu_count()} CPUs), "
           f"CPU probe {probe_start:.3f} s")
     port = free_port()  # the same port for both server starts
     api_url = f"http://127.0.0.1:{port}/api"
     os.environ.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    databases = contextlib.ExitStack()  # PostgreSQL (--database postgresql), stopped last
+    db_url, seed_url = None, f"sqlite:///{home / 'prefect.db'}"
+    if args.database == "postgresql":
+        # its data beside the home, not in it: the home is private (0700) and PostgreSQL runs as another user
+        pg_base = Path((home / "bench-pg.txt").read_text()) if (home / "bench-pg.txt").exists() else \
+            Path(tempfile.mkdtemp(prefix="bench-dashboard-pg-"))
+        (home / "bench-pg.txt").write_text(str(pg_base))
+        pg_port = databases.enter_context(local_postgres(pg_base, keep=bool(args.keep or args.home)))
+        for db in ("prefect", "metrics"):
+            create_database(pg_port, db)
+        db_url, seed_url = pg_url(pg_port, "prefect", driver="asyncpg"), pg_url(pg_port, "prefect")
+        os.environ["LAUNCH_METRICS_URL"] = pg_url(pg_port, "metrics")  # the bench's reads, the seed and the page's monitor
+        stage(f"PostgreSQL on 127.0.0.1:{pg_port} (data {pg_base}): the Prefect server's database and the metrics store")
     if args.no_cancellation_cleanup:
         os.environ["PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED"] = "false"
         stage("Prefect's cancellation-cleanup service is off in this run's server (--no-cancellation-cleanup)")
@@ -612,15 +643,26 @@ def main() -> None:
         now = dt.datetime.now(dt.timezone.utc)
         (home / "bench-now.txt").write_text(now.isoformat())
         (home / "bench-runs.txt").write_text(str(args.runs))
+        (home / "bench-seed.json").write_text(json.dumps({"days": args.days, "database": args.database}))
         t0 = time.perf_counter()
-        with local_prefect_server(home, port):
-            objects = create_objects(api_url)
-        summary = bulk_insert_runs(home / "prefect.db", objects, args.runs, now)
+        try:
+            with local_prefect_server(home, port, db_url=db_url):
+                objects = create_objects(api_url)
+            summary = bulk_insert_runs(seed_url, objects, args.runs, now, days=args.days)
+        except BaseException:  # a failed or interrupted seed stops PostgreSQL too
+            databases.close()
+            raise
         t_seed = time.perf_counter() - t0
-        stage(f"seeded {args.runs} runs over 7 days in {t_seed:.1f} s (bulk insert through Prefect's ORM tables)")
+        stage(f"seeded {args.runs} runs over {args.days} days in {t_seed:.1f} s on {args.database} "
+              "(bulk insert through Prefect's ORM tables)")
         print(duration_figures(summary))
     server = contextlib.ExitStack()
-    server.enter_context(local_prefect_server(home, port))
+    server.enter_context(databases)  # closed after the server
+    try:
+        server.enter_context(local_prefect_server(home, port, db_url=db_url))
+    except BaseException:
+        server.close()
+        raise
     try:
         has_metrics = True if args.home else seed_metrics(summary)
         stage(f"metrics store: {'seeded' if has_metrics else 'not available, metric panels not timed'}")
@@ -677,7 +719,8 @@ def main() -> None:
                     *page, "cold_cpu_s", "filter_cpu_s", "occupancy_cpu_s", "loadavg_start", "loadavg_end", "cpu_probe_s"]
             out = dict.fromkeys(keys)
             out.update(runs=args.runs, index_build_s=round(t_build, 1) if t_build is not None else None, **page, loadavg_start=load_start, loadavg_end=loadavg(),
-                       cpu_probe_s=[probe_start, cpu_probe()], server_cancellation_cleanup=not args.no_cancellation_cleanup)
+                       cpu_probe_s=[probe_start, cpu_probe()], server_cancellation_cleanup=not args.no_cancellation_cleanup,
+                       database=args.database, seed_days=args.days)
             if args.keep or args.home:
                 print(f"kept {home} (its server stops now)")
             print(json.dumps(out))
@@ -776,7 +819,8 @@ def main() -> None:
                      cold_cpu_s=round(statistics.median(cpu["index cold"]), 3),
                      filter_cpu_s=round(statistics.median(cpu["index filter"]), 3), occupancy_cpu_s=round(occupancy_cpu_s, 3),
                      loadavg_start=load_start, loadavg_end=loadavg(), cpu_probe_s=[probe_start, cpu_probe()],
-                     server_cancellation_cleanup=not args.no_cancellation_cleanup)
+                     server_cancellation_cleanup=not args.no_cancellation_cleanup,
+                     database=args.database, seed_days=args.days)
             )
         )
     finally:
