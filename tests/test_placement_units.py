@@ -297,3 +297,45 @@ def test_fair_share_interleaves_owners_in_a_priority_level():
     assert d["r10"] == "start" and all(d[f"r{i}"] == "wait" for i in range(4))
     d = {x.run_id: x.action for x in plan(flood, free, TOTAL, "w1", backfill=True)}
     assert d["r0"] == "start" and d["r10"] == "wait"  # without fair share: FIFO, alice first
+
+
+def test_each_waiting_runs_reason_has_one_writer_among_the_queues_agents():
+    """Rendezvous hashing: every agent names the same writer whatever order it read the agents in, the runs
+    spread over the agents, and an agent leaving moves only its own runs to another writer."""
+    from prefect_launch.workers.scheduling.wait_notes import reason_writer
+
+    agents = ["host0", "host1", "host2", "host3"]
+    runs = [f"run-{i}" for i in range(400)]
+    writers = {r: reason_writer(r, agents) for r in runs}
+    assert all(reason_writer(r, list(reversed(agents))) == writers[r] for r in runs)
+    counts = {a: sum(w == a for w in writers.values()) for a in agents}
+    assert all(60 <= n <= 140 for n in counts.values()), counts  # ~100 each
+    after = {r: reason_writer(r, ["host0", "host1", "host3"]) for r in runs}
+    moved = {r for r in runs if after[r] != writers[r]}
+    assert moved == {r for r in runs if writers[r] == "host2"}
+    assert reason_writer("r", []) is None and reason_writer("r", ["solo"]) == "solo"
+
+
+def test_an_agent_that_is_not_a_runs_writer_only_fills_a_label_left_empty():
+    """Not the writer: nothing over another agent's words however old, nothing over a fresh empty label;
+    an empty label left for orphan_s (3 x hold_s: its writer gone) is filled. The writer keeps the rules above."""
+    from types import SimpleNamespace
+
+    from prefect_launch.workers.agent.tags import WAIT_LABEL
+    from prefect_launch.workers.scheduling.wait_notes import WaitNotes
+
+    now = [0.0]
+    notes = WaitNotes(hold_s=10, clock=lambda: now[0])
+    assert notes.orphan_s == 30
+    empty = SimpleNamespace(id="r1", labels={})
+    assert notes.changed(empty, "waiting: queued behind r0 (FIFO)", writer=False) is False
+    now[0] += 29
+    assert notes.changed(empty, "waiting: queued behind r0 (FIFO)", writer=False) is False
+    now[0] += 2
+    assert notes.changed(empty, "waiting: queued behind r0 (FIFO)", writer=False) is True
+    worded = SimpleNamespace(id="r2", labels={WAIT_LABEL: "waiting: needs gpu=2, agent w2 has 1 free"})
+    assert notes.changed(worded, "waiting: needs gpu=2, agent w1 has 0 free", writer=False) is False
+    now[0] += 300
+    assert notes.changed(worded, "waiting: needs gpu=2, agent w1 has 0 free", writer=False) is False
+    writer = WaitNotes(hold_s=10, clock=lambda: now[0])
+    assert writer.changed(SimpleNamespace(id="r3", labels={}), "waiting: x", writer=True) is True

@@ -20,7 +20,7 @@ from prefect.utilities.engine import propose_state
 from prefect_launch.api_retry import single_try
 from prefect_launch.workers.agent.active_run import ActiveRuns
 from prefect_launch.workers.agent.tags import WAIT_LABEL
-from prefect_launch.workers.scheduling.dispatch import WaitNotes
+from prefect_launch.workers.scheduling.wait_notes import WaitNotes, reason_writer
 from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec, queue_spec_of
 
 if TYPE_CHECKING:
@@ -57,9 +57,10 @@ class QueueIntake:
         return values
 
     async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
-        """Put the one-line reason on the Prefect run, only when it changes (dispatch.WaitNotes: not over
-        another agent's fresh words, at most LAUNCH_WAIT_LABEL_BUDGET writes a cycle)."""
-        if not self._wait_notes.changed(flow_run, reason):
+        """Put the one-line reason on the Prefect run, only when it changes (wait_notes.WaitNotes: not over
+        another agent's fresh words, at most LAUNCH_WAIT_LABEL_BUDGET writes a cycle, and where several agents
+        serve the queue, by the run's one writer among them)."""
+        if not self._wait_notes.changed(flow_run, reason, writer=await self._writes_reason(flow_run)):
             return
         try:
             with single_try():  # a busy server's 503 is not repeated: the next cycle decides again
@@ -67,6 +68,14 @@ class QueueIntake:
         except Exception as exc:
             self._wait_notes.forget(flow_run.id)  # not written: the next cycle decides again
             self._logger.debug("could not label waiting run %s: %s", flow_run.id, exc)
+
+    async def _writes_reason(self, flow_run: "FlowRun") -> bool:
+        """Whether this agent writes ``flow_run``'s waiting reason: it is the run's `reason_writer` among the
+        queue's online agents (a back end without a view of its peers writes them all)."""
+        peers = getattr(self, "peers", None)
+        if peers is None:
+            return True
+        return reason_writer(flow_run.id, await peers.queue_agents()) == self.name
 
     async def _reject(self, flow_run: "FlowRun", reason: str) -> None:
         """A run the queue can never serve as given fails now, with the reason."""

@@ -27,6 +27,7 @@ class PeerView:
         self.w = worker
         self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
         self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
+        self._queue_agents: tuple[float, set[str]] = (-1e9, set())
 
     async def pinned_agents(self) -> tuple[dict[str, str], set[str]]:
         """Offline agents (and since when) and all known agents, re-read at most every 10 s."""
@@ -49,6 +50,19 @@ class PeerView:
             return {}
         return {a.name: a.free for a in agents
                 if a.name != self.w.name and a.online() and self.w._work_pool_name in a.queues}
+
+    async def queue_agents(self) -> set[str]:
+        """The online agents serving this queue, this one included, re-read at most every 10 s: who writes which
+        waiting run's reason (`scheduling.wait_notes.reason_writer`). A failed read keeps the last ones known."""
+        at, names = self._queue_agents
+        if time.monotonic() - at > 10:
+            try:
+                names = {a.name for a in await read_agents(self.w.client)
+                         if a.online() and self.w._work_pool_name in a.queues}
+            except Exception as exc:
+                self.w._logger.debug("could not read agents: %s", exc)
+            self._queue_agents = (time.monotonic(), names)
+        return names | {self.w.name}
 
     async def placed_elsewhere(self) -> list[tuple[str, Allocation]]:
         """The queue's live runs placed by other agents, as their ``launch.alloc`` labels say (owner quotas).
