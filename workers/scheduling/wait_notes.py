@@ -7,12 +7,12 @@ Pure (no server): the agent's intake (`workers/agent/intake.py`) asks `WaitNotes
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Callable, Iterable, Optional
 
 from prefect_launch.settings import env_int, env_seconds
 from prefect_launch.workers.agent.tags import WAIT_LABEL
+from prefect_launch.workers.scheduling.rendezvous import rendezvous
 
 # How long a waiting label another agent wrote stands before this agent writes its own, different words
 # over it. Agents of one queue each explain a run from their own capacity ("agent w1 has 1 free", "queued
@@ -105,13 +105,9 @@ class WaitNotes:
 
 
 def reason_writer(run_id: Any, agents: Iterable[str]) -> Optional[str]:
-    """The one agent of ``agents`` (a queue's online agents) that writes ``run_id``'s waiting reason.
+    """The one agent of ``agents`` (a queue's online agents) that writes ``run_id``'s waiting reason (`rendezvous`).
 
-    Rendezvous hashing: every agent that reads the same agents names the same writer without asking; the
-    runs spread evenly over them; when an agent leaves, only its runs get another writer. Several agents
-    each writing every waiting run's reason from their own side was most of the label writes a burst cost
-    its server (bench/hosts.py, 4 agents, 48 runs: 236 waiting-label writes, ~5 per run)."""
-    names = sorted(set(agents))
-    if not names:
-        return None
-    return max(names, key=lambda a: hashlib.blake2b(f"{run_id}|{a}".encode(), digest_size=8).digest())
+    Several agents each writing every waiting run's reason from their own side was most of the label writes a
+    burst cost its server (bench/hosts.py, 4 agents, 48 runs: 236 waiting-label writes, ~5 per run; 93 with one
+    writer per run)."""
+    return rendezvous(run_id, agents)
