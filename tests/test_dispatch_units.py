@@ -12,7 +12,8 @@ from uuid import uuid4
 
 import pytest
 
-from prefect_launch.workers.scheduling.dispatch import OTHER_QUEUE_TOOK_IT, DispatchHooks, WaitNotes, dispatch_cycle
+from prefect_launch.workers.scheduling.dispatch import OTHER_QUEUE_TOOK_IT, DispatchHooks, dispatch_cycle
+from prefect_launch.workers.scheduling.wait_notes import WaitNotes
 from prefect_launch.workers.scheduling.ledger import Ledger
 from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec
 from prefect_launch.workers.scheduling.resources import Resources

@@ -105,7 +105,7 @@ def test_deep_fifo_reasons_do_not_change_with_the_head():
 def test_a_waiting_label_is_written_only_when_no_agent_wrote_it_yet():
     from types import SimpleNamespace
 
-    from prefect_launch.workers.scheduling.dispatch import WaitNotes
+    from prefect_launch.workers.scheduling.wait_notes import WaitNotes
     from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     notes = WaitNotes()
@@ -123,7 +123,7 @@ def test_agents_of_one_queue_do_not_overwrite_each_others_waiting_labels_every_c
     replaces at once (one agent's label follows its decisions as before)."""
     from types import SimpleNamespace
 
-    from prefect_launch.workers.scheduling.dispatch import WaitNotes
+    from prefect_launch.workers.scheduling.wait_notes import WaitNotes
     from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     now = [100.0]
@@ -153,7 +153,7 @@ def test_an_agents_own_waiting_label_moves_at_once_in_kind_and_once_per_hold_in_
     every second); FIFO -> short of capacity -> quota is written at once."""
     from types import SimpleNamespace
 
-    from prefect_launch.workers.scheduling.dispatch import WaitNotes, reason_kind
+    from prefect_launch.workers.scheduling.wait_notes import WaitNotes, reason_kind
     from prefect_launch.workers.agent.tags import WAIT_LABEL
 
     assert reason_kind("waiting: queued behind r1 (FIFO)") == reason_kind("waiting: queued behind earlier runs (FIFO)")
@@ -180,7 +180,7 @@ def test_an_agents_own_waiting_label_moves_at_once_in_kind_and_once_per_hold_in_
 def test_waiting_label_writes_per_cycle_are_budgeted_front_first():
     from types import SimpleNamespace
 
-    from prefect_launch.workers.scheduling.dispatch import WaitNotes
+    from prefect_launch.workers.scheduling.wait_notes import WaitNotes
 
     notes = WaitNotes(budget=3)
     runs = [SimpleNamespace(id=f"r{i}", labels={}) for i in range(5)]

@@ -8,9 +8,10 @@ state and the runs' ``launch.alloc`` labels), each read cached briefly.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 
-from prefect_launch.workers.agent.registry import offline_reasons, read_agents
+from prefect_launch.workers.agent.registry import AgentState, offline_reasons, read_agents
 from prefect_launch.workers.agent.tags import ALLOC_LABEL
 from prefect_launch.workers.scheduling.ledger import Allocation
 
@@ -25,21 +26,28 @@ class PeerView:
 
     def __init__(self, worker: "LaunchWorkerCore") -> None:
         self.w = worker
-        self._agents_seen: tuple[float, dict[str, str], set[str]] = (0.0, {}, set())
+        self._agents_read: tuple[float, Optional[list[AgentState]], Optional[datetime]] = (0.0, None, None)
         self._elsewhere_cache: Optional[tuple[float, list[tuple[str, Allocation]]]] = None
-        self._queue_agents: tuple[float, set[str]] = (-1e9, set())
 
-    async def pinned_agents(self) -> tuple[dict[str, str], set[str]]:
-        """Offline agents (and since when) and all known agents, re-read at most every 10 s."""
-        at, offline, known = self._agents_seen
-        if time.monotonic() - at > 10:
+    async def _recent_agents(self) -> tuple[list[AgentState], Optional[datetime]]:
+        """The agents' published states as read at most 10 s ago, and when (one read for pinned runs and for
+        reason writers). A failed read keeps the last states and is tried again 10 s later."""
+        at, agents, read_at = self._agents_read
+        if agents is None or time.monotonic() - at > 10:
             try:
-                agents = await read_agents(self.w.client)
-                offline, known = offline_reasons(agents), {a.name for a in agents}
-                self._agents_seen = (time.monotonic(), offline, known)
+                agents, read_at = await read_agents(self.w.client), datetime.now(timezone.utc)
             except Exception as exc:
                 self.w._logger.debug("could not read agents: %s", exc)
-        return offline, known
+            self._agents_read = (time.monotonic(), agents, read_at)
+        return agents or [], read_at
+
+    def _serves_queue(self, agent: AgentState, at: Optional[datetime] = None) -> bool:
+        return agent.online(at) and self.w._work_pool_name in agent.queues
+
+    async def pinned_agents(self) -> tuple[dict[str, str], set[str]]:
+        """Offline agents (and since when) and all known agents, as of the last read (`_recent_agents`)."""
+        agents, read_at = await self._recent_agents()
+        return offline_reasons(agents, read_at), {a.name for a in agents}
 
     async def peer_free(self) -> dict[str, Any]:
         """Free capacity of the other online agents serving this queue (their last published state)."""
@@ -48,21 +56,13 @@ class PeerView:
         except Exception as exc:
             self.w._logger.debug("could not read agents: %s", exc)
             return {}
-        return {a.name: a.free for a in agents
-                if a.name != self.w.name and a.online() and self.w._work_pool_name in a.queues}
+        return {a.name: a.free for a in agents if a.name != self.w.name and self._serves_queue(a)}
 
     async def queue_agents(self) -> set[str]:
-        """The online agents serving this queue, this one included, re-read at most every 10 s: who writes which
-        waiting run's reason (`scheduling.wait_notes.reason_writer`). A failed read keeps the last ones known."""
-        at, names = self._queue_agents
-        if time.monotonic() - at > 10:
-            try:
-                names = {a.name for a in await read_agents(self.w.client)
-                         if a.online() and self.w._work_pool_name in a.queues}
-            except Exception as exc:
-                self.w._logger.debug("could not read agents: %s", exc)
-            self._queue_agents = (time.monotonic(), names)
-        return names | {self.w.name}
+        """The online agents serving this queue, this one included, as of the last read (`_recent_agents`): who
+        writes which waiting run's reason (`scheduling.wait_notes.reason_writer`)."""
+        agents, read_at = await self._recent_agents()
+        return {a.name for a in agents if self._serves_queue(a, read_at)} | {self.w.name}
 
     async def placed_elsewhere(self) -> list[tuple[str, Allocation]]:
         """The queue's live runs placed by other agents, as their ``launch.alloc`` labels say (owner quotas).

@@ -30,7 +30,6 @@ from prefect_launch.workers.scheduling.preemption import Holder, choose_victims
 from prefect_launch.workers.scheduling.queue_spec import QueueSpec
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest, resolve_request
 from prefect_launch.workers.scheduling.resources import LaunchValidationError, Resources
-from prefect_launch.workers.scheduling.wait_notes import WaitNotes, reason_kind, reason_writer  # noqa: F401 (their old home)
 from prefect_launch.workers.agent.tags import OWNER, tag_value
 
 OTHER_QUEUE_TOOK_IT = "waiting: capacity taken by a run of another queue"
