@@ -219,7 +219,8 @@ def _leader(answer):
     from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
     notes: list = []
-    worker = SimpleNamespace(name="a", client=_Labels(answer), notes=notes,
+    worker = SimpleNamespace(name="a", client=_Labels(answer), notes=notes, work_pool=SimpleNamespace(id=uuid4()),
+                             _logger=__import__("logging").getLogger("test-leader"),
                              _note=lambda *args, **kwargs: notes.append(kwargs.get("message") or args))
 
     ledger = Ledger(Resources(cpu=2, memory=4 * GIB, gpu=1))
@@ -236,8 +237,11 @@ def test_leader_starts_only_when_every_other_agent_said_ok_and_gives_up_on_a_no(
         if reads >= 2:
             labels.update({ack_key("b"): "ok", ack_key("c"): "ok"})
 
+    emitted: list = []  # the plan's event (a real emit would need a Prefect server: the e2e tests have one)
+    monkeypatch.setattr("prefect.events.emit_event", lambda **kw: emitted.append(kw))
     leader, alloc = _leader(all_ok)
     asyncio.run(leader.gather(SimpleNamespace(id="r"), alloc, 4242))
+    assert [(e["event"], e["payload"]["followers"]) for e in emitted] == [("launch.cluster.planned", ["b", "c"])]
     plan = plan_of(leader.w.client.labels)
     assert plan.members == {"main1": "a", "sub1": "b", "sub2": "c"} and plan.port == 4242
     assert any("started their members" in str(n) for n in leader.w.notes)
@@ -314,3 +318,17 @@ def test_adopted_members_read_their_exit_status_from_their_exit_file(tmp_path):
     finally:
         for p in (p1, p2):
             p.kill()
+
+
+def test_the_plan_event_names_the_run_its_pool_and_the_followers():
+    from prefect_launch.workers.cluster.protocol import PLANNED_EVENT, ClusterPlan, planned_event
+
+    plan = ClusterPlan(leader="a", port=29500, size=3, members={"main1": "a", "sub1": "b", "sub2": "c"})
+    kw = planned_event("run-1", "pool-9", plan)
+    assert kw["event"] == PLANNED_EVENT == "launch.cluster.planned"
+    assert kw["resource"] == {"prefect.resource.id": "prefect.flow-run.run-1"}
+    # the followers' subscription filters on the pool as a related resource in the role "work-pool"
+    assert kw["related"] == [{"prefect.resource.id": "prefect.work-pool.pool-9", "prefect.resource.role": "work-pool"}]
+    assert kw["payload"]["followers"] == ["b", "c"] and kw["payload"]["leader"] == "a"
+    from prefect.events import Event  # Prefect takes it as an event (the names' shapes are its own)
+    Event(id=__import__("uuid").uuid4(), occurred=datetime.now(timezone.utc), **kw)

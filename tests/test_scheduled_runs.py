@@ -141,3 +141,13 @@ def test_one_read_serves_every_level_until_the_window_fills(prefect_server, uniq
     assert below == per_level and set(below) == set(made)
     assert sorted(at_reads) == sorted([levels, *([q] for q in levels)])  # the window filled: then one per level
     assert at == [made[0], made[1], made[2]]  # low's oldest two and high's one: every run here, oldest first
+
+
+def test_the_poll_backs_off_only_while_nothing_is_due():
+    from prefect_launch.workers.agent.scheduled_runs import next_poll_s
+
+    assert [next_poll_s(2, k) for k in range(6)] == [2, 4, 8, 8, 8, 8]  # doubling after each empty look, capped
+    assert next_poll_s(2, 0, cap_s=8) == 2  # runs due: the short poll
+    assert next_poll_s(0.5, 3, cap_s=10) == 4
+    assert next_poll_s(12, 5, cap_s=8) == 12  # never below the configured poll
+    assert next_poll_s(2, 10_000) == 8  # no overflow after a long idle time

@@ -61,7 +61,7 @@ from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.queued_state import QUEUED
 from prefect_launch.workers.agent.recovery import Found, Recovery, process_is_run
 from prefect_launch.workers.scheduling.resolve import ResolvedRequest
-from prefect_launch.workers.agent.scheduled_runs import read_due_runs
+from prefect_launch.workers.agent.scheduled_runs import IDLE_POLL_CAP_DEFAULT, next_poll_s, read_due_runs
 from prefect_launch.api_retry import install as install_quick_503_retries
 from prefect_launch.workers.agent.adoption import RunAdoption
 from prefect_launch.workers.agent.idle_reclaim import IdleReclaim
@@ -72,6 +72,7 @@ from prefect_launch.workers.agent.publishing import AgentPublisher
 from prefect_launch.workers.agent.peers import PeerView
 from prefect_launch.workers.agent.stops import RunStops
 from prefect_launch.workers.cluster.follow import ClusterFollower
+from prefect_launch.workers.cluster.protocol import PLANNED_EVENT
 from prefect_launch.workers.cluster.lifecycle import ClusterRuns
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ WAKE_COALESCE_S = 0.05
 _READ_ONLY_POLL: contextvars.ContextVar[bool] = contextvars.ContextVar("launch_read_only_poll", default=False)
 
 
-WAKE_EVENTS = tuple(f"prefect.flow-run.{name}" for name in (QUEUED, "Scheduled", "Pending", "Cancelled"))
+# Not Pending: a run another agent claimed frees nothing here, and with N agents each claim woke all N to read
+# the due runs again (bench/hosts.py: ~1 in 5 of the agents' requests). This agent's own released runs wake it.
+WAKE_EVENTS = tuple(f"prefect.flow-run.{name}" for name in (QUEUED, "Scheduled", "Cancelled"))
 
 
 class LaunchWorkerCore(QueueIntake):
@@ -110,6 +113,7 @@ class LaunchWorkerCore(QueueIntake):
         self.journal = self.agent.journal(self.name)
         self._priorities: dict[str, int] = {}
         self._wake: Optional[asyncio.Event] = None
+        self._empty_reads = 0  # the wake loop's looks in a row that found nothing due (its poll backs off)
         self._publish_wanted: Optional[asyncio.Event] = None
         self._metrics_store: Any = None
         self._background_started = False
@@ -208,13 +212,15 @@ class LaunchWorkerCore(QueueIntake):
         """Place runs when an event or a released run says so, and at least every few seconds.
 
         Events are the fast path; the short poll bounds the delay when the event stream lags
-        (a busy server) - Prefect's own 10 s poll keeps running underneath as well. This loop looks
+        (a busy server) - Prefect's own 10 s poll keeps running underneath as well. While nothing is due
+        the poll backs off (`scheduled_runs.next_poll_s`, up to LAUNCH_IDLE_POLL_SECONDS). This loop looks
         at the due runs with a read (workers/agent/scheduled_runs.py), so re-planning often never takes
         the server's write lock from submissions.
         """
         _READ_ONLY_POLL.set(True)  # this task's context only: Prefect's own poll still marks queues polled
+        cap = float(os.environ.get("LAUNCH_IDLE_POLL_SECONDS", IDLE_POLL_CAP_DEFAULT))
         while True:
-            with anyio.move_on_after(self.poll_seconds):
+            with anyio.move_on_after(next_poll_s(self.poll_seconds, self._empty_reads, cap)):
                 await self._wake.wait()
             await asyncio.sleep(WAKE_COALESCE_S)  # a burst of events (a batch submitted) makes one cycle
             self._wake.clear()
@@ -224,13 +230,14 @@ class LaunchWorkerCore(QueueIntake):
                 self._logger.exception("event-driven poll failed; polling continues")
 
     async def _event_loop(self) -> None:
-        """Wake on flow-run events for this pool; the regular poll stays as the fallback."""
+        """Wake on flow-run events for this pool, and the cluster follower on a multi-node plan naming this agent;
+        the regular polls stay as the fallback."""
         from prefect.events.clients import get_events_subscriber
         from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
 
         pool_id = self.work_pool.id
         event_filter = EventFilter(
-            event=EventNameFilter(prefix=["prefect.flow-run."]),
+            event=EventNameFilter(prefix=["prefect.flow-run.", PLANNED_EVENT]),
             related=EventRelatedFilter(resources_in_roles=[(f"prefect.work-pool.{pool_id}", "work-pool")]),
         )
         while True:
@@ -238,10 +245,12 @@ class LaunchWorkerCore(QueueIntake):
                 async with get_events_subscriber(filter=event_filter, reconnect_on_clean_close=True) as sub:
                     async for event in sub:
                         # a run queued (submitted or requeued: "Queued", see queued_state; "Scheduled" from
-                        # Prefect's own schedules), claimed or cancelled. Not Late: Prefect marks runs named
+                        # Prefect's own schedules) or cancelled. Not Late: Prefect marks runs named
                         # Scheduled Late 15 s after their due time, which changes nothing to plan
                         if event.event in WAKE_EVENTS:
                             self._wake_up()
+                        elif event.event == PLANNED_EVENT and self.name in (event.payload or {}).get("followers", ()):
+                            self.follower.wake()  # a multi-node plan names this agent: answer it now
             except Exception as exc:
                 self._logger.debug("event subscription dropped (%s); retrying", exc)
                 await asyncio.sleep(2)
@@ -256,6 +265,7 @@ class LaunchWorkerCore(QueueIntake):
                 self._logger.debug("reading due runs failed (%s); using the worker poll", exc)
                 runs = None
             if runs is not None:
+                self._empty_reads = 0 if runs else self._empty_reads + 1
                 return runs
         return await super()._get_scheduled_flow_runs()
 

@@ -8,7 +8,6 @@ Prefect worker class; it owns the one `ActiveRuns` record per run both keep.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Optional
 from uuid import UUID
 
@@ -19,6 +18,7 @@ from prefect.utilities.engine import propose_state
 
 from prefect_launch.api_retry import single_try
 from prefect_launch.workers.agent.active_run import ActiveRuns
+from prefect_launch.workers.agent.read_cache import cache_reads
 from prefect_launch.workers.agent.tags import WAIT_LABEL
 from prefect_launch.workers.scheduling.wait_notes import WaitNotes, reason_writer
 from prefect_launch.workers.scheduling.queue_spec import Preset, QueueSpec, queue_spec_of
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 DEFAULT_SPEC = QueueSpec(name="default", presets={"default": Preset(cpu=1, memory="1Gi")}, default_preset="default")
-DEPLOYMENT_VARS_TTL_S = 30.0  # a deployment's job variables are read again after this long
 
 
 class QueueIntake:
@@ -35,9 +34,15 @@ class QueueIntake:
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._deployments: dict[UUID, tuple[float, dict[str, Any]]] = {}
         self._wait_notes = WaitNotes()
         self._active = ActiveRuns()  # one record per run: request, handle, limits, sampler, end (active_run.py)
+
+    async def sync_with_backend(self) -> None:
+        """Prefect's sync; then the worker's client keeps its deployment and flow reads a few seconds
+        (`read_cache.py`: Prefect's submit and the agent read the same deployment several times a run)."""
+        await super().sync_with_backend()
+        if self._client is not None:
+            cache_reads(self._client)
 
     def queue_spec(self) -> QueueSpec:
         """The queue declaration carried by the pool's base job template."""
@@ -45,16 +50,11 @@ class QueueIntake:
         return spec or DEFAULT_SPEC.model_copy(update={"name": self._work_pool_name})
 
     async def _deployment_vars(self, deployment_id: Optional[UUID]) -> dict[str, Any]:
-        """The deployment's job variables (the middle layer of `resolve_request`), cached a while."""
+        """The deployment's job variables (the middle layer of `resolve_request`)."""
         if deployment_id is None:
             return {}
-        cached = self._deployments.get(deployment_id)
-        if cached and time.monotonic() - cached[0] < DEPLOYMENT_VARS_TTL_S:
-            return cached[1]
-        deployment = await self.client.read_deployment(deployment_id)
-        values = dict(deployment.job_variables or {})
-        self._deployments[deployment_id] = (time.monotonic(), values)
-        return values
+        deployment = await self.client.read_deployment(deployment_id)  # kept a few seconds (read_cache.py)
+        return dict(deployment.job_variables or {})
 
     async def _note_waiting(self, flow_run: "FlowRun", reason: str) -> None:
         """Put the one-line reason on the Prefect run, only when it changes (wait_notes.WaitNotes: not over

@@ -44,6 +44,7 @@ class RunEnds:
             if self.w._cut_ends:
                 scope.cancel()
             try:
+                read: Optional[State] = None  # the run's state as after_finish read it: note_end reuses a final one
                 try:
                     if reason:
                         self.w._active.of(flow_run.id).kill_reason = reason
@@ -51,14 +52,14 @@ class RunEnds:
                     elif self.w._active.get(flow_run.id).end_state is not None:
                         await self.mark_stopped(flow_run, self.w._active.get(flow_run.id).end_state)
                     self.w._free_capacity(flow_run.id)  # its process is gone: the next run need not wait for the summary
-                    await self.after_finish(flow_run, status_code)  # cut short: still writes the summary locally
+                    read = await self.after_finish(flow_run, status_code)  # cut short: still writes the summary locally
                 finally:
                     self.w._free_capacity(flow_run.id)  # also when cut short: the hardware is free either way
                     sampler = self.w._active.take(flow_run.id, "sampler")
                     if sampler is not None:  # cut short before its summary: it still reaches the local store
                         await self.stop_sampler(sampler, "UNKNOWN")
                     if self.w._active.get(flow_run.id).handle is not None:  # it ran: record its end (a failed start: the caller records it)
-                        await self.note_end(flow_run, status_code, reason)
+                        await self.note_end(flow_run, status_code, reason, known=read)
                     self.revoke_key_soon(flow_run.id)
             finally:
                 self.w._active.take(flow_run.id, "ending")
@@ -72,9 +73,14 @@ class RunEnds:
         if self.w._runs_task_group is not None:
             self.w._runs_task_group.start_soon(revoke_run_keys, run_id)
 
-    async def note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str]) -> None:
-        """``terminate``: how the run ended and that its capacity goes back (the release follows at once)."""
+    async def note_end(self, flow_run: "FlowRun", status_code: Optional[int], reason: Optional[str],
+                       known: Optional[State] = None) -> None:
+        """``terminate``: how the run ended and that its capacity goes back (the release follows at once).
+        ``known``: the state just read for the summary; a final one is not read again."""
         agent_state = Crashed(message=reason) if reason else self.w._active.get(flow_run.id).end_state
+        if known is not None and known.is_final():
+            self.write_end_note(flow_run, status_code, reason, agent_state, known)
+            return
         try:
             state = (await self.w.client.read_flow_run(flow_run.id)).state
         except Exception:
@@ -155,11 +161,13 @@ class RunEnds:
         if sampler is not None and getattr(limits, "peak_rss", None):
             sampler.note_peak_memory(limits.peak_rss)
 
-    async def after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> None:
-        """Stop sampling, write the summary, and attach it to the Prefect run as a table."""
+    async def after_finish(self, flow_run: "FlowRun", status_code: Optional[int]) -> Optional[State]:
+        """Stop sampling, write the summary, and attach it to the Prefect run as a table; returns the run's
+        state as read for it (None when not read)."""
         sampler = self.w._active.take(flow_run.id, "sampler")
         if sampler is None:
-            return
+            return None
+        state: Optional[State] = None
         from prefect_launch.workers.metrics.run_sampling import publish_summary_artifact
 
         exit_state = "UNKNOWN"  # stays so when cut short by the agent's stop (the state was not read)
@@ -176,6 +184,7 @@ class RunEnds:
             await publish_summary_artifact(self.w.client, flow_run.id, summary, sampler.record)
         except Exception as exc:
             self.w._logger.debug("could not attach the metrics summary to run %s: %s", flow_run.id, exc)
+        return state
 
     @staticmethod
     async def stop_sampler(sampler: Any, exit_state: str) -> Any:

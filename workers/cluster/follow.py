@@ -2,7 +2,8 @@
 
 `ClusterFollower`, a part of the agent core (``worker.follower``) for the process and docker back ends; the
 worker's back-end hooks start the members as processes or containers (`_follower_members`,
-`_adopt_followed_members`). Every ``LAUNCH_CLUSTER_POLL_SECONDS`` the
+`_adopt_followed_members`). When a leader's ``launch.cluster.planned`` event for its pool arrives (`wake`, from
+the agent's event subscription), and every ``LAUNCH_CLUSTER_POLL_SECONDS`` (10) besides, the
 agent reads its queue's Pending runs; one whose ``launch.cluster.plan`` plan names it gets its answer
 (`cluster/protocol.py`): its members booked in this agent's ledger and started (``ok``), or why not
 (``no: ...``). It then follows the run: a member of its own that exits non-zero fails the run
@@ -52,6 +53,11 @@ class ClusterFollower:
         self.w = worker
         self.followed: dict[Any, ClusterProcesses] = {}  # run id -> this agent's members of it
         self._started = False
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """A leader announced a plan on this agent's pool: read the Pending runs now."""
+        self._wake.set()
 
     def start(self) -> None:
         """Once the pool is known (after recovery): the loop that reads Pending runs for plans naming this agent."""
@@ -108,7 +114,11 @@ class ClusterFollower:
     async def follow_loop(self) -> None:
         await self.w.agent.recovered.wait()  # never book from a ledger that is not rebuilt yet
         while True:
-            await asyncio.sleep(env_seconds("LAUNCH_CLUSTER_POLL_SECONDS", 2))  # like the dispatch poll
+            # events are the fast path; the slow poll bounds the delay when one lags or is lost (well inside the
+            # leader's LAUNCH_CLUSTER_ACK_SECONDS, 30)
+            with anyio.move_on_after(env_seconds("LAUNCH_CLUSTER_POLL_SECONDS", 10)):
+                await self._wake.wait()
+            self._wake.clear()
             if self.w.agent.draining:
                 continue
             try:

@@ -23,7 +23,7 @@ from prefect.states import Failed, StateType
 from prefect_launch.workers.agent.address import bind_host
 from prefect_launch.workers.cluster.env import LOOPBACK, free_port, member_env
 from prefect_launch.workers.cluster.process import ClusterProcesses, describe_exit, find_members, pin_cores, stop_found
-from prefect_launch.workers.cluster.protocol import BeatWatch, ClusterPlan, ack_key, answers, plan_of
+from prefect_launch.workers.cluster.protocol import BeatWatch, ClusterPlan, ack_key, answers, plan_of, planned_event
 from prefect_launch.workers.scheduling.ledger import Allocation
 from prefect_launch.workers.agent.queued_state import queued
 from prefect_launch.workers.agent.tags import CLUSTER_PLAN_LABEL, WAIT_LABEL
@@ -139,6 +139,7 @@ class ClusterRuns:
                            addrs=addrs or {})
         await self.w.client.update_flow_run_labels(flow_run.id, {**plan.label(),
                                                                **{ack_key(a): "" for a in plan.followers()}})
+        self.announce(flow_run, plan)
         deadline = time.monotonic() + cluster_ack_s()
         while True:
             labels = (await self.w.client.read_flow_run(flow_run.id)).labels
@@ -154,6 +155,15 @@ class ClusterRuns:
                 missing = sorted(set(plan.followers()) - set(ok))
                 raise ClusterAborted(f"no answer from agent(s) {', '.join(missing)} in {cluster_ack_s():g} s")
             await asyncio.sleep(0.3)
+
+    def announce(self, flow_run: "FlowRun", plan: ClusterPlan) -> None:
+        """Tell the followers now (`protocol.PLANNED_EVENT`) rather than at their next slow poll."""
+        from prefect.events import emit_event
+
+        try:
+            emit_event(**planned_event(flow_run.id, self.w.work_pool.id, plan))
+        except Exception as exc:  # the followers' poll still finds the plan
+            self.w._logger.debug("run %s: cluster plan event not emitted: %s", flow_run.id, exc)
 
     async def requeue(self, flow_run: "FlowRun", why: str) -> None:
         """The cluster could not be completed: the run goes back to its queue (submit time kept), holding nothing."""

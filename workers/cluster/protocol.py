@@ -10,6 +10,9 @@ submit time kept) and every agent gives back what it booked, so nothing is held 
 waits. While the run runs, each other agent raises its ``launch.cluster.beat.<agent>`` label; one the
 leader has not heard from for ``LAUNCH_CLUSTER_LOST_SECONDS`` (its host cut off or down) fails the run
 naming its members (`BeatWatch`). No service of our own: Prefect is the medium.
+Once the plan is written the leader also emits a ``launch.cluster.planned`` event related to the run's work
+pool: the other agents read their pool's Pending runs when it arrives (their event subscription), and only
+every ``LAUNCH_CLUSTER_POLL_SECONDS`` besides (events can lag or drop), not on a tight poll.
 """
 
 from __future__ import annotations
@@ -49,6 +52,20 @@ class ClusterPlan(BaseModel):
 
     def followers(self) -> list[str]:
         return sorted({a for a in self.members.values() if a != self.leader})
+
+
+PLANNED_EVENT = "launch.cluster.planned"
+
+
+def planned_event(flow_run_id: object, pool_id: object, plan: ClusterPlan) -> dict:
+    """The keyword arguments of Prefect's ``emit_event`` for a written plan: the run is the resource and its work
+    pool a related one (the followers' subscription filters on it); the payload names the followers."""
+    return {
+        "event": PLANNED_EVENT,
+        "resource": {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}"},
+        "related": [{"prefect.resource.id": f"prefect.work-pool.{pool_id}", "prefect.resource.role": "work-pool"}],
+        "payload": {"leader": plan.leader, "followers": plan.followers()},
+    }
 
 
 def plan_of(labels: Optional[dict]) -> Optional[ClusterPlan]:
