@@ -396,3 +396,52 @@ def session_image(client, base: str) -> str:
         _build(client, ctx, tag)
     _keep_only(client, "prefect-launch-session", tag)
     return tag
+
+
+@contextlib.contextmanager
+def host_dockerd(in_host, folder: Optional[Path] = None) -> Iterator[str]:
+    """A ``dockerd`` of its own inside a network-namespace host (tests/netns_hosts.py; ``in_host`` is the host's
+    ``exec``, which wraps an argv to run there): its data root, exec root and socket under ``folder`` (a short
+    new /tmp folder by default: containerd's socket path must stay under 108 bytes). Its containers on host
+    networking are on that host's network, as on a machine of their own. Yields its DOCKER_HOST URL; stopped on
+    the way out (SIGTERM to its group, SIGKILL after 30 s) and its folder removed."""
+    import signal
+
+    made = folder is None
+    folder = Path(tempfile.mkdtemp(prefix="lnsd")) if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f"unix://{folder}/docker.sock"
+    with open(folder / "dockerd.log", "ab") as log:
+        proc = subprocess.Popen(
+            in_host(["dockerd", "--bridge=none", "--iptables=false", "--ip-masq=false", f"--host={url}",
+                     f"--data-root={folder}/data", f"--exec-root={folder}/exec", f"--pidfile={folder}/dockerd.pid"]),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while not _answers(url):
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"dockerd in the host did not answer on {url}: "
+                                   + (folder / "dockerd.log").read_text(errors="replace")[-2000:])
+            time.sleep(0.3)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if made:
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def copy_image(tag: str, source_url: str, target_url: str) -> None:
+    """``docker save`` ``tag`` from one daemon into another (``docker load``, streamed): no registry needed."""
+    source, target = _client(source_url), _client(target_url)
+    try:
+        target.images.load(source.images.get(tag).save(named=True))
+    finally:
+        source.close()
+        target.close()

@@ -332,3 +332,43 @@ def test_the_plan_event_names_the_run_its_pool_and_the_followers():
     assert kw["payload"]["followers"] == ["b", "c"] and kw["payload"]["leader"] == "a"
     from prefect.events import Event  # Prefect takes it as an event (the names' shapes are its own)
     Event(id=__import__("uuid").uuid4(), occurred=datetime.now(timezone.utc), **kw)
+
+
+class _LossyLabels:
+    """Prefect's label merge under two writers at once: the first ``lose`` writes are undone by another's."""
+
+    def __init__(self, labels, lose):
+        self.labels, self.lose, self.writes = dict(labels), lose, 0
+
+    async def update_flow_run_labels(self, run_id, labels):
+        self.writes += 1
+        if self.writes > self.lose:
+            self.labels.update(labels)
+
+    async def read_flow_run(self, run_id):
+        return SimpleNamespace(labels=dict(self.labels))
+
+
+def test_a_followers_answer_undone_by_another_label_write_is_written_again_while_its_plan_stands(monkeypatch):
+    from prefect_launch.workers.cluster import follow
+    from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key
+
+    monkeypatch.setattr(follow.random, "uniform", lambda a, b: 0.0)
+    plan = ClusterPlan(leader="a", port=1, size=2, members={"main1": "a", "sub1": "b"})
+
+    def follower(client):
+        worker = SimpleNamespace(name="b", client=client, _logger=__import__("logging").getLogger("test-follower"))
+        return follow.ClusterFollower(worker)
+
+    client = _LossyLabels(plan.label(), lose=2)
+    asyncio.run(follower(client).answer(SimpleNamespace(id="r"), "ok", plan))
+    assert client.labels[ack_key("b")] == "ok" and client.writes == 3  # two lost, the third kept
+
+    other = ClusterPlan(leader="c", port=2, size=2, members={"main1": "c", "sub1": "b"})
+    client = _LossyLabels(other.label(), lose=10)  # the run was re-planned meanwhile: this answer is moot
+    asyncio.run(follower(client).answer(SimpleNamespace(id="r"), "ok", plan))
+    assert client.writes == 1 and ack_key("b") not in client.labels
+
+    client = _LossyLabels(plan.label(), lose=100)  # never kept: gives up after ANSWER_TRIES writes
+    asyncio.run(follower(client).answer(SimpleNamespace(id="r"), "ok", plan))
+    assert client.writes == follow.ANSWER_TRIES

@@ -15,12 +15,16 @@ returns it finds the run ended and stops its members.
 The booking is journaled like a run's (under `booking_key`): a follower that restarts (SIGKILL, OOM)
 books its live members again and follows them to the run's end (`decide_followed`), reading the exit
 status each member left in its exit file, so their hardware is never handed out twice.
+Prefect merges a run's labels read-then-write, so two agents writing labels of one run at once can undo each
+other's: an answer is read back and written again while it is missing (`answer`), and a beat lost that way
+is raised again at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 
@@ -43,6 +47,9 @@ from prefect_launch.settings import env_seconds
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+
+
+ANSWER_TRIES = 5  # writes of one answer to a plan, each read back (see `ClusterFollower.answer`)
 
 
 class ClusterFollower:
@@ -148,7 +155,7 @@ class ClusterFollower:
             dvars = await self.w._deployment_vars(fr.deployment_id)
             req = resolve_request(self.w.queue_spec(), dvars, fr.job_variables or {})
         except Exception as exc:
-            await self.answer(fr, f"no: {exc}")
+            await self.answer(fr, f"no: {exc}", plan)
             return
         async with self.w.agent.plan_lock:
             alloc = self.w.ledger.try_allocate_cluster(booking_key(run_id), req.resources, plan.size,
@@ -156,7 +163,7 @@ class ClusterFollower:
                                                   preset=req.preset, owner=tag_value(fr.tags, OWNER), ranks=ranks)
         if alloc is None:
             await self.answer(fr, f"no: agent {self.w.name} has {self.w.ledger.free().describe()} free, needs "
-                                   f"{len(ranks)} x {req.resources.describe()}")
+                                   f"{len(ranks)} x {req.resources.describe()}", plan)
             return
         alloc.remote_members = {m: a for m, a in plan.members.items() if a != self.w.name}
         self.w.journal.record(alloc)  # before any member starts: a restart finds what this agent may hold
@@ -177,19 +184,31 @@ class ClusterFollower:
             self.followed.pop(fr.id, None)
             self.w.ledger.release(booking_key(run_id))
             self.w.journal.remove(booking_key(run_id))
-            await self.answer(fr, f"no: agent {self.w.name} could not start its members: {exc}")
+            await self.answer(fr, f"no: agent {self.w.name} could not start its members: {exc}", plan)
             return
         self.w._publish_soon()
         self.w._note(fr.id, "start", "SUCCESS", from_state="PENDING", to_state="RUNNING",
                    message=f"agent {self.w.name} started cluster members "
                            + ", ".join(f"{s.name} (process {s.proc.pid})" for s in procs.subs)
                            + f" of the run led by agent {plan.leader}")
-        await self.answer(fr, "ok")
+        await self.answer(fr, "ok", plan)
         self.w._runs_task_group.start_soon(self.follow, fr, plan, procs)
 
-    async def answer(self, fr: "FlowRun", value: str) -> None:
+    async def answer(self, fr: "FlowRun", value: str, plan: ClusterPlan) -> None:
+        """Write this agent's answer to ``plan``, read it back, and write it again while another agent's label
+        write undid it (Prefect merges labels read-then-write: the followers of one plan, woken by the same
+        event, answer at the same moment) and the plan still stands."""
+        key = ack_key(self.w.name)
         try:
-            await self.w.client.update_flow_run_labels(fr.id, {ack_key(self.w.name): value})
+            for attempt in range(ANSWER_TRIES):
+                await self.w.client.update_flow_run_labels(fr.id, {key: value})
+                labels = (await self.w.client.read_flow_run(fr.id)).labels or {}
+                if labels.get(key) == value or plan_of(labels) != plan:
+                    return
+                self.w._logger.info("run %s: this agent's cluster answer was overwritten by another label write; "
+                                    "writing it again", fr.id)
+                await asyncio.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
+            self.w._logger.warning("could not keep this agent's answer on run %s after %d writes", fr.id, ANSWER_TRIES)
         except Exception as exc:
             self.w._logger.warning("could not answer the cluster of run %s: %s", fr.id, exc)
 
@@ -197,21 +216,28 @@ class ClusterFollower:
         """Until the run ends (or goes back to its queue): fail it when a member here fails; stop them then."""
         run_id = str(fr.id)
         failed_here = False
-        beats, next_beat = 0, 0.0
+        beats, next_beat, beat = 0, 0.0, None
         try:
             while True:
                 await asyncio.sleep(0.5)
                 if time.monotonic() >= next_beat:  # the leader counts this agent lost when its beat stops
                     beats += 1
                     try:
-                        await self.w.client.update_flow_run_labels(fr.id, {beat_key(self.w.name): f"{os.getpid()}-{beats}"})
-                        next_beat = time.monotonic() + cluster_beat_s()
+                        beat = f"{os.getpid()}-{beats}"
+                        await self.w.client.update_flow_run_labels(fr.id, {beat_key(self.w.name): beat})
+                        # a little apart from the other followers (started by one event, they would beat together)
+                        next_beat = time.monotonic() + cluster_beat_s() * random.uniform(0.8, 1.0)
                     except Exception as exc:
                         self.w._logger.debug("run %s: cluster beat not written: %s", run_id, exc)
                 try:
                     now = await self.w.client.read_flow_run(fr.id)
                 except Exception:
                     continue
+                if beat is not None and (now.labels or {}).get(beat_key(self.w.name)) != beat \
+                        and plan_of(now.labels) == plan:
+                    # another agent's label write undid this beat (labels are merged read-then-write): again soon
+                    next_beat = min(next_beat, time.monotonic() + random.uniform(0.0, 0.5))
+                    beat = None
                 state = now.state
                 bad = procs.first_failure()
                 if bad is not None and not (state and state.is_final()):
