@@ -25,7 +25,8 @@ def test_a_read_is_kept_for_its_ttl_then_read_again():
     cache = ReadCache(10, clock=clock)
     first = asyncio.run(cache.get("read_deployment", "d1", read))
     clock.t += 9.9
-    assert asyncio.run(cache.get("read_deployment", "d1", read)) is first
+    again = asyncio.run(cache.get("read_deployment", "d1", read))
+    assert again == first and again is not first  # kept, and a copy of its own
     clock.t += 0.2
     assert asyncio.run(cache.get("read_deployment", "d1", read)) == {"n": 2}
     assert (cache.hits, cache.misses) == (1, 2)
@@ -72,3 +73,19 @@ def test_cache_reads_wraps_the_client_once_and_passes_other_calls_through():
     assert asyncio.run(go()) == ["dep-a", "dep-a", "flow-f", "flow-f", "dep-a"]
     assert [r[:2] for r in client.reads] == [("deployment", "a"), ("flow", "f"), ("deployment", "a")]
     assert client.reads[-1][2] == ("extra",)  # a read with more arguments than the id goes to the server
+
+
+def test_a_reader_that_changes_what_it_got_does_not_change_the_next_readers_copy():
+    """Prefect's resolve_for_flow_run merges a run's env into the deployment's job variables in place."""
+    from types import SimpleNamespace
+
+    async def read():
+        return SimpleNamespace(job_variables={"env": {"A": "1"}})
+
+    cache = ReadCache(10)
+    first = asyncio.run(cache.get("read_deployment", "d1", read))
+    first.job_variables["env"].update({"RUN_ONLY": "x"})
+    second = asyncio.run(cache.get("read_deployment", "d1", read))
+    second.job_variables["env"].update({"OTHER_RUN": "y"})
+    third = asyncio.run(cache.get("read_deployment", "d1", read))
+    assert third.job_variables == {"env": {"A": "1"}} and cache.misses == 1

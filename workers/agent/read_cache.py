@@ -7,11 +7,14 @@ that was ~4 of the ~33 requests an agent path costs the server per run (bench/ho
 objects that change when someone redeploys. The cache sits on the worker's own client (its
 ``read_deployment`` and ``read_flow``), so Prefect's code and ours share it without a copy of either.
 Only successful reads are kept: a deleted deployment is still noticed (ObjectNotFound) once its entry is
-older than the TTL, which is also how long a redeploy may take to reach a run's submit.
+older than the TTL, which is also how long a redeploy may take to reach a run's submit. Every read gets its own
+copy: Prefect's ``resolve_for_flow_run`` merges a run's ``env`` into the deployment's job variables in place,
+which on a shared object would carry one run's environment into the next run's.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Awaitable, Callable, Optional
 
@@ -36,10 +39,10 @@ class ReadCache:
         hit = self._kept.get((method, str(key)))
         if hit is not None and now - hit[0] < self.ttl_s:
             self.hits += 1
-            return hit[1]
+            return copy.deepcopy(hit[1])
         self.misses += 1
         value = await read()  # an error (not found, server down) is raised and not kept
-        self._kept[(method, str(key))] = (self.clock(), value)
+        self._kept[(method, str(key))] = (self.clock(), copy.deepcopy(value))
         if len(self._kept) > 4096:  # deployments of a busy pool: drop what expired
             self._kept = {k: v for k, v in self._kept.items() if self.clock() - v[0] < self.ttl_s}
         return value
