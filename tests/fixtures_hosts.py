@@ -122,9 +122,9 @@ def prefect_server_hosts(netns_hosts, tmp_path_factory, request) -> Iterator[dic
 @contextlib.contextmanager
 def host_agent(host: N.Host, queues: list[str], name: str, capacity: str, log_dir: Path,
                extra: tuple[str, ...] = (), wait_online: bool = True, log_name: Optional[str] = None,
-               on_exit: str = "cancel", env: Optional[dict[str, str]] = None) -> Iterator[subprocess.Popen]:
+               on_exit: str = "cancel") -> Iterator[subprocess.Popen]:
     """An agent running inside ``host``; leaving the block stops it (SIGINT to its group, then SIGKILL)."""
-    args = N.host_agent_args(host, CLI, queues, name, capacity, extra, on_exit, env=env)
+    args = N.host_agent_args(host, CLI, queues, name, capacity, extra, on_exit)
     with background_process(args, log_dir / (log_name or f"agent-{name}.log")) as proc:
         if wait_online:
             wait_agent_online(name, queues, timeout=120)

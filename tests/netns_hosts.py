@@ -259,21 +259,12 @@ def _teardown(hosts: Hosts, namespaces: list[str]) -> None:
 
 
 def host_agent_args(host: Host, cli: list[str], queues: list[str], name: str, capacity: str,
-                    extra: tuple[str, ...] = (), on_exit: str = "cancel",
-                    env: Optional[dict[str, str]] = None) -> list[str]:
-    """``prefect-launch agent`` inside ``host`` (see launch_helpers.host_agent for the running one); ``env``: variables
-    of its own (e.g. the DOCKER_HOST of the host's own daemon) over the inherited ones."""
+                    extra: tuple[str, ...] = (), on_exit: str = "cancel") -> list[str]:
+    """``prefect-launch agent`` inside ``host`` (see launch_helpers.host_agent for the running one)."""
     args = [*cli, "agent", "--name", name, "--capacity", capacity, "--on-exit", on_exit, *extra]
     for q in queues:
         args += ["--queue", q]
-    if env:
-        args = ["env", *(f"{k}={v}" for k, v in env.items()), *args]
     return host.exec(args)
-
-
-def netns_of(pid: int) -> str:
-    """The name of the network namespace process ``pid`` is in ("" for the root namespace)."""
-    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
 
 
 def reachable(host: Host, addr: str, port: int, timeout: float = 3.0) -> bool:

@@ -350,11 +350,10 @@ class _LossyLabels:
 
 
 def test_a_followers_answer_undone_by_another_label_write_is_written_again_while_its_plan_stands(monkeypatch):
-    from prefect_launch.workers.agent import run_labels
     from prefect_launch.workers.cluster import follow
     from prefect_launch.workers.cluster.protocol import ClusterPlan, ack_key
 
-    monkeypatch.setattr(run_labels.random, "uniform", lambda a, b: 0.0)
+    monkeypatch.setattr(follow.random, "uniform", lambda a, b: 0.0)
     plan = ClusterPlan(leader="a", port=1, size=2, members={"main1": "a", "sub1": "b"})
 
     def follower(client):
@@ -370,6 +369,6 @@ def test_a_followers_answer_undone_by_another_label_write_is_written_again_while
     asyncio.run(follower(client).answer(SimpleNamespace(id="r"), "ok", plan))
     assert client.writes == 1 and ack_key("b") not in client.labels
 
-    client = _LossyLabels(plan.label(), lose=100)  # never kept: gives up after KEEP_TRIES writes
+    client = _LossyLabels(plan.label(), lose=100)  # never kept: gives up after ANSWER_TRIES writes
     asyncio.run(follower(client).answer(SimpleNamespace(id="r"), "ok", plan))
-    assert client.writes == run_labels.KEEP_TRIES
+    assert client.writes == follow.ANSWER_TRIES

@@ -14,20 +14,36 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import netns_hosts as N
 from docker_env import copy_image, host_dockerd
-from fixtures_hosts import host_agent, netns_hosts, prefect_server_hosts  # noqa: F401
-from launch_helpers import cli_json, wait_agent_free, wait_agent_online, wait_final, wait_for
+from fixtures_hosts import netns_hosts, prefect_server_hosts  # noqa: F401
+from launch_helpers import CLI, cli_json, wait_agent_free, wait_agent_online, wait_final, wait_for
+from prefect_launch.local_server import background_process
 from test_docker_backend import MiB
 from test_docker_backend import docker_client, docker_host, image  # noqa: F401  # session fixtures
 from test_docker_cluster import _allreduce_on_docker, _run_containers
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 HOSTS = 2  # netns_hosts: two hosts, one dockerd and one agent each
+
+
+def _netns_of(pid: int) -> str:
+    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def _docker_agent(host: N.Host, docker_url: str, queue: str, name: str, log_dir: Path):
+    """An agent of ``queue`` inside ``host``, its docker back end talking to the host's own daemon."""
+    args = N.host_agent_args(host, ["env", f"DOCKER_HOST={docker_url}", *CLI], [queue], name,
+                             "cpu=1,memory=2Gi,gpu=1")
+    with background_process(args, log_dir / f"agent-{name}.log") as proc:
+        yield proc
 
 
 def test_a_docker_multi_node_run_puts_its_member_containers_on_two_hosts(
@@ -45,9 +61,7 @@ def test_a_docker_multi_node_run_puts_its_member_containers_on_two_hosts(
             copy_image(image, docker_host, url)
         daemons = [stack.enter_context(contextlib.closing(docker.DockerClient(base_url=u, timeout=120))) for u in urls]
         for h, url, agent in zip(hosts, urls, agents):
-            # its docker back end talks to the host's own daemon
-            stack.enter_context(host_agent(h, [name], agent, "cpu=1,memory=2Gi,gpu=1", tmp_path, wait_online=False,
-                                           env={"DOCKER_HOST": url}))
+            stack.enter_context(_docker_agent(h, url, name, agent, tmp_path))
         for agent in agents:
             wait_agent_online(agent, [name], timeout=240)
         shown = {a["name"]: a for a in cli_json("agent", "ls")}
@@ -73,7 +87,7 @@ def test_a_docker_multi_node_run_puts_its_member_containers_on_two_hosts(
             hc = c.attrs["HostConfig"]
             assert hc["Memory"] == 256 * MiB and hc["NanoCpus"] == int(0.5e9) and hc["NetworkMode"] == "host"
             # its processes are on this host's network (the members hold 4 s: it still runs)
-            assert N.netns_of(c.attrs["State"]["Pid"]) == h.name, (member, h.name, c.attrs["State"])
+            assert _netns_of(c.attrs["State"]["Pid"]) == h.name, (member, h.name, c.attrs["State"])
             member_host[member] = h
         assert sorted(member_host) == ["main1", "sub1"], member_host
         assert not _run_containers(docker_client, run_id)  # nothing ran on the suite's own daemon

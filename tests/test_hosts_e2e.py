@@ -92,6 +92,10 @@ def _allreduce_queue(tmp: Path) -> tuple[str, str]:
     return name, q
 
 
+def _netns_of(pid: int) -> str:
+    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
+
+
 @pytest.fixture(scope="module")
 def three_hosts(prefect_server_hosts, tmp_path_factory):
     """A queue with the all-reduce job and an agent (2 GPUs) inside each of three hosts: ``a`` and ``c`` find
@@ -148,7 +152,7 @@ def test_a_multi_node_run_across_three_hosts_uses_each_hosts_address(three_hosts
     agent_of = {m: r["env"]["LAUNCH_AGENT"] for m, r in started.items()}
     assert sorted(agent_of.values()) == [a, b, c], agent_of  # one member on each agent
     for member, rec in started.items():  # each member runs on its agent's host (held: still alive)
-        assert N.netns_of(rec["pid"]) == host_of[agent_of[member]].name, (member, rec["pid"])
+        assert _netns_of(rec["pid"]) == host_of[agent_of[member]].name, (member, rec["pid"])
     # and each host's agent holds its own member: the leader the run, the others their member booking
     want = {agent_of["main1"]: [run_id], agent_of["sub1"]: [f"{run_id}:members"],
             agent_of["sub2"]: [f"{run_id}:members"]}
@@ -329,7 +333,7 @@ def test_a_host_cut_off_mid_run_comes_back_and_a_host_that_never_comes_back(thre
     single = cli_json("submit", env["job"], "--agent", follower, "--param", f"out_dir={out}",
                       "--param", "hold_s=45")["run_ids"][0]
     job = _wait_started(out, single, ("main1",), tmp)["main1"]
-    assert N.netns_of(job["pid"]) == cut.name
+    assert _netns_of(job["pid"]) == cut.name
     cut.cut()
     try:
         t0 = time.time()

@@ -7,8 +7,7 @@ A part of `LaunchWorkerCore` (``worker.labels``).
 from __future__ import annotations
 
 import asyncio
-import random
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from prefect_launch.workers.agent.journal import alloc_label
@@ -20,27 +19,6 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
     from prefect_launch.workers.agent.core import LaunchWorkerCore
-
-
-KEEP_TRIES = 5  # writes of labels that must stick, each read back (`write_kept`)
-
-
-async def write_kept(client: Any, run_id: Any, labels: dict[str, str],
-                     stands: Callable[[dict], bool] = lambda labels: True, tries: int = KEEP_TRIES) -> bool:
-    """Write ``labels`` on a run, read them back, and write them again (after a short random pause) while another
-    writer undid them and ``stands`` (the run's labels as read) says they are still wanted. Prefect merges a run's
-    labels read-then-write (``models.flow_runs.update_flow_run_labels``): two agents labelling one run at the same
-    moment (the followers of a multi-node plan, woken by one event) each undo the other's write. True once they
-    stick; False when no longer wanted or still undone after ``tries`` writes. Errors are raised."""
-    for attempt in range(tries):
-        await client.update_flow_run_labels(run_id, labels)
-        current = (await client.read_flow_run(run_id)).labels or {}
-        if all(current.get(k) == v for k, v in labels.items()):
-            return True
-        if not stands(current):
-            return False
-        await asyncio.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
-    return False
 
 
 class RunLabels:

@@ -16,8 +16,8 @@ The booking is journaled like a run's (under `booking_key`): a follower that res
 books its live members again and follows them to the run's end (`decide_followed`), reading the exit
 status each member left in its exit file, so their hardware is never handed out twice.
 Prefect merges a run's labels read-then-write, so two agents writing labels of one run at once can undo each
-other's: an answer is written with `run_labels.write_kept` (read back, written again while undone), and a beat
-lost that way is raised again at once (the follow loop reads the run anyway).
+other's: an answer is read back and written again while it is missing (`answer`), and a beat lost that way
+is raised again at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from prefect.states import Failed, StateType
 
 from prefect_launch.workers.agent.run_keys import run_key_env
-from prefect_launch.workers.agent.run_labels import write_kept
 from prefect_launch.workers.cluster.env import member_env
 from prefect_launch.workers.cluster.lifecycle import cluster_beat_s, cluster_drain_s, cluster_stop_grace_s, member_log
 from prefect_launch.workers.cluster.process import ClusterProcesses, describe_exit
@@ -48,6 +47,9 @@ from prefect_launch.settings import env_seconds
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+
+
+ANSWER_TRIES = 5  # writes of one answer to a plan, each read back (see `ClusterFollower.answer`)
 
 
 class ClusterFollower:
@@ -193,13 +195,20 @@ class ClusterFollower:
         self.w._runs_task_group.start_soon(self.follow, fr, plan, procs)
 
     async def answer(self, fr: "FlowRun", value: str, plan: ClusterPlan) -> None:
-        """Write this agent's answer to ``plan`` so that it sticks while the plan stands (`run_labels.write_kept`:
-        the followers of one plan, woken by the same event, answer at the same moment)."""
+        """Write this agent's answer to ``plan``, read it back, and write it again while another agent's label
+        write undid it (Prefect merges labels read-then-write: the followers of one plan, woken by the same
+        event, answer at the same moment) and the plan still stands."""
+        key = ack_key(self.w.name)
         try:
-            if not await write_kept(self.w.client, fr.id, {ack_key(self.w.name): value},
-                                    stands=lambda labels: plan_of(labels) == plan):
-                self.w._logger.warning("this agent's answer to the cluster of run %s did not stay written (the run "
-                                       "was re-planned, or other label writes kept undoing it)", fr.id)
+            for attempt in range(ANSWER_TRIES):
+                await self.w.client.update_flow_run_labels(fr.id, {key: value})
+                labels = (await self.w.client.read_flow_run(fr.id)).labels or {}
+                if labels.get(key) == value or plan_of(labels) != plan:
+                    return
+                self.w._logger.info("run %s: this agent's cluster answer was overwritten by another label write; "
+                                    "writing it again", fr.id)
+                await asyncio.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
+            self.w._logger.warning("could not keep this agent's answer on run %s after %d writes", fr.id, ANSWER_TRIES)
         except Exception as exc:
             self.w._logger.warning("could not answer the cluster of run %s: %s", fr.id, exc)
 
